@@ -1,18 +1,24 @@
-"""The `payouts` command line. Each subcommand is documented in the README.
+"""The `payouts` command line. Every subcommand is documented in the README.
 
-Subcommands are registered by the components' own CLI modules so this file stays a router.
+Components register their own subcommands (`register(subparsers)` in the modules listed in
+COMMAND_MODULES), so this file stays a router and each command lives beside the code it drives.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import os
 import sys
 
+#: Modules that define `register(subparsers: argparse._SubParsersAction) -> None`.
+COMMAND_MODULES: tuple[str, ...] = ()
 
-def _database_url(args: argparse.Namespace) -> str:
-    url = args.database_url or os.environ.get("DATABASE_URL")
+
+def database_url(args: argparse.Namespace) -> str:
+    """--database-url, else $DATABASE_URL; a clear error when neither is set."""
+    url = getattr(args, "database_url", None) or os.environ.get("DATABASE_URL")
     if not url:
         raise SystemExit("error: DATABASE_URL is not set (or pass --database-url)")
     return str(url)
@@ -21,7 +27,7 @@ def _database_url(args: argparse.Namespace) -> str:
 def _cmd_db_migrate(args: argparse.Namespace) -> int:
     from payouts.migrate import migrate
 
-    applied = asyncio.run(migrate(_database_url(args)))
+    applied = asyncio.run(migrate(database_url(args)))
     print("\n".join(applied) if applied else "database is up to date")
     return 0
 
@@ -35,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     mig = db_sub.add_parser("migrate", help="apply pending schema migrations of every component")
     mig.add_argument("--database-url", help="defaults to $DATABASE_URL")
     mig.set_defaults(func=_cmd_db_migrate)
+
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
     return parser
 
 

