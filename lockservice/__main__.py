@@ -1,0 +1,7 @@
+"""`python -m lockservice serve|inspect|revoke|bump-epoch` (see lockservice.cli)."""
+
+import sys
+
+from lockservice.cli import main
+
+sys.exit(main())

@@ -1,0 +1,38 @@
+"""Lock backends behind one contract (`lockservice.api.LockBackend`), chosen by configuration.
+
+Owns: the construction of a backend from settings values. Must never: let callers depend on a
+concrete backend's extra methods for correctness; both backends have identical observable
+semantics (FR-09), proven by one contract suite (tests/lockservice/test_contract.py).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from lockservice.api import InvalidRequest, LockBackend
+
+
+async def create_backend(
+    kind: Literal["postgres", "etcd"],
+    *,
+    database_url: str | None = None,
+    etcd_endpoints: list[str] | None = None,
+    prefix: str = "",
+) -> LockBackend:
+    """A started backend; `prefix` namespaces every key so that users of one server never collide.
+
+    Raises InvalidRequest for a missing address and BackendUnavailable if the server is down.
+    """
+    if kind == "postgres":
+        if not database_url:
+            raise InvalidRequest("the postgres lock backend needs a database_url")
+        from lockservice.backends.postgres import PostgresBackend
+
+        return await PostgresBackend.start(database_url, prefix)
+    if kind == "etcd":
+        if not etcd_endpoints:
+            raise InvalidRequest("the etcd lock backend needs etcd_endpoints")
+        from lockservice.backends.etcd import EtcdBackend
+
+        return await EtcdBackend.start(etcd_endpoints, prefix)
+    raise InvalidRequest(f"unknown lock backend {kind!r}")

@@ -1,0 +1,463 @@
+"""etcd lock backend (aetcd): a session is a lease; a grant is a key attached to it.
+
+Owns every key under its prefix. Must never: issue a token that is not the ModRevision of the
+lock key written by the granting transaction (FR-10), grant a key that exists (INV-06), or keep a
+grant alive past its lease (expiry is etcd's lease TTL, on the server).
+
+Key layout (`P` = prefix; `|` cannot occur in a lock key, so waiter ranges never overlap):
+  P__lock/{key}            value = session id, lease = session     (the grant; absent = free)
+  P__last/{key}            JSON {epoch, session_id, acquired_at}   (written in the same txn, so its
+                           ModRevision is the last token base; never leased, never deleted)
+  P__waiters/{key}|{sid}   lease = session                         (inspect().waiters)
+  P__meta/epoch            decimal epoch                           (bumped by the restore procedure)
+  P__audit/{ts}-{uuid}     JSON audit record of force_revoke / bump_epoch
+The epoch lives in etcd and is restored with a snapshot: the restore procedure (bump_epoch with
+min_epoch from the enforcement points' fences) is what moves tokens above the pre-restore ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import json
+import math
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import aetcd
+import aetcd.exceptions
+import aetcd.rpc
+import aetcd.rtypes
+import aetcd.utils
+
+from lockservice import events
+from lockservice.api import (
+    TOKEN_EPOCH_STRIDE,
+    BackendUnavailable,
+    Grant,
+    InvalidRequest,
+    LockInfo,
+    NotAcquired,
+    NotHeld,
+    RevokeResult,
+    Session,
+    SessionNotFound,
+    compose_token,
+    validate_key,
+    validate_operator,
+    validate_ttl,
+    validate_wait,
+)
+
+_BACKEND = "etcd"
+_RPC_TIMEOUT_S = 5
+#: A blocked acquirer re-checks at least this often even without a watch event.
+_WATCH_SLICE_S = 1.0
+_CAS_ATTEMPTS = 20
+MAX_EPOCH = (1 << 63) // TOKEN_EPOCH_STRIDE - 1
+
+_ERRORS: tuple[type[BaseException], ...] = (
+    aetcd.exceptions.ClientError,
+    aetcd.rpc.AioRpcError,  # raw gRPC errors can escape aetcd's watch machinery
+    OSError,
+    TimeoutError,
+)
+
+
+def _is_lease_not_found(exc: BaseException) -> bool:
+    return "lease not found" in str(exc)
+
+
+@contextlib.contextmanager
+def _unavailable_on_error() -> Iterator[None]:
+    """Callers fail closed on BackendUnavailable (FR-27); a dead lease is SessionNotFound."""
+    try:
+        yield
+    except _ERRORS as exc:
+        if _is_lease_not_found(exc):
+            raise SessionNotFound("session is unknown or expired") from exc
+        raise BackendUnavailable(f"etcd lock backend unreachable: {exc!r}") from exc
+
+
+def _lease_id(session_id: str) -> int | None:
+    try:
+        lease = int(session_id)
+    except (ValueError, TypeError):
+        return None
+    return lease if 0 < lease < (1 << 63) else None
+
+
+def _client(endpoints: list[str]) -> aetcd.Client:
+    """One gRPC channel. Several IPv4 endpoints use gRPC's `ipv4:` resolver so that the channel
+    fails over between members; otherwise the first endpoint is used."""
+    hosts_ports = [e.strip().removeprefix("http://").rsplit(":", 1) for e in endpoints]
+    if not hosts_ports:
+        raise InvalidRequest("no etcd endpoints configured")
+
+    def _is_ipv4(host: str) -> bool:
+        try:
+            return isinstance(ipaddress.ip_address(host), ipaddress.IPv4Address)
+        except ValueError:
+            return False
+
+    if len(hosts_ports) > 1 and all(_is_ipv4(h) for h, _ in hosts_ports):
+        # aetcd builds the target as f"{host}:{port}"; the last port completes the address list.
+        head = ",".join(f"{h}:{p}" for h, p in hosts_ports[:-1])
+        host = f"ipv4:{head},{hosts_ports[-1][0]}"
+        return aetcd.Client(host=host, port=int(hosts_ports[-1][1]), timeout=_RPC_TIMEOUT_S)
+    host, port = hosts_ports[0]
+    return aetcd.Client(host=host, port=int(port), timeout=_RPC_TIMEOUT_S)
+
+
+class EtcdBackend:
+    """LockBackend over an etcd cluster. Create with `await EtcdBackend.start(...)`."""
+
+    def __init__(self, client: aetcd.Client, prefix: str) -> None:
+        self._c = client
+        self._t = client.transactions
+        self._prefix = prefix
+        self._epoch_key = f"{prefix}__meta/epoch".encode()
+        self._epoch = 0  # cached; every grant txn compares it, so a stale cache only retries
+
+    @classmethod
+    async def start(cls, endpoints: list[str], prefix: str = "") -> EtcdBackend:
+        backend = cls(_client(endpoints), prefix)
+        with _unavailable_on_error():
+            await backend._c.connect()
+            # Create the epoch key once, so that every grant can compare against its value.
+            await backend._c.transaction(
+                compare=[backend._t.create(backend._epoch_key) == 0],
+                success=[backend._t.put(backend._epoch_key, b"0")],
+                failure=[],
+            )
+            await backend._load_epoch()
+        return backend
+
+    # ------------------------------------------------------------------ keys
+
+    def _lock(self, key: str) -> bytes:
+        return f"{self._prefix}__lock/{key}".encode()
+
+    def _last(self, key: str) -> bytes:
+        return f"{self._prefix}__last/{key}".encode()
+
+    def _waiters(self, key: str) -> bytes:
+        return f"{self._prefix}__waiters/{key}|".encode()
+
+    async def _load_epoch(self) -> int:
+        got = await self._c.get(self._epoch_key)
+        self._epoch = int(got.value) if got is not None else 0
+        return self._epoch
+
+    async def _remaining(self, lease: int) -> timedelta | None:
+        info = await self._c.get_lease_info(lease, keys=False)
+        return None if info.TTL <= 0 else timedelta(seconds=info.TTL)
+
+    # ------------------------------------------------------------------ sessions
+
+    async def open_session(self, ttl_s: float) -> Session:
+        ttl = validate_ttl(ttl_s)
+        with _unavailable_on_error():
+            lease = await self._c.lease(math.ceil(ttl))
+        return Session(
+            session_id=str(lease.id),
+            ttl_s=float(lease.ttl),
+            expires_at=datetime.now(UTC) + timedelta(seconds=lease.ttl),
+        )
+
+    async def keepalive(self, session_id: str) -> Session:
+        lease = _lease_id(session_id)
+        if lease is None:
+            raise SessionNotFound(f"unknown session {session_id!r}")
+        with _unavailable_on_error():
+            reply = await self._c.refresh_lease(lease)
+        if reply is None or reply.TTL <= 0:
+            raise SessionNotFound(f"session {session_id} is unknown or expired")
+        return Session(
+            session_id=session_id,
+            ttl_s=float(reply.TTL),
+            expires_at=datetime.now(UTC) + timedelta(seconds=reply.TTL),
+        )
+
+    async def close_session(self, session_id: str) -> None:
+        lease = _lease_id(session_id)
+        if lease is None:
+            return
+        try:
+            with _unavailable_on_error():
+                # Revoking the lease deletes its lock and waiter keys in one step.
+                await self._c.revoke_lease(lease)
+        except SessionNotFound:
+            return
+
+    # ------------------------------------------------------------------ grants
+
+    async def acquire(self, session_id: str, key: str, wait_s: float) -> Grant | NotAcquired:
+        validate_key(key)
+        wait = validate_wait(wait_s)
+        lease = _lease_id(session_id)
+        if lease is None:
+            raise SessionNotFound(f"unknown session {session_id!r}")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        first = await self._try_acquire(lease, key)
+        if isinstance(first, Grant):
+            return first
+        seen_mod = first
+        if wait == 0:
+            await self._require_session(lease)
+            return NotAcquired(key=key, reason="held")
+        waiter = self._waiters(key) + session_id.encode() + b"|" + uuid.uuid4().hex.encode()
+        with _unavailable_on_error():
+            await self._c.put(waiter, b"", lease=lease)  # dies with the session
+        try:
+            while True:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return NotAcquired(key=key, reason="timeout")
+                await self._wait_for_delete(key, seen_mod, min(remaining, _WATCH_SLICE_S))
+                attempt = await self._try_acquire(lease, key)
+                if isinstance(attempt, Grant):
+                    return attempt
+                seen_mod = attempt
+        finally:
+            with contextlib.suppress(*_ERRORS):
+                await self._c.delete(waiter)
+
+    async def _wait_for_delete(self, key: str, seen_mod: int, budget_s: float) -> None:
+        """Watch the lock key from just after the holder we saw; any error is only a wake-up."""
+        with contextlib.suppress(*_ERRORS):
+            await self._c.watch_once(
+                self._lock(key),
+                timeout=budget_s,
+                start_revision=seen_mod + 1,
+                kind=aetcd.rtypes.EventKind.DELETE,
+            )
+
+    async def _require_session(self, lease: int) -> None:
+        with _unavailable_on_error():
+            if await self._remaining(lease) is None:
+                raise SessionNotFound(f"session {lease} is unknown or expired")
+
+    async def _try_acquire(self, lease: int, key: str) -> Grant | int:
+        """The grant, or the ModRevision of the current holder's key (to watch from)."""
+        lock, last = self._lock(key), self._last(key)
+        sid = str(lease)
+        for _ in range(_CAS_ATTEMPTS):
+            epoch = self._epoch
+            now = datetime.now(UTC)
+            record = json.dumps({"epoch": epoch, "session_id": sid, "acquired_at": now.isoformat()})
+            with _unavailable_on_error():
+                ok, responses = await self._c.transaction(
+                    # Free key AND the epoch we compose with is current: one atomic decision.
+                    compare=[
+                        self._t.create(lock) == 0,
+                        self._t.value(self._epoch_key) == str(epoch),
+                    ],
+                    success=[
+                        self._t.put(lock, sid.encode(), lease=lease),
+                        self._t.put(last, record.encode()),
+                        self._t.get(lock),
+                    ],
+                    failure=[self._t.get(lock), self._t.get(self._epoch_key)],
+                )
+            if ok:
+                kv = responses[2][0][1]
+                # FR-10: the token base is the ModRevision written by this very transaction.
+                token = compose_token(epoch, kv.mod_revision)
+                with _unavailable_on_error():
+                    remaining = await self._remaining(lease)
+                events.acquired(_BACKEND, key, token, sid)
+                return Grant(
+                    key=key,
+                    token=token,
+                    session_id=sid,
+                    acquired_at=now,
+                    expires_at=now + (remaining or timedelta(0)),
+                )
+            holder, epoch_kv = responses[0], responses[1]
+            if epoch_kv:
+                self._epoch = int(epoch_kv[0][0])
+            if holder:
+                # Held (also by this very session: no re-entrancy, DR-04).
+                return int(holder[0][1].mod_revision)
+        raise BackendUnavailable("the epoch kept changing while acquiring; retry")
+
+    async def renew(self, grant: Grant) -> Grant:
+        validate_key(grant.key)
+        lease = _lease_id(grant.session_id)
+        ok = False
+        remaining: timedelta | None = None
+        if lease is not None:
+            with _unavailable_on_error():
+                ok = await self._still_valid(grant)
+                if ok:
+                    reply = await self._c.refresh_lease(lease)
+                    ok = reply is not None and reply.TTL > 0
+                    remaining = timedelta(seconds=reply.TTL) if ok else None
+        if not ok or remaining is None:
+            events.renew_failed(_BACKEND, grant.key, grant.token, grant.session_id)
+            raise NotHeld(f"grant {grant.token} on {grant.key!r} is no longer valid")
+        return Grant(
+            key=grant.key,
+            token=grant.token,
+            session_id=grant.session_id,
+            acquired_at=grant.acquired_at,
+            expires_at=datetime.now(UTC) + remaining,
+        )
+
+    def _grant_compare(self, grant: Grant) -> list[Any]:
+        epoch, base = divmod(grant.token, TOKEN_EPOCH_STRIDE)
+        return [
+            self._t.value(self._lock(grant.key)) == grant.session_id,
+            self._t.mod(self._lock(grant.key)) == base,
+            self._t.value(self._epoch_key) == str(epoch),
+        ]
+
+    async def _still_valid(self, grant: Grant) -> bool:
+        ok, _ = await self._c.transaction(
+            compare=self._grant_compare(grant), success=[], failure=[]
+        )
+        return bool(ok)
+
+    async def release(self, grant: Grant) -> None:
+        validate_key(grant.key)
+        ok = False
+        if _lease_id(grant.session_id) is not None:
+            with _unavailable_on_error():
+                # Compare-and-delete on (key, session, token) (FR-05).
+                ok, _ = await self._c.transaction(
+                    compare=self._grant_compare(grant),
+                    success=[self._t.delete(self._lock(grant.key))],
+                    failure=[],
+                )
+        if not ok:
+            raise NotHeld(f"grant {grant.token} on {grant.key!r} is no longer valid")
+        events.released(_BACKEND, grant.key, grant.token, grant.session_id)
+
+    # ------------------------------------------------------------------ operators
+
+    async def _read_key(self, key: str) -> tuple[Any, Any, int]:
+        """(lock kv or None, last kv or None, waiter count) in one consistent read."""
+        waiters = self._waiters(key)
+        with _unavailable_on_error():
+            _, responses = await self._c.transaction(
+                compare=[],
+                success=[
+                    self._t.get(self._lock(key)),
+                    self._t.get(self._last(key)),
+                    self._t.get(waiters, aetcd.utils.prefix_range_end(waiters)),
+                ],
+                failure=[],
+            )
+        lock = responses[0][0][1] if responses[0] else None
+        last = responses[1][0][1] if responses[1] else None
+        # Waiter keys are `...{key}|{session}|{uuid}`: count distinct sessions.
+        sessions = {kv.key[len(waiters) :].split(b"|", 1)[0] for _, kv in responses[2]}
+        return lock, last, len(sessions)
+
+    async def inspect(self, key: str) -> LockInfo:
+        validate_key(key)
+        lock, last, waiters = await self._read_key(key)
+        record = json.loads(last.value) if last is not None else None
+        last_token = compose_token(record["epoch"], last.mod_revision) if record else None
+        if lock is None or record is None or last.mod_revision != lock.mod_revision:
+            return LockInfo(key, None, None, None, None, waiters, last_token)
+        with _unavailable_on_error():
+            remaining = await self._remaining(lock.lease)
+        if remaining is None:  # lease expired, key not yet reaped by etcd
+            return LockInfo(key, None, None, None, None, waiters, last_token)
+        return LockInfo(
+            key=key,
+            holder_session=lock.value.decode(),
+            token=last_token,
+            acquired_at=datetime.fromisoformat(record["acquired_at"]),
+            expires_at=datetime.now(UTC) + remaining,
+            waiters=waiters,
+            last_token=last_token,
+        )
+
+    def _audit(self, action: str, **fields: Any) -> Any:
+        now = datetime.now(UTC)
+        name = f"{self._prefix}__audit/{now.strftime('%Y%m%dT%H%M%S.%f')}-{uuid.uuid4().hex[:8]}"
+        body = {"at": now.isoformat(), "action": action, **fields}
+        return self._t.put(name.encode(), json.dumps(body).encode()), now
+
+    async def force_revoke(self, key: str, operator: str, reason: str) -> RevokeResult:
+        validate_key(key)
+        operator, reason = validate_operator(operator, reason)
+        lock = self._lock(key)
+        for _ in range(_CAS_ATTEMPTS):
+            held, last, _ = await self._read_key(key)
+            revoked: int | None = None
+            if held is not None:
+                epoch = json.loads(last.value)["epoch"] if last is not None else self._epoch
+                revoked = compose_token(epoch, held.mod_revision)
+            audit, at = self._audit(
+                "force_revoke", key=key, operator=operator, reason=reason, revoked_token=revoked
+            )
+            with _unavailable_on_error():
+                if held is None:
+                    ok, _ = await self._c.transaction(
+                        compare=[self._t.create(lock) == 0], success=[audit], failure=[]
+                    )
+                else:
+                    # Deleting the key ends the grant; any later put has a higher ModRevision.
+                    ok, _ = await self._c.transaction(
+                        compare=[self._t.mod(lock) == held.mod_revision],
+                        success=[self._t.delete(lock), audit],
+                        failure=[],
+                    )
+            if ok:
+                events.revoked(_BACKEND, key, revoked, operator, reason)
+                return RevokeResult(key, revoked, operator, reason, at)
+        raise BackendUnavailable("the key kept changing while revoking; retry")
+
+    async def bump_epoch(self, min_epoch: int, operator: str, reason: str) -> int:
+        operator, reason = validate_operator(operator, reason)
+        if not isinstance(min_epoch, int) or not (0 <= min_epoch <= MAX_EPOCH):
+            raise InvalidRequest(f"min_epoch must be an integer between 0 and {MAX_EPOCH}")
+        locks = f"{self._prefix}__lock/".encode()
+        for _ in range(_CAS_ATTEMPTS):
+            with _unavailable_on_error():
+                got = await self._c.get(self._epoch_key)
+                old = int(got.value) if got is not None else 0
+                new = max(old + 1, min_epoch)
+                if new > MAX_EPOCH:
+                    raise InvalidRequest("the token epoch would overflow")
+                audit, _ = self._audit(
+                    "bump_epoch", operator=operator, reason=reason, old_epoch=old, new_epoch=new
+                )
+                guard = (
+                    self._t.mod(self._epoch_key) == got.mod_revision
+                    if got is not None
+                    else self._t.create(self._epoch_key) == 0
+                )
+                ok, _ = await self._c.transaction(
+                    compare=[guard],
+                    success=[
+                        self._t.put(self._epoch_key, str(new).encode()),
+                        # Grants restored from a backup belong to the past: end them all.
+                        self._t.delete(locks, aetcd.utils.prefix_range_end(locks)),
+                        audit,
+                    ],
+                    failure=[],
+                )
+            if ok:
+                self._epoch = new
+                events.epoch_bumped(_BACKEND, old, new, operator, reason)
+                return new
+        raise BackendUnavailable("the epoch kept changing while bumping; retry")
+
+    async def audit_records(self) -> list[dict[str, Any]]:
+        """This prefix's audit records, oldest first (operators and tests)."""
+        with _unavailable_on_error():
+            got = await self._c.get_prefix(f"{self._prefix}__audit/".encode(), sort_order="ascend")
+        return [json.loads(kv.value) for kv in got]
+
+    async def close(self) -> None:
+        with contextlib.suppress(*_ERRORS):
+            await asyncio.wait_for(self._c.close(), 5)

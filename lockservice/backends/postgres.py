@@ -1,0 +1,498 @@
+"""PostgreSQL lock backend (asyncpg): sessions, grants and tokens in schema `lockservice`.
+
+Owns the rows of `lockservice.*` for its key prefix. Must never: lower or delete a key's counter
+(the token base, INV-04), grant a key whose current holder's session is still alive (INV-06), or
+decide expiry with the client's clock (expiry is `clock_timestamp()` on the server).
+
+Token = compose_token(epoch, counter): `key_counters.counter` is bumped with
+`counter = counter + 1` under the row lock, so concurrent acquirers of one key are serialised by
+PostgreSQL and every grant gets a fresh, higher counter. Waiting acquirers are woken by
+LISTEN/NOTIFY on release/revoke/close and poll with jitter to notice silent session expiry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import uuid
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from typing import Any
+
+import asyncpg
+
+from lockservice import events
+from lockservice.api import (
+    TOKEN_EPOCH_STRIDE,
+    BackendUnavailable,
+    Grant,
+    InvalidRequest,
+    LockInfo,
+    NotAcquired,
+    NotHeld,
+    RevokeResult,
+    Session,
+    SessionNotFound,
+    compose_token,
+    validate_key,
+    validate_operator,
+    validate_ttl,
+    validate_wait,
+)
+
+_BACKEND = "postgres"
+_CHANNEL = "lockservice_release"
+#: Polling period of a blocked acquirer; NOTIFY wakes it earlier on release, revoke and close.
+_POLL_S = 0.2
+_POLL_JITTER_S = 0.1
+#: epoch * TOKEN_EPOCH_STRIDE must fit in a bigint.
+MAX_EPOCH = (1 << 63) // TOKEN_EPOCH_STRIDE - 1
+
+_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    TimeoutError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.exceptions.OperatorInterventionError,  # admin shutdown, cannot connect now
+    asyncpg.exceptions.InsufficientResourcesError,  # too many connections
+)
+
+
+@contextlib.contextmanager
+def _unavailable_on_connection_error() -> Iterator[None]:
+    """Callers fail closed on BackendUnavailable (FR-27); never leak driver exceptions."""
+    try:
+        yield
+    except _CONNECTION_ERRORS as exc:
+        raise BackendUnavailable(f"postgres lock backend unreachable: {exc!r}") from exc
+
+
+def _session_uuid(session_id: str) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(session_id)
+    except (ValueError, TypeError, AttributeError):
+        return None
+
+
+class PostgresBackend:
+    """LockBackend over one PostgreSQL database. Create with `await PostgresBackend.start(...)`."""
+
+    def __init__(self, pool: asyncpg.Pool, database_url: str, prefix: str) -> None:
+        self._pool = pool
+        self._url = database_url
+        self._prefix = prefix
+        self._listener: asyncpg.Connection | None = None
+        self._wakeups: dict[str, set[asyncio.Event]] = {}
+
+    @classmethod
+    async def start(cls, database_url: str, prefix: str = "") -> PostgresBackend:
+        from payouts.migrate import migrate
+
+        with _unavailable_on_connection_error():
+            await migrate(database_url, schemas={"lockservice"})
+            pool = await asyncpg.create_pool(
+                database_url, min_size=1, max_size=10, command_timeout=10
+            )
+            await pool.execute(
+                "INSERT INTO lockservice.epochs (prefix) VALUES ($1) ON CONFLICT DO NOTHING",
+                prefix,
+            )
+        backend = cls(pool, database_url, prefix)
+        await backend._ensure_listener()
+        return backend
+
+    # ------------------------------------------------------------------ helpers
+
+    def _full(self, key: str) -> str:
+        return self._prefix + key
+
+    async def _ensure_listener(self) -> None:
+        """Best effort: without a listener, blocked acquirers still poll."""
+        if self._listener is not None and not self._listener.is_closed():
+            return
+        try:
+            conn = await asyncpg.connect(self._url, timeout=5)
+            await conn.add_listener(_CHANNEL, self._on_notify)
+            self._listener = conn
+        except _CONNECTION_ERRORS:
+            self._listener = None
+
+    def _on_notify(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
+        for event in self._wakeups.get(payload, ()):
+            event.set()
+
+    # ------------------------------------------------------------------ sessions
+
+    async def open_session(self, ttl_s: float) -> Session:
+        ttl = validate_ttl(ttl_s)
+        sid = uuid.uuid4()
+        with _unavailable_on_connection_error():
+            expires_at = await self._pool.fetchval(
+                "INSERT INTO lockservice.sessions (session_id, ttl, expires_at)"
+                " SELECT $1, t, clock_timestamp() + t FROM make_interval(secs => $2) AS t"
+                " RETURNING expires_at",
+                sid,
+                ttl,
+            )
+        return Session(session_id=str(sid), ttl_s=ttl, expires_at=expires_at)
+
+    async def keepalive(self, session_id: str) -> Session:
+        sid = _session_uuid(session_id)
+        if sid is None:
+            raise SessionNotFound(f"unknown session {session_id!r}")
+        with _unavailable_on_connection_error():
+            row = await self._pool.fetchrow(
+                "UPDATE lockservice.sessions SET expires_at = clock_timestamp() + ttl"
+                " WHERE session_id = $1 AND expires_at > clock_timestamp()"
+                " RETURNING ttl, expires_at",
+                sid,
+            )
+        if row is None:
+            raise SessionNotFound(f"session {session_id} is unknown or expired")
+        ttl: timedelta = row["ttl"]
+        return Session(
+            session_id=session_id, ttl_s=ttl.total_seconds(), expires_at=row["expires_at"]
+        )
+
+    async def close_session(self, session_id: str) -> None:
+        sid = _session_uuid(session_id)
+        if sid is None:
+            return
+        with _unavailable_on_connection_error():
+            async with self._pool.acquire() as conn, conn.transaction():
+                alive = await conn.fetchval(
+                    "SELECT expires_at > clock_timestamp() FROM lockservice.sessions"
+                    " WHERE session_id = $1 FOR UPDATE",
+                    sid,
+                )
+                ended = await conn.fetch(
+                    "DELETE FROM lockservice.holders WHERE session_id = $1 RETURNING key, token",
+                    sid,
+                )
+                reason = "session_closed" if alive else "expired"
+                for row in ended:
+                    await self._end_history(conn, row["key"], row["token"], reason)
+                    await conn.execute("SELECT pg_notify($1, $2)", _CHANNEL, row["key"])
+                await conn.execute("DELETE FROM lockservice.waiters WHERE session_id = $1", sid)
+                await conn.execute("DELETE FROM lockservice.sessions WHERE session_id = $1", sid)
+
+    # ------------------------------------------------------------------ grants
+
+    async def acquire(self, session_id: str, key: str, wait_s: float) -> Grant | NotAcquired:
+        validate_key(key)
+        wait = validate_wait(wait_s)
+        sid = _session_uuid(session_id)
+        if sid is None:
+            raise SessionNotFound(f"unknown session {session_id!r}")
+        full = self._full(key)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        wake = asyncio.Event()
+        result = await self._try_acquire(sid, key, full)
+        if isinstance(result, Grant) or wait == 0:
+            return result
+        # Blocked: count as a waiter of the key until we return (inspect().waiters).
+        waiter_id = uuid.uuid4()
+        with _unavailable_on_connection_error():
+            await self._pool.execute(
+                "INSERT INTO lockservice.waiters (key, session_id, waiter_id) VALUES ($1, $2, $3)",
+                full,
+                sid,
+                waiter_id,
+            )
+        self._wakeups.setdefault(full, set()).add(wake)
+        try:
+            await self._ensure_listener()
+            while True:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return NotAcquired(key=key, reason="timeout")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(
+                        wake.wait(), min(remaining, _POLL_S + random.uniform(0, _POLL_JITTER_S))
+                    )
+                # Cleared before the attempt, so a NOTIFY arriving during it is not lost.
+                wake.clear()
+                result = await self._try_acquire(sid, key, full)
+                if isinstance(result, Grant):
+                    return result
+        finally:
+            waiting = self._wakeups.get(full)
+            if waiting is not None:
+                waiting.discard(wake)
+                if not waiting:
+                    del self._wakeups[full]
+            with contextlib.suppress(*_CONNECTION_ERRORS):
+                await self._pool.execute(
+                    "DELETE FROM lockservice.waiters WHERE waiter_id = $1", waiter_id
+                )
+
+    async def _try_acquire(self, sid: uuid.UUID, key: str, full: str) -> Grant | NotAcquired:
+        expired: tuple[int, str] | None = None
+        with _unavailable_on_connection_error():
+            async with self._pool.acquire() as conn, conn.transaction():
+                # Shared lock on the epoch row: bump_epoch (FOR UPDATE) waits for in-flight grants.
+                epoch = await conn.fetchval(
+                    "SELECT epoch FROM lockservice.epochs WHERE prefix = $1 FOR SHARE",
+                    self._prefix,
+                )
+                session = await conn.fetchrow(
+                    "SELECT expires_at FROM lockservice.sessions"
+                    " WHERE session_id = $1 AND expires_at > clock_timestamp()",
+                    sid,
+                )
+                if session is None:
+                    raise SessionNotFound(f"session {sid} is unknown or expired")
+                await conn.execute(
+                    "INSERT INTO lockservice.key_counters (key) VALUES ($1) ON CONFLICT DO NOTHING",
+                    full,
+                )
+                # The counter row lock serialises every acquirer (and revoker) of this key.
+                await conn.execute(
+                    "SELECT 1 FROM lockservice.key_counters WHERE key = $1 FOR UPDATE", full
+                )
+                holder = await conn.fetchrow(
+                    "SELECT h.session_id, h.token,"
+                    " coalesce(s.expires_at > clock_timestamp(), false) AS valid"
+                    " FROM lockservice.holders h"
+                    " LEFT JOIN lockservice.sessions s ON s.session_id = h.session_id"
+                    " WHERE h.key = $1",
+                    full,
+                )
+                if holder is not None and holder["valid"]:
+                    # Also when the holder is this very session: no re-entrancy (DR-04).
+                    return NotAcquired(key=key, reason="held")
+                if holder is not None:
+                    # The holder's session expired on the server's clock: its grant is over.
+                    await conn.execute("DELETE FROM lockservice.holders WHERE key = $1", full)
+                    await self._end_history(conn, full, holder["token"], "expired")
+                    expired = (holder["token"], str(holder["session_id"]))
+                row = await conn.fetchrow(
+                    "UPDATE lockservice.key_counters SET counter = counter + 1,"
+                    " last_token = $2::bigint * $3::bigint + counter + 1"
+                    " WHERE key = $1 RETURNING counter, last_token, clock_timestamp() AS now",
+                    full,
+                    epoch,
+                    TOKEN_EPOCH_STRIDE,
+                )
+                token = compose_token(epoch, row["counter"])  # raises if the base overflows
+                assert token == row["last_token"]
+                await conn.execute(
+                    "INSERT INTO lockservice.holders (key, session_id, token, acquired_at)"
+                    " VALUES ($1, $2, $3, $4)",
+                    full,
+                    sid,
+                    token,
+                    row["now"],
+                )
+                await conn.execute(
+                    "INSERT INTO lockservice.grant_history (key, token, session_id, acquired_at)"
+                    " VALUES ($1, $2, $3, $4)",
+                    full,
+                    token,
+                    sid,
+                    row["now"],
+                )
+        if expired is not None:
+            events.expired(_BACKEND, key, expired[0], expired[1])
+        events.acquired(_BACKEND, key, token, str(sid))
+        return Grant(
+            key=key,
+            token=token,
+            session_id=str(sid),
+            acquired_at=row["now"],
+            expires_at=session["expires_at"],
+        )
+
+    @staticmethod
+    async def _end_history(conn: asyncpg.Connection, full: str, token: int, reason: str) -> None:
+        await conn.execute(
+            "UPDATE lockservice.grant_history SET ended_at = clock_timestamp(), end_reason = $3"
+            " WHERE key = $1 AND token = $2 AND ended_at IS NULL",
+            full,
+            token,
+            reason,
+        )
+
+    async def renew(self, grant: Grant) -> Grant:
+        validate_key(grant.key)
+        sid = _session_uuid(grant.session_id)
+        row = None
+        if sid is not None:
+            with _unavailable_on_connection_error():
+                # Extends the session only while this exact grant is still its key's valid grant.
+                row = await self._pool.fetchrow(
+                    "UPDATE lockservice.sessions s SET expires_at = clock_timestamp() + s.ttl"
+                    " FROM lockservice.holders h"
+                    " WHERE h.key = $1 AND h.session_id = $2 AND h.token = $3"
+                    " AND s.session_id = h.session_id AND s.expires_at > clock_timestamp()"
+                    " RETURNING s.expires_at, h.acquired_at",
+                    self._full(grant.key),
+                    sid,
+                    grant.token,
+                )
+        if row is None:
+            events.renew_failed(_BACKEND, grant.key, grant.token, grant.session_id)
+            raise NotHeld(f"grant {grant.token} on {grant.key!r} is no longer valid")
+        return Grant(
+            key=grant.key,
+            token=grant.token,
+            session_id=grant.session_id,
+            acquired_at=row["acquired_at"],
+            expires_at=row["expires_at"],
+        )
+
+    async def release(self, grant: Grant) -> None:
+        validate_key(grant.key)
+        sid = _session_uuid(grant.session_id)
+        full = self._full(grant.key)
+        released = None
+        if sid is not None:
+            with _unavailable_on_connection_error():
+                async with self._pool.acquire() as conn, conn.transaction():
+                    # Compare-and-delete on (key, session, token) of a still-valid grant (FR-05).
+                    released = await conn.fetchval(
+                        "DELETE FROM lockservice.holders h USING lockservice.sessions s"
+                        " WHERE h.key = $1 AND h.session_id = $2 AND h.token = $3"
+                        " AND s.session_id = h.session_id AND s.expires_at > clock_timestamp()"
+                        " RETURNING h.token",
+                        full,
+                        sid,
+                        grant.token,
+                    )
+                    if released is not None:
+                        await self._end_history(conn, full, grant.token, "released")
+                        await conn.execute("SELECT pg_notify($1, $2)", _CHANNEL, full)
+        if released is None:
+            raise NotHeld(f"grant {grant.token} on {grant.key!r} is no longer valid")
+        events.released(_BACKEND, grant.key, grant.token, grant.session_id)
+
+    # ------------------------------------------------------------------ operators
+
+    async def inspect(self, key: str) -> LockInfo:
+        validate_key(key)
+        full = self._full(key)
+        with _unavailable_on_connection_error():
+            row = await self._pool.fetchrow(
+                "SELECT kc.last_token, h.session_id, h.token, h.acquired_at, s.expires_at,"
+                " (SELECT count(DISTINCT w.session_id) FROM lockservice.waiters w"
+                "   JOIN lockservice.sessions ws ON ws.session_id = w.session_id"
+                "   WHERE w.key = $1 AND ws.expires_at > clock_timestamp()) AS waiters"
+                " FROM (SELECT $1::text AS key) k"
+                " LEFT JOIN lockservice.key_counters kc ON kc.key = k.key"
+                " LEFT JOIN lockservice.holders h ON h.key = k.key"
+                " LEFT JOIN lockservice.sessions s ON s.session_id = h.session_id"
+                "   AND s.expires_at > clock_timestamp()",
+                full,
+            )
+        held = row["expires_at"] is not None
+        return LockInfo(
+            key=key,
+            holder_session=str(row["session_id"]) if held else None,
+            token=row["token"] if held else None,
+            acquired_at=row["acquired_at"] if held else None,
+            expires_at=row["expires_at"] if held else None,
+            waiters=int(row["waiters"]),
+            last_token=row["last_token"],
+        )
+
+    async def force_revoke(self, key: str, operator: str, reason: str) -> RevokeResult:
+        validate_key(key)
+        operator, reason = validate_operator(operator, reason)
+        full = self._full(key)
+        with _unavailable_on_connection_error():
+            async with self._pool.acquire() as conn, conn.transaction():
+                await conn.execute(
+                    "INSERT INTO lockservice.key_counters (key) VALUES ($1) ON CONFLICT DO NOTHING",
+                    full,
+                )
+                await conn.execute(
+                    "SELECT 1 FROM lockservice.key_counters WHERE key = $1 FOR UPDATE", full
+                )
+                holder = await conn.fetchrow(
+                    "DELETE FROM lockservice.holders h WHERE h.key = $1 RETURNING h.token,"
+                    " coalesce((SELECT s.expires_at > clock_timestamp()"
+                    "   FROM lockservice.sessions s WHERE s.session_id = h.session_id), false)"
+                    " AS valid",
+                    full,
+                )
+                revoked: int | None = None
+                if holder is not None:
+                    end = "revoked" if holder["valid"] else "expired"
+                    await self._end_history(conn, full, holder["token"], end)
+                    revoked = holder["token"] if holder["valid"] else None
+                # The next token is higher by construction: the counter is never lowered.
+                at: datetime = await conn.fetchval(
+                    "INSERT INTO lockservice.audit (prefix, action, key, operator, reason, detail)"
+                    " VALUES ($1, 'force_revoke', $2, $3, $4, $5::jsonb) RETURNING at",
+                    self._prefix,
+                    key,
+                    operator,
+                    reason,
+                    json.dumps({"revoked_token": revoked}),
+                )
+                await conn.execute("SELECT pg_notify($1, $2)", _CHANNEL, full)
+        events.revoked(_BACKEND, key, revoked, operator, reason)
+        return RevokeResult(key=key, revoked_token=revoked, operator=operator, reason=reason, at=at)
+
+    async def bump_epoch(self, min_epoch: int, operator: str, reason: str) -> int:
+        operator, reason = validate_operator(operator, reason)
+        if not isinstance(min_epoch, int) or not (0 <= min_epoch <= MAX_EPOCH):
+            raise InvalidRequest(f"min_epoch must be an integer between 0 and {MAX_EPOCH}")
+        with _unavailable_on_connection_error():
+            async with self._pool.acquire() as conn, conn.transaction():
+                await conn.execute(
+                    "INSERT INTO lockservice.epochs (prefix) VALUES ($1) ON CONFLICT DO NOTHING",
+                    self._prefix,
+                )
+                old: int = await conn.fetchval(
+                    "SELECT epoch FROM lockservice.epochs WHERE prefix = $1 FOR UPDATE",
+                    self._prefix,
+                )
+                new = max(old + 1, min_epoch)
+                if new > MAX_EPOCH:
+                    raise InvalidRequest("the token epoch would overflow")
+                await conn.execute(
+                    "UPDATE lockservice.epochs SET epoch = $2 WHERE prefix = $1", self._prefix, new
+                )
+                # Grants restored from a backup belong to the past: end them all.
+                ended = await conn.fetch(
+                    "DELETE FROM lockservice.holders WHERE starts_with(key, $1)"
+                    " RETURNING key, token",
+                    self._prefix,
+                )
+                for row in ended:
+                    await self._end_history(conn, row["key"], row["token"], "epoch_bumped")
+                    await conn.execute("SELECT pg_notify($1, $2)", _CHANNEL, row["key"])
+                await conn.execute(
+                    "INSERT INTO lockservice.audit (prefix, action, operator, reason, detail)"
+                    " VALUES ($1, 'bump_epoch', $2, $3, $4::jsonb)",
+                    self._prefix,
+                    operator,
+                    reason,
+                    json.dumps({"old_epoch": old, "new_epoch": new, "min_epoch": min_epoch}),
+                )
+        events.epoch_bumped(_BACKEND, old, new, operator, reason)
+        return new
+
+    async def audit_records(self) -> list[dict[str, Any]]:
+        """This prefix's audit rows, oldest first (operators and tests)."""
+        with _unavailable_on_connection_error():
+            rows = await self._pool.fetch(
+                "SELECT at, action, key, operator, reason, detail FROM lockservice.audit"
+                " WHERE prefix = $1 ORDER BY id",
+                self._prefix,
+            )
+        return [{**dict(r), "detail": json.loads(r["detail"])} for r in rows]
+
+    async def close(self) -> None:
+        if self._listener is not None:
+            with contextlib.suppress(*_CONNECTION_ERRORS):
+                await self._listener.close(timeout=2)
+            self._listener = None
+        try:
+            await asyncio.wait_for(self._pool.close(), 5)
+        except (*_CONNECTION_ERRORS,):
+            self._pool.terminate()  # connections to a stopped server cannot close politely

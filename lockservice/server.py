@@ -1,0 +1,446 @@
+"""The lock server: the `LockBackend` contract over HTTP/JSON (FastAPI), versioned under /v1.
+
+Owns: request validation, the mapping of contract errors to HTTP status codes and JSON bodies
+`{"code", "message"}`, the grant/renew/release/expiry events, and the Prometheus metrics.
+Events: the backends emit `lock.acquired`, `lock.released`, `lock.renew_failed`, `lock.expired`,
+`lock.revoked`, `lock.epoch_bumped` and `alert` (lockservice.events); this layer adds only what
+they cannot see: `lock.not_acquired`, `lock.renewed`, `lock.session_expired`,
+`lock.release_failed`, `lock.session_opened`, `lock.session_closed`. One event per fact, never two.
+Must never: decide lease expiry itself (the backend's clock does), turn bad input into a 500 or a
+state change, or put a key, session or token into a metric label (NFR-09).
+
+Status codes: 200 ok, 204 no body, 404 unknown route or session, 409 not acquired / not held,
+422 invalid input (FastAPI's validation errors reshaped to the same JSON body), 503 backend
+unavailable (callers fail closed, FR-27).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, TypeVar
+
+from fastapi import FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from lockservice import api
+from lockservice.api import Grant, LockBackend, NotAcquired
+from payouts.logs import get_logger
+
+T = TypeVar("T")
+_log = get_logger("lockservice.server")
+
+_KEY_PATTERN = r"^[A-Za-z0-9:_\-./]+$"
+_MAX_TOKEN = (1 << 63) - 1  # tokens are stored as signed 64-bit integers by both backends
+_SESSION_ID = Field(min_length=1, max_length=128)
+
+# --------------------------------------------------------------------------- wire models
+# Constraints mirror lockservice.api so that the OpenAPI spec documents them; api's validators
+# stay the source of truth and run again in every handler.
+
+
+class OpenSessionIn(BaseModel):
+    ttl_s: float | None = Field(default=None, ge=api.MIN_TTL_S, le=api.MAX_TTL_S)
+
+
+class SessionOut(BaseModel):
+    session_id: str
+    ttl_s: float
+    expires_at: datetime
+
+
+class AcquireIn(BaseModel):
+    session_id: str = _SESSION_ID
+    key: str = Field(min_length=1, max_length=api.MAX_KEY_LENGTH, pattern=_KEY_PATTERN)
+    wait_s: float = Field(default=0.0, ge=0.0, le=api.MAX_WAIT_S)
+
+
+class GrantBody(BaseModel):
+    key: str = Field(min_length=1, max_length=api.MAX_KEY_LENGTH, pattern=_KEY_PATTERN)
+    token: int = Field(ge=0, le=_MAX_TOKEN)
+    session_id: str = _SESSION_ID
+    acquired_at: datetime
+    expires_at: datetime
+
+    def to_grant(self) -> Grant:
+        return Grant(self.key, self.token, self.session_id, self.acquired_at, self.expires_at)
+
+
+class LockInfoOut(BaseModel):
+    key: str
+    holder_session: str | None
+    token: int | None
+    acquired_at: datetime | None
+    expires_at: datetime | None
+    waiters: int
+    last_token: int | None
+
+
+class RevokeIn(BaseModel):
+    key: str = Field(min_length=1, max_length=api.MAX_KEY_LENGTH, pattern=_KEY_PATTERN)
+    operator: str = Field(min_length=1, max_length=200)
+    reason: str = Field(min_length=1, max_length=2000)
+
+
+class RevokeOut(BaseModel):
+    key: str
+    revoked_token: int | None
+    operator: str
+    reason: str
+    at: datetime
+
+
+class BumpEpochIn(BaseModel):
+    min_epoch: int = Field(ge=0, le=(1 << 22))  # epoch * 2**40 must stay a signed 64-bit value
+    operator: str = Field(min_length=1, max_length=200)
+    reason: str = Field(min_length=1, max_length=2000)
+
+
+class BumpEpochOut(BaseModel):
+    epoch: int
+
+
+class ErrorBody(BaseModel):
+    code: str
+    message: str
+    reason: str | None = None  # only for not_acquired: "held" or "timeout"
+
+
+_ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorBody} for s in (404, 409, 422, 503)}
+
+# --------------------------------------------------------------------------- plumbing
+
+
+def _iso(dt: datetime | None) -> str | None:
+    return None if dt is None else dt.isoformat()
+
+
+def _grant_json(g: Grant) -> dict[str, Any]:
+    return {
+        "key": g.key,
+        "token": g.token,
+        "session_id": g.session_id,
+        "acquired_at": _iso(g.acquired_at),
+        "expires_at": _iso(g.expires_at),
+    }
+
+
+def _error(status: int, code: str, message: str, **extra: Any) -> JSONResponse:
+    return JSONResponse({"code": code, "message": message, **extra}, status_code=status)
+
+
+_STATUS_OF: dict[type[api.LockError], int] = {
+    api.InvalidRequest: 422,
+    api.SessionNotFound: 404,
+    api.NotHeld: 409,
+    api.BackendUnavailable: 503,
+}
+
+
+def _status_of(exc: api.LockError) -> int:
+    for cls, status in _STATUS_OF.items():
+        if isinstance(exc, cls):
+            return status
+    return 500
+
+
+class _Metrics:
+    """Per-app registry, so that several apps in one process (tests, bench) never collide."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "lock_requests",
+            "Lock-server requests by operation and outcome.",
+            ["op", "outcome"],
+            registry=self.registry,
+        )
+        self.seconds = Histogram(
+            "lock_request_seconds",
+            "Lock-server request handling time by operation.",
+            ["op"],
+            registry=self.registry,
+            buckets=(0.0005, 0.001, 0.002, 0.003, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1, 5, 30),
+        )
+
+
+@dataclass
+class _State:
+    backend: LockBackend | None
+    metrics: _Metrics
+    default_ttl_s: float
+
+    def be(self) -> LockBackend:
+        if self.backend is None:  # only between process start and the end of lifespan start-up
+            raise api.BackendUnavailable("lock backend not connected yet")
+        return self.backend
+
+
+_OUTCOME_OF: dict[type[Exception], str] = {
+    api.InvalidRequest: "invalid",
+    api.SessionNotFound: "session_not_found",
+    api.NotHeld: "not_held",
+    api.BackendUnavailable: "unavailable",
+}
+
+
+def _op_of(request: Request) -> str:
+    route = request.scope.get("route")
+    return str(getattr(route, "name", None) or "unknown")
+
+
+# --------------------------------------------------------------------------- the app
+
+
+def create_app(
+    backend: LockBackend,
+    *,
+    default_ttl_s: float = 15.0,
+    lifespan: Callable[[FastAPI], Any] | None = None,
+) -> FastAPI:
+    """The HTTP app over an already-connected backend (the caller closes the backend)."""
+    return _build(_State(backend, _Metrics(), default_ttl_s), lifespan)
+
+
+def _build(  # noqa: PLR0915 - one route table, read top to bottom
+    state: _State, lifespan: Callable[[FastAPI], Any] | None
+) -> FastAPI:
+    app = FastAPI(
+        title="lockservice",
+        version="1",
+        description=__doc__,
+        lifespan=lifespan,
+    )
+    app.state.lock = state
+    m = state.metrics
+
+    async def run(op: str, call: Callable[[], Awaitable[T]]) -> T:
+        """Time and count one backend call; errors propagate to the exception handlers."""
+        started = time.perf_counter()
+        outcome = "ok"
+        try:
+            return await call()
+        except api.LockError as exc:
+            outcome = next((o for c, o in _OUTCOME_OF.items() if isinstance(exc, c)), "error")
+            raise
+        except (OSError, TimeoutError):
+            outcome = "unavailable"
+            raise
+        except Exception:
+            outcome = "error"
+            raise
+        finally:
+            m.seconds.labels(op).observe(time.perf_counter() - started)
+            m.requests.labels(op, outcome).inc()
+
+    # ------------------------------------------------------------------ error shapes
+
+    @app.exception_handler(api.LockError)
+    async def _lock_error(request: Request, exc: api.LockError) -> JSONResponse:
+        return _error(_status_of(exc), exc.code, str(exc) or exc.code)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        m.requests.labels(_op_of(request), "invalid").inc()
+        parts = []
+        for err in exc.errors()[:5]:
+            where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+            parts.append(f"{where or 'body'}: {err.get('msg', 'invalid')}")
+        return _error(422, api.InvalidRequest.code, "; ".join(parts) or "invalid request")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return _error(exc.status_code, code, str(exc.detail))
+
+    @app.exception_handler(OSError)
+    @app.exception_handler(TimeoutError)
+    async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
+        # A backend driver error that escaped the backend's own mapping: still fail closed.
+        _log.warning("lock.backend_error", op=_op_of(request), error=type(exc).__name__)
+        return _error(503, api.BackendUnavailable.code, "lock backend unavailable")
+
+    # ------------------------------------------------------------------ sessions
+
+    @app.post("/v1/sessions", name="open_session", response_model=SessionOut, responses=_ERRORS)
+    async def open_session(body: OpenSessionIn | None = None) -> Response:
+        ttl = api.validate_ttl(
+            body.ttl_s if body is not None and body.ttl_s is not None else state.default_ttl_s
+        )
+        s = await run("open_session", lambda: state.be().open_session(ttl))
+        _log.info("lock.session_opened", session_id=s.session_id, ttl_s=s.ttl_s)
+        return JSONResponse(
+            {"session_id": s.session_id, "ttl_s": s.ttl_s, "expires_at": _iso(s.expires_at)}
+        )
+
+    @app.post(
+        "/v1/sessions/{session_id}/keepalive",
+        name="keepalive",
+        response_model=SessionOut,
+        responses=_ERRORS,
+    )
+    async def keepalive(session_id: str) -> Response:
+        try:
+            s = await run("keepalive", lambda: state.be().keepalive(session_id))
+        except api.SessionNotFound:
+            _log.warning("lock.session_expired", session_id=session_id)
+            raise
+        return JSONResponse(
+            {"session_id": s.session_id, "ttl_s": s.ttl_s, "expires_at": _iso(s.expires_at)}
+        )
+
+    @app.delete(
+        "/v1/sessions/{session_id}", name="close_session", status_code=204, responses=_ERRORS
+    )
+    async def close_session(session_id: str) -> Response:
+        await run("close_session", lambda: state.be().close_session(session_id))
+        _log.info("lock.session_closed", session_id=session_id)
+        return Response(status_code=204)
+
+    # ------------------------------------------------------------------ locks
+
+    @app.post("/v1/locks/acquire", name="acquire", response_model=GrantBody, responses=_ERRORS)
+    async def acquire(body: AcquireIn) -> Response:
+        key, wait = api.validate_key(body.key), api.validate_wait(body.wait_s)
+        result = await run("acquire", lambda: state.be().acquire(body.session_id, key, wait))
+        if isinstance(result, NotAcquired):
+            _log.info(
+                "lock.not_acquired", key=key, session_id=body.session_id, reason=result.reason
+            )
+            return _error(409, "not_acquired", f"{key} not acquired", reason=result.reason)
+        return JSONResponse(_grant_json(result))
+
+    @app.post("/v1/locks/renew", name="renew", response_model=GrantBody, responses=_ERRORS)
+    async def renew(body: GrantBody) -> Response:
+        grant = body.to_grant()
+        api.validate_key(grant.key)
+        renewed = await run("renew", lambda: state.be().renew(grant))  # backend: renew_failed
+        _log.info("lock.renewed", key=grant.key, token=grant.token)
+        return JSONResponse(_grant_json(renewed))
+
+    @app.post("/v1/locks/release", name="release", status_code=204, responses=_ERRORS)
+    async def release(body: GrantBody) -> Response:
+        grant = body.to_grant()
+        api.validate_key(grant.key)
+        try:
+            await run("release", lambda: state.be().release(grant))
+        except api.NotHeld:
+            _log.warning("lock.release_failed", key=grant.key, token=grant.token)
+            raise
+        return Response(status_code=204)
+
+    @app.get("/v1/locks", name="inspect", response_model=LockInfoOut, responses=_ERRORS)
+    async def inspect(
+        key: str = Query(min_length=1, max_length=api.MAX_KEY_LENGTH, pattern=_KEY_PATTERN),
+    ) -> Response:
+        """A snapshot for operators; never usable for a correctness decision (FR-07)."""
+        info = await run("inspect", lambda: state.be().inspect(api.validate_key(key)))
+        return JSONResponse(
+            {
+                "key": info.key,
+                "holder_session": info.holder_session,
+                "token": info.token,
+                "acquired_at": _iso(info.acquired_at),
+                "expires_at": _iso(info.expires_at),
+                "waiters": info.waiters,
+                "last_token": info.last_token,
+            }
+        )
+
+    @app.post("/v1/locks/revoke", name="force_revoke", response_model=RevokeOut, responses=_ERRORS)
+    async def force_revoke(body: RevokeIn) -> Response:
+        """Break-glass: ends the current grant and advances the token (FR-08). The backend emits
+        the `lock.revoked` audit event and the `alert` event."""
+        key = api.validate_key(body.key)
+        operator, reason = api.validate_operator(body.operator, body.reason)
+        r = await run("force_revoke", lambda: state.be().force_revoke(key, operator, reason))
+        return JSONResponse(
+            {
+                "key": r.key,
+                "revoked_token": r.revoked_token,
+                "operator": r.operator,
+                "reason": r.reason,
+                "at": _iso(r.at),
+            }
+        )
+
+    @app.post("/v1/epoch/bump", name="bump_epoch", response_model=BumpEpochOut, responses=_ERRORS)
+    async def bump_epoch(body: BumpEpochIn) -> Response:
+        """Restore procedure: every key's next token moves above anything issued before."""
+        operator, reason = api.validate_operator(body.operator, body.reason)
+        epoch = await run(
+            "bump_epoch", lambda: state.be().bump_epoch(body.min_epoch, operator, reason)
+        )
+        return JSONResponse({"epoch": epoch})
+
+    # ------------------------------------------------------------------ operations
+
+    @app.get("/healthz", name="healthz")
+    async def healthz() -> dict[str, str]:
+        """Liveness of the HTTP process; says nothing about whether a lock is held."""
+        return {"status": "ok" if state.backend is not None else "starting"}
+
+    @app.get("/metrics", name="metrics", include_in_schema=False)
+    async def metrics() -> Response:
+        return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+# --------------------------------------------------------------------------- process entry
+
+
+def app_from_settings(settings: Any) -> FastAPI:
+    """The app for `python -m lockservice serve`: connects the backend in the lifespan."""
+    from lockservice.backends import create_backend
+
+    state = _State(None, _Metrics(), float(settings.default_ttl_s))
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state.backend = await create_backend(
+            settings.backend,
+            database_url=settings.database_url,
+            etcd_endpoints=settings.etcd_endpoint_list() or None,
+            prefix=settings.key_prefix,
+        )
+        _log.info("lock.server_started", backend=settings.backend)
+        try:
+            yield
+        finally:
+            backend, state.backend = state.backend, None
+            await backend.close()
+
+    return _build(state, lifespan)
+
+
+def main() -> None:
+    """Build the backend from `LOCK_*` settings and serve until SIGINT/SIGTERM."""
+    import uvicorn
+
+    from lockservice.settings import LockSettings
+    from payouts.logs import configure_logging
+
+    settings = LockSettings()
+    configure_logging("lock-server", level=settings.log_level)
+    # The access log would print session ids in paths on every heartbeat; events cover requests.
+    uvicorn.run(
+        app_from_settings(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        access_log=False,
+    )

@@ -1,0 +1,37 @@
+"""Settings of one lock-server process (pydantic-settings, environment prefix `LOCK_`).
+
+One `LockSettings` object per process, built in `main()`; nothing reads the environment elsewhere.
+`DATABASE_URL` and `ETCD_ENDPOINTS` are read without the prefix because every component of the
+project shares them.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class LockSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="LOCK_", extra="ignore")
+
+    backend: Literal["postgres", "etcd"] = "postgres"
+    host: str = "127.0.0.1"
+    port: int = Field(default=8701, ge=1, le=65535)
+    database_url: str | None = Field(
+        default=None, validation_alias=AliasChoices("LOCK_DATABASE_URL", "DATABASE_URL")
+    )
+    etcd_endpoints: str | None = Field(
+        default=None, validation_alias=AliasChoices("LOCK_ETCD_ENDPOINTS", "ETCD_ENDPOINTS")
+    )
+    #: Namespace for every key (etcd key prefix); lets several deployments share one backend.
+    key_prefix: str = ""
+    #: Default session TTL for clients that do not choose one (A-04: 15 s).
+    default_ttl_s: float = Field(default=15.0, ge=1.0, le=3600.0)
+    log_level: str = "INFO"
+
+    def etcd_endpoint_list(self) -> list[str]:
+        """`ETCD_ENDPOINTS` as "host:port" items (an `http://` scheme is tolerated and dropped)."""
+        raw = self.etcd_endpoints or ""
+        return [e.strip().removeprefix("http://") for e in raw.split(",") if e.strip()]
