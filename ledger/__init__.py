@@ -1,1 +1,59 @@
-"""placeholder: filled by its issue."""
+"""The payment database: the first fencing enforcement point (FR-14..FR-16, FR-25, FR-30).
+
+Owns, in PostgreSQL schema `paydb`: accounts, balances (with a fence), payouts (with a fence and
+the state machine of ARCHITECTURE §2), double-entry ledger groups and entries, the audit log and
+the transactional outbox rows.
+
+It must never:
+* accept a write presenting a token below the stored fence (INV-05) — equal is accepted, it is the
+  same grant's next step;
+* leave a ledger group unbalanced, or let a balance drift from the sum of its entries (INV-03);
+* move a payout out of a terminal state (INV-08), or along an edge not in the transition table.
+
+Public surface: `PayoutStore`, `WorkContext`, `Payout`, `AlreadyAdvanced`, `PayoutState`, the
+errors of `ledger.errors`, and the proof query `ledger.queries.ledger_discrepancies`.
+"""
+
+from ledger.context import WorkContext
+from ledger.errors import (
+    AlreadyExists,
+    DuplicateAccount,
+    DuplicatePayout,
+    FencedOut,
+    InvalidAmount,
+    InvalidIdentifier,
+    InvalidInput,
+    InvalidToken,
+    InvalidTransition,
+    PaydbError,
+    UnknownAccount,
+    UnknownPayout,
+    UnknownState,
+)
+from ledger.states import TERMINAL_STATES, TRANSITIONS, PayoutState, check_transition
+from ledger.store import AlreadyAdvanced, Payout, PayoutStore, lock_key
+
+__all__ = [
+    "TERMINAL_STATES",
+    "TRANSITIONS",
+    "AlreadyAdvanced",
+    "AlreadyExists",
+    "DuplicateAccount",
+    "DuplicatePayout",
+    "FencedOut",
+    "InvalidAmount",
+    "InvalidIdentifier",
+    "InvalidInput",
+    "InvalidToken",
+    "InvalidTransition",
+    "PaydbError",
+    "Payout",
+    "PayoutState",
+    "PayoutStore",
+    "UnknownAccount",
+    "UnknownPayout",
+    "UnknownState",
+    "WorkContext",
+    "check_transition",
+    "lock_key",
+]

@@ -1,0 +1,615 @@
+"""The fenced payout store over an asyncpg pool: the first fencing enforcement point (FR-15).
+
+Fencing rule: a write presenting token T succeeds only if T >= the stored fence, and stamps
+fence = T in the same statement. Equal is accepted because tokens are unique per lock key: an
+equal token is the same grant taking its next step (claim, submit, post all present one T).
+
+Every payout mutation is ONE `UPDATE ... WHERE payout_id = $1 AND state = <from> AND fence <= T
+RETURNING ...`. When it matches nothing, the row is re-read in the same transaction to classify:
+stored fence > T -> `FencedOut` (event `lock.fenced_out`, counter); state already past the expected
+from-state -> `AlreadyAdvanced` (not an error); anything else -> `InvalidTransition`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import asyncpg
+
+from ledger import metrics
+from ledger.audit import write_audit
+from ledger.context import WorkContext
+from ledger.errors import (
+    DuplicateAccount,
+    DuplicatePayout,
+    FencedOut,
+    InvalidAmount,
+    InvalidIdentifier,
+    InvalidTransition,
+    UnknownAccount,
+    UnknownPayout,
+)
+from ledger.journal import FUNDING_SOURCE, RAIL_CLEARING, SYSTEM_ACCOUNTS, write_group
+from ledger.outbox import write_event
+from ledger.records import (
+    PAYOUT_COLUMNS,
+    AlreadyAdvanced,
+    Payout,
+    check_account_id,
+    check_amount,
+    check_payout_id,
+    check_text,
+    check_token,
+    lock_key,
+)
+from ledger.states import IN_FLIGHT_STATES, PayoutState, check_transition, reachable_from
+from payouts.logs import get_logger
+
+__all__ = ["AlreadyAdvanced", "Payout", "PayoutStore", "lock_key"]
+
+S = PayoutState
+log = get_logger("ledger.store")
+INSUFFICIENT_FUNDS = "insufficient_funds"
+
+
+class PayoutStore:
+    """Accounts, funding, payouts and their fenced transitions, postings, and reads."""
+
+    def __init__(self, pool: asyncpg.Pool, *, enforce_fencing: bool = True) -> None:
+        self._pool = pool
+        # FR-29: the experiment switch. Off, the fence condition is dropped from every statement
+        # and a stale holder CAN move money: only ever for the UC-03 negative control.
+        self._enforce_fencing = enforce_fencing
+        if not enforce_fencing:
+            log.warning(
+                "fencing.disabled",
+                enforcement_point="paydb",
+                detail="the fence condition is removed from every write: experiment only",
+            )
+
+    @property
+    def enforce_fencing(self) -> bool:
+        return self._enforce_fencing
+
+    # ------------------------------------------------------------------ accounts and funding
+
+    async def create_account(self, account_id: str, ctx: WorkContext) -> None:
+        """Open a customer account with a zero balance and fence 0."""
+        check_account_id(account_id)
+        async with self._pool.acquire() as conn, conn.transaction():
+            try:
+                await conn.execute(
+                    "INSERT INTO paydb.accounts (account_id, kind) VALUES ($1, 'customer')",
+                    account_id,
+                )
+            except asyncpg.UniqueViolationError:
+                raise DuplicateAccount(f"account {account_id} already exists") from None
+            await conn.execute("INSERT INTO paydb.balances (account_id) VALUES ($1)", account_id)
+            await write_audit(conn, actor=ctx.actor, action="account.opened", account_id=account_id)
+            await write_event(
+                conn, event_type="account.opened", ctx=ctx, payload={"account_id": account_id}
+            )
+
+    async def fund_account(self, account_id: str, amount: int, ctx: WorkContext) -> uuid.UUID:
+        """Credit a customer account from `funding_source`: a balanced group of its own.
+
+        Not fenced: funding only adds money and is not part of an account's payout stream; the
+        balance row lock serialises it with claims and postings.
+        """
+        check_account_id(account_id)
+        check_amount(amount)
+        group_id = uuid.uuid4()
+        correlation_id = f"{account_id}:funding:{group_id}"
+        try:
+            async with self._pool.acquire() as conn, conn.transaction():
+                await self._customer_account(conn, account_id)
+                await write_group(
+                    conn,
+                    group_id=group_id,
+                    kind="funding",
+                    correlation_id=correlation_id,
+                    entries=[(account_id, amount), (FUNDING_SOURCE, -amount)],
+                )
+                details = {"group_id": str(group_id), "amount": amount}
+                await write_audit(
+                    conn,
+                    actor=ctx.actor,
+                    action="account.funded",
+                    account_id=account_id,
+                    details=details,
+                )
+                await write_event(
+                    conn,
+                    event_type="ledger.posted",
+                    ctx=ctx,
+                    correlation_id=correlation_id,
+                    payload={"kind": "funding", "account_id": account_id, **details},
+                )
+        except asyncpg.NumericValueOutOfRangeError:
+            raise InvalidAmount(f"funding {amount} would overflow a balance") from None
+        metrics.LEDGER_GROUPS.labels(kind="funding").inc()
+        return group_id
+
+    async def balance(self, account_id: str) -> int:
+        async with self._pool.acquire() as conn:
+            value = await conn.fetchval(
+                "SELECT balance FROM paydb.balances WHERE account_id = $1", account_id
+            )
+        if value is None:
+            raise UnknownAccount(f"unknown account {account_id!r}")
+        return int(value)
+
+    # ------------------------------------------------------------------ payouts: create and read
+
+    async def create_payout(
+        self, payout_id: str, account_id: str, amount: int, ctx: WorkContext
+    ) -> Payout:
+        """A PENDING payout; its client reference (what the rail sees) is its id, forever."""
+        check_payout_id(payout_id)
+        check_account_id(account_id)
+        check_amount(amount)
+        async with self._pool.acquire() as conn, conn.transaction():
+            await self._customer_account(conn, account_id)
+            try:
+                row = await conn.fetchrow(
+                    "INSERT INTO paydb.payouts (payout_id, account_id, amount, client_reference)"
+                    f" VALUES ($1, $2, $3, $1) RETURNING {PAYOUT_COLUMNS}",
+                    payout_id,
+                    account_id,
+                    amount,
+                )
+            except asyncpg.UniqueViolationError:
+                raise DuplicatePayout(f"payout {payout_id} already exists") from None
+            payout = Payout.from_row(row)
+            payload = {"payout_id": payout_id, "account_id": account_id, "amount": amount}
+            await write_audit(
+                conn,
+                actor=ctx.actor,
+                action="payout.created",
+                payout_id=payout_id,
+                account_id=account_id,
+                to_state=S.PENDING,
+                details=payload,
+            )
+            await write_event(conn, event_type="payout.created", ctx=ctx, payload=payload)
+        return payout
+
+    async def get_payout(self, payout_id: str) -> Payout:
+        async with self._pool.acquire() as conn:
+            row = await conn.fetchrow(
+                f"SELECT {PAYOUT_COLUMNS} FROM paydb.payouts WHERE payout_id = $1", payout_id
+            )
+        if row is None:
+            raise UnknownPayout(f"unknown payout {payout_id!r}")
+        return Payout.from_row(row)
+
+    async def list_payouts(
+        self,
+        *,
+        state: PayoutState | str | None = None,
+        account_id: str | None = None,
+        limit: int = 1000,
+    ) -> list[Payout]:
+        """Payouts filtered by state and/or account, oldest first. Unknown state -> UnknownState."""
+        state_name = None if state is None else str(PayoutState.parse(state))
+        async with self._pool.acquire() as conn:
+            rows = await conn.fetch(
+                f"SELECT {PAYOUT_COLUMNS} FROM paydb.payouts"
+                " WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR account_id = $2)"
+                " ORDER BY created_at, payout_id LIMIT $3",
+                state_name,
+                account_id,
+                limit,
+            )
+        return [Payout.from_row(r) for r in rows]
+
+    # ------------------------------------------------------------------ fenced transitions
+
+    async def claim(self, payout_id: str, token: int, ctx: WorkContext) -> Payout | AlreadyAdvanced:
+        """PENDING -> CLAIMED, or PENDING -> FAILED(insufficient_funds) (UC-01 step 4, A-09).
+
+        One transaction: the account's balance row is locked and fence-stamped, available funds
+        = balance - amounts of this account's in-flight payouts, then the fenced payout update.
+        """
+        check_payout_id(payout_id)
+        check_token(token)
+        operation = "claim"
+        async with self._pool.acquire() as conn:
+            try:
+                async with conn.transaction():
+                    account_id, amount = await self._payout_account(conn, payout_id)
+                    balance = await self._stamp_balance(
+                        conn, account_id, token, operation, payout_id
+                    )
+                    in_flight = await conn.fetchval(
+                        "SELECT COALESCE(SUM(amount), 0) FROM paydb.payouts"
+                        " WHERE account_id = $1 AND state = ANY($2::text[]) AND payout_id <> $3",
+                        account_id,
+                        [str(s) for s in IN_FLIGHT_STATES],
+                        payout_id,
+                    )
+                    available = balance - int(in_flight)
+                    details = {"available": available, "amount": amount}
+                    if available < amount:
+                        return await self._transition(
+                            conn,
+                            operation,
+                            payout_id=payout_id,
+                            token=token,
+                            ctx=ctx,
+                            from_state=S.PENDING,
+                            to_state=S.FAILED,
+                            reason=INSUFFICIENT_FUNDS,
+                            details=details,
+                        )
+                    return await self._transition(
+                        conn,
+                        operation,
+                        payout_id=payout_id,
+                        token=token,
+                        ctx=ctx,
+                        from_state=S.PENDING,
+                        to_state=S.CLAIMED,
+                        details=details,
+                    )
+            except FencedOut as exc:
+                self._report_fenced_out(exc, payout_id, operation)
+                raise
+
+    async def mark_submitted(
+        self, payout_id: str, token: int, ctx: WorkContext
+    ) -> Payout | AlreadyAdvanced:
+        """CLAIMED -> RAIL_SUBMITTED: the proxy has durably recorded the attempt."""
+        return await self._simple(
+            "mark_submitted", payout_id, token, ctx, from_state=S.CLAIMED, to_state=S.RAIL_SUBMITTED
+        )
+
+    async def mark_acked(
+        self, payout_id: str, token: int, ctx: WorkContext
+    ) -> Payout | AlreadyAdvanced:
+        """RAIL_SUBMITTED -> RAIL_ACKED: the rail acknowledged."""
+        return await self._simple(
+            "mark_acked", payout_id, token, ctx, from_state=S.RAIL_SUBMITTED, to_state=S.RAIL_ACKED
+        )
+
+    async def mark_declined(
+        self, payout_id: str, token: int, ctx: WorkContext, *, reason: str
+    ) -> Payout | AlreadyAdvanced:
+        """RAIL_SUBMITTED -> FAILED: a business decline; no ledger movement."""
+        check_text(reason, "reason")
+        return await self._simple(
+            "mark_declined",
+            payout_id,
+            token,
+            ctx,
+            from_state=S.RAIL_SUBMITTED,
+            to_state=S.FAILED,
+            reason=reason,
+        )
+
+    async def mark_ambiguous(
+        self, payout_id: str, token: int, ctx: WorkContext, *, reason: str = "indeterminate"
+    ) -> Payout | AlreadyAdvanced:
+        """RAIL_SUBMITTED -> RAIL_AMBIGUOUS: money may have moved; never submitted again."""
+        check_text(reason, "reason")
+        return await self._simple(
+            "mark_ambiguous",
+            payout_id,
+            token,
+            ctx,
+            from_state=S.RAIL_SUBMITTED,
+            to_state=S.RAIL_AMBIGUOUS,
+            details={"reason": reason},
+        )
+
+    async def resolve_settled(
+        self, payout_id: str, token: int, ctx: WorkContext
+    ) -> Payout | AlreadyAdvanced:
+        """RAIL_AMBIGUOUS -> RAIL_ACKED: a lookup by client reference found it settled."""
+        return await self._simple(
+            "resolve_settled",
+            payout_id,
+            token,
+            ctx,
+            from_state=S.RAIL_AMBIGUOUS,
+            to_state=S.RAIL_ACKED,
+        )
+
+    async def resolve_absent(
+        self, payout_id: str, token: int, ctx: WorkContext, *, reason: str = "absent_at_rail"
+    ) -> Payout | AlreadyAdvanced:
+        """RAIL_AMBIGUOUS -> FAILED: a lookup says the rail definitively never had it."""
+        check_text(reason, "reason")
+        return await self._simple(
+            "resolve_absent",
+            payout_id,
+            token,
+            ctx,
+            from_state=S.RAIL_AMBIGUOUS,
+            to_state=S.FAILED,
+            reason=reason,
+        )
+
+    async def abandon(
+        self, payout_id: str, token: int, ctx: WorkContext, *, operator: str, reason: str
+    ) -> Payout | AlreadyAdvanced:
+        """RAIL_AMBIGUOUS -> ABANDONED: break-glass, by an operator with identity and reason.
+
+        Still fenced: the operator's command reaches the database through the workflow that
+        holds the account's grant, so a stale holder cannot abandon under an old token.
+        """
+        check_text(operator, "operator")
+        check_text(reason, "reason")
+        return await self._simple(
+            "abandon",
+            payout_id,
+            token,
+            ctx,
+            from_state=S.RAIL_AMBIGUOUS,
+            to_state=S.ABANDONED,
+            reason=f"abandoned: {reason}",
+            details={"operator": operator, "reason": reason},
+            audit_actor=operator,
+        )
+
+    async def post(self, payout_id: str, token: int, ctx: WorkContext) -> Payout | AlreadyAdvanced:
+        """RAIL_ACKED -> POSTED with the ledger and balance, in ONE transaction (UC-01 step 8).
+
+        Money cannot be debited twice: the RAIL_ACKED -> POSTED update matches a row at most
+        once (row lock + state condition), the ledger group is only written when it matched, and
+        ledger_groups.payout_id is UNIQUE as a last line.
+        """
+        check_payout_id(payout_id)
+        check_token(token)
+        operation = "post"
+        group_id = uuid.uuid4()
+        async with self._pool.acquire() as conn:
+            try:
+                async with conn.transaction():
+                    account_id, amount = await self._payout_account(conn, payout_id)
+                    await self._stamp_balance(conn, account_id, token, operation, payout_id)
+                    result = await self._transition(
+                        conn,
+                        operation,
+                        payout_id=payout_id,
+                        token=token,
+                        ctx=ctx,
+                        from_state=S.RAIL_ACKED,
+                        to_state=S.POSTED,
+                        group_id=group_id,
+                        details={"group_id": str(group_id), "amount": amount},
+                        record_metric=False,
+                    )
+                    if isinstance(result, AlreadyAdvanced):
+                        return result
+                    correlation_id = f"{account_id}:{payout_id}:{group_id}"
+                    await write_group(
+                        conn,
+                        group_id=group_id,
+                        kind="payout",
+                        correlation_id=correlation_id,
+                        entries=[(account_id, -amount), (RAIL_CLEARING, amount)],
+                        payout_id=payout_id,
+                        token=token,
+                    )
+                    await write_event(
+                        conn,
+                        event_type="ledger.posted",
+                        ctx=ctx,
+                        correlation_id=correlation_id,
+                        payload={
+                            "kind": "payout",
+                            "group_id": str(group_id),
+                            "payout_id": payout_id,
+                            "account_id": account_id,
+                            "amount": amount,
+                            "entries": [[account_id, -amount], [RAIL_CLEARING, amount]],
+                        },
+                    )
+            except FencedOut as exc:
+                self._report_fenced_out(exc, payout_id, operation)
+                raise
+        metrics.TRANSITIONS.labels(from_state=S.RAIL_ACKED, to_state=S.POSTED).inc()
+        metrics.LEDGER_GROUPS.labels(kind="payout").inc()
+        return result
+
+    # ------------------------------------------------------------------ internals
+
+    async def _simple(
+        self,
+        operation: str,
+        payout_id: str,
+        token: int,
+        ctx: WorkContext,
+        *,
+        from_state: PayoutState,
+        to_state: PayoutState,
+        reason: str | None = None,
+        details: dict[str, Any] | None = None,
+        audit_actor: str | None = None,
+    ) -> Payout | AlreadyAdvanced:
+        """A transition that touches only the payout row (plus its audit and outbox rows)."""
+        check_payout_id(payout_id)
+        check_token(token)
+        async with self._pool.acquire() as conn:
+            try:
+                async with conn.transaction():
+                    return await self._transition(
+                        conn,
+                        operation,
+                        payout_id=payout_id,
+                        token=token,
+                        ctx=ctx,
+                        from_state=from_state,
+                        to_state=to_state,
+                        reason=reason,
+                        details=details,
+                        audit_actor=audit_actor,
+                    )
+            except FencedOut as exc:
+                self._report_fenced_out(exc, payout_id, operation)
+                raise
+
+    async def _transition(
+        self,
+        conn: asyncpg.Connection,
+        operation: str,
+        *,
+        payout_id: str,
+        token: int,
+        ctx: WorkContext,
+        from_state: PayoutState,
+        to_state: PayoutState,
+        reason: str | None = None,
+        group_id: uuid.UUID | None = None,
+        details: dict[str, Any] | None = None,
+        audit_actor: str | None = None,
+        record_metric: bool = True,
+    ) -> Payout | AlreadyAdvanced:
+        check_transition(from_state, to_state)  # in code, before the database sees anything
+        fence_condition = " AND fence <= $4" if self._enforce_fencing else ""
+        # The one fenced statement: names the expected from-state (the DB trigger re-checks the
+        # edge) and stamps fence = T; a stale token or a moved payout matches zero rows.
+        row = await conn.fetchrow(
+            "UPDATE paydb.payouts SET state = $3, fence = $4,"
+            " failure_reason = COALESCE($5, failure_reason),"
+            " ledger_group_id = COALESCE($6, ledger_group_id)"
+            f" WHERE payout_id = $1 AND state = $2{fence_condition}"
+            f" RETURNING {PAYOUT_COLUMNS}",
+            payout_id,
+            str(from_state),
+            str(to_state),
+            token,
+            reason,
+            group_id,
+        )
+        if row is None:
+            return await self._classify_miss(conn, operation, payout_id, token, from_state)
+        payout = Payout.from_row(row)
+        await write_audit(
+            conn,
+            actor=audit_actor or ctx.actor,
+            action=operation,
+            token=token,
+            payout_id=payout_id,
+            account_id=payout.account_id,
+            from_state=from_state,
+            to_state=to_state,
+            details={"reason": reason, **(details or {}), "via": ctx.actor},
+        )
+        await write_event(
+            conn,
+            event_type=f"payout.{to_state.lower()}",
+            ctx=ctx,
+            payload={
+                "payout_id": payout_id,
+                "account_id": payout.account_id,
+                "amount": payout.amount,
+                "from_state": from_state,
+                "to_state": to_state,
+                "token": token,
+                "client_reference": payout.client_reference,
+                "failure_reason": payout.failure_reason,
+            },
+        )
+        log.info(
+            "payout.transition",
+            payout_id=payout_id,
+            account_id=payout.account_id,
+            from_state=str(from_state),
+            to_state=str(to_state),
+            token=token,
+            operation=operation,
+            actor=audit_actor or ctx.actor,
+            correlation_id=ctx.correlation_id,
+        )
+        if record_metric:
+            # Counted before COMMIT: a commit failure after this point is a crash-level event.
+            metrics.TRANSITIONS.labels(from_state=from_state, to_state=to_state).inc()
+        return payout
+
+    async def _classify_miss(
+        self,
+        conn: asyncpg.Connection,
+        operation: str,
+        payout_id: str,
+        token: int,
+        from_state: PayoutState,
+    ) -> AlreadyAdvanced:
+        """Why did the fenced update match nothing? Fence first: a stale holder is always told
+        it is fenced out, even when the payout has also moved on."""
+        row = await conn.fetchrow(
+            "SELECT account_id, state, fence FROM paydb.payouts WHERE payout_id = $1 FOR SHARE",
+            payout_id,
+        )
+        if row is None:
+            raise UnknownPayout(f"unknown payout {payout_id!r}")
+        state = PayoutState(row["state"])
+        if self._enforce_fencing and row["fence"] > token:
+            raise FencedOut(lock_key(row["account_id"]), token, row["fence"])
+        if state in reachable_from(from_state):
+            metrics.ALREADY_ADVANCED.labels(operation=operation).inc()
+            log.info(
+                "payout.already_advanced",
+                payout_id=payout_id,
+                operation=operation,
+                state=str(state),
+                token=token,
+                stored_token=row["fence"],
+            )
+            return AlreadyAdvanced(payout_id=payout_id, state=state, fence=row["fence"])
+        raise InvalidTransition(
+            f"{operation}: payout {payout_id} is {state}, not {from_state} or past it"
+        )
+
+    async def _stamp_balance(
+        self, conn: asyncpg.Connection, account_id: str, token: int, operation: str, payout_id: str
+    ) -> int:
+        """Lock the account's balance row and stamp fence = T (FR-15: the balance row is an
+        enforcement point too); FencedOut when T is below its fence. Returns the balance."""
+        fence_condition = " AND fence <= $2" if self._enforce_fencing else ""
+        balance = await conn.fetchval(
+            "UPDATE paydb.balances SET fence = $2, updated_at = now()"
+            f" WHERE account_id = $1{fence_condition} RETURNING balance",
+            account_id,
+            token,
+        )
+        if balance is not None:
+            return int(balance)
+        stored = await conn.fetchval(
+            "SELECT fence FROM paydb.balances WHERE account_id = $1", account_id
+        )
+        if stored is None:
+            raise UnknownAccount(f"unknown account {account_id!r}")
+        raise FencedOut(lock_key(account_id), token, int(stored))
+
+    async def _payout_account(self, conn: asyncpg.Connection, payout_id: str) -> tuple[str, int]:
+        row = await conn.fetchrow(
+            "SELECT account_id, amount FROM paydb.payouts WHERE payout_id = $1", payout_id
+        )
+        if row is None:
+            raise UnknownPayout(f"unknown payout {payout_id!r}")
+        return row["account_id"], int(row["amount"])
+
+    async def _customer_account(self, conn: asyncpg.Connection, account_id: str) -> None:
+        kind = await conn.fetchval(
+            "SELECT kind FROM paydb.accounts WHERE account_id = $1", account_id
+        )
+        if kind is None:
+            raise UnknownAccount(f"unknown account {account_id!r}")
+        if kind != "customer" or account_id in SYSTEM_ACCOUNTS:
+            raise InvalidIdentifier(f"{account_id} is a system account, not a customer account")
+
+    def _report_fenced_out(self, exc: FencedOut, payout_id: str, operation: str) -> None:
+        """FR-16: a fenced rejection is a first-class outcome — an event and a counter."""
+        log.warning(
+            "lock.fenced_out",
+            key=exc.key,
+            presented_token=exc.presented_token,
+            stored_token=exc.stored_token,
+            payout_id=payout_id,
+            operation=operation,
+            enforcement_point="paydb",
+        )
+        metrics.FENCED_OUT.labels(operation=operation).inc()

@@ -1,0 +1,70 @@
+"""Fixtures for the payment-database tests: a fresh, migrated database per test module."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+
+from ledger import PayoutStore, WorkContext
+from payouts.migrate import migrate
+from payouts.pgutil import create_database, drop_database
+
+TABLES = (
+    "accounts",
+    "balances",
+    "payouts",
+    "ledger_groups",
+    "ledger_entries",
+    "audit_log",
+    "outbox",
+)
+
+
+@pytest.fixture(scope="module")
+async def paydb_url(pg_server_url: str) -> AsyncIterator[str]:
+    """A fresh database with only the paydb schema migrated, dropped after the module."""
+    url = await create_database(pg_server_url, prefix="paydb_t")
+    await migrate(url, schemas={"paydb"})
+    try:
+        yield url
+    finally:
+        await drop_database(pg_server_url, url)
+
+
+@pytest.fixture(scope="module")
+async def pool(paydb_url: str) -> AsyncIterator[asyncpg.Pool]:
+    pool = await asyncpg.create_pool(paydb_url, min_size=1, max_size=24)
+    try:
+        yield pool
+    finally:
+        await pool.close()
+
+
+@pytest.fixture(scope="module")
+def store(pool: asyncpg.Pool) -> PayoutStore:
+    return PayoutStore(pool)
+
+
+@pytest.fixture
+def ctx() -> WorkContext:
+    return WorkContext(correlation_id=f"corr-{uuid.uuid4().hex[:8]}", actor="test-worker")
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+async def funded_account(store: PayoutStore, ctx: WorkContext, amount: int) -> str:
+    account_id = new_id("acct")
+    await store.create_account(account_id, ctx)
+    if amount:
+        await store.fund_account(account_id, amount, ctx)
+    return account_id
+
+
+async def row_counts(pool: asyncpg.Pool) -> dict[str, int]:
+    async with pool.acquire() as conn:
+        return {t: int(await conn.fetchval(f"SELECT count(*) FROM paydb.{t}")) for t in TABLES}
