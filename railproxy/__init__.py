@@ -1,1 +1,30 @@
-"""placeholder: filled by its issue."""
+"""Rail proxy: the rail Connection boundary and the second fencing enforcement point (FR-17..FR-20).
+
+Owns: schema `railproxy` (per-account high-water tokens, submission attempts with adapter and
+contract versions), the single forward of each attempt to the rail, the classification of its
+handoff certainty (STD01-06), and the breaker, bulkhead and rate limit of the Connection
+(STD01-08). Also ships `railproxy.client` (typed async client) and `railproxy.conformance`
+(a reusable rail-connection conformance suite, STD01-14).
+
+Must never: forward an instruction before its attempt is durably recorded; forward a payout
+that already has an attempt which may have reached the rail (whatever the token); accept a token
+below the account's high-water mark; retry a submission at any layer; report NOT_SUBMITTED
+without authoritative evidence that nothing reached the rail; read or write another component's
+tables.
+"""
+
+from railproxy.app import create_app
+from railproxy.client import RailProxyClient, SubmitResult
+from railproxy.models import HandoffCertainty, Outcome, SubmitContext, SubmitRequest
+from railproxy.settings import ProxySettings
+
+__all__ = [
+    "HandoffCertainty",
+    "Outcome",
+    "ProxySettings",
+    "RailProxyClient",
+    "SubmitContext",
+    "SubmitRequest",
+    "SubmitResult",
+    "create_app",
+]

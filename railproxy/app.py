@@ -1,0 +1,240 @@
+"""HTTP API of the rail proxy (FastAPI app factory)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any
+
+import asyncpg
+from fastapi import FastAPI, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from payouts.logs import get_logger
+from payouts.migrate import migrate
+from railproxy import store
+from railproxy.errors import LookupUnavailable, Rejected, StaleToken
+from railproxy.metrics import ProxyMetrics
+from railproxy.models import (
+    IDENT,
+    AttemptsResponse,
+    ErrorBody,
+    HandoffCertainty,
+    LookupResponse,
+    Outcome,
+    SubmitRequest,
+    SubmitResponse,
+)
+from railproxy.resilience import CircuitState
+from railproxy.service import RailProxy
+from railproxy.settings import ProxySettings
+
+log = get_logger("railproxy")
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody} for code in (409, 422, 429, 503, 504)
+}
+
+
+def _error(status: int, body: ErrorBody) -> JSONResponse:
+    return JSONResponse(status_code=status, content=body.model_dump(mode="json"))
+
+
+def create_app(settings: ProxySettings | None = None) -> FastAPI:
+    settings = settings or ProxySettings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await migrate(settings.database_url, schemas={"railproxy"})
+        pool = await asyncpg.create_pool(
+            settings.database_url, min_size=1, max_size=settings.db_pool_max
+        )
+        proxy = RailProxy(settings, pool, app.state.metrics)
+        app.state.proxy = proxy
+        _announce(settings)
+        probes = asyncio.create_task(proxy.probe_loop())
+        try:
+            yield
+        finally:
+            probes.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await probes
+            await proxy.close()
+            await pool.close()
+
+    app = FastAPI(title="rail proxy", version=settings.contract_version, lifespan=lifespan)
+    app.state.metrics = ProxyMetrics()
+
+    def proxy() -> RailProxy:
+        p: RailProxy = app.state.proxy
+        return p
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        app.state.metrics.rejections.labels(code="INVALID_REQUEST").inc()
+        errors = "; ".join(
+            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors()
+        )
+        return _error(
+            422,
+            ErrorBody(
+                code="INVALID_REQUEST",
+                message=errors[:1000],
+                handoff_certainty=HandoffCertainty.NOT_SUBMITTED,
+            ),
+        )
+
+    @app.post(
+        "/v1/submissions",
+        response_model=SubmitResponse,
+        responses={202: {"model": SubmitResponse}, **_ERRORS},
+    )
+    async def submit(req: SubmitRequest) -> Any:
+        """Record the attempt (fenced, guarded), forward it once, and report handoff certainty."""
+        p = proxy()
+        try:
+            result = await p.submit(req)
+        except Rejected as exc:
+            return _rejected(p, req, exc)
+        status = 202 if result.outcome is Outcome.UNKNOWN else 200
+        return JSONResponse(status_code=status, content=result.model_dump(mode="json"))
+
+    @app.get(
+        "/v1/payouts/{payout_id}/attempts",
+        response_model=AttemptsResponse,
+        responses={422: {"model": ErrorBody}},
+    )
+    async def attempts(
+        payout_id: Annotated[str, Path(min_length=1, max_length=128, pattern=IDENT)],
+    ) -> AttemptsResponse:
+        """Every recorded attempt of a payout, oldest first (recovery, FR-24)."""
+        return AttemptsResponse(
+            payout_id=payout_id, attempts=await store.get_attempts(proxy().pool, payout_id)
+        )
+
+    @app.get(
+        "/v1/lookup",
+        response_model=LookupResponse,
+        responses={422: {"model": ErrorBody}, 503: {"model": ErrorBody}},
+    )
+    async def lookup(
+        client_reference: Annotated[str, Query(min_length=1, max_length=128, pattern=IDENT)],
+    ) -> Any:
+        """Read-only pass-through to the rail's lookup, with bounded retry and jitter."""
+        try:
+            return await proxy().lookup(client_reference)
+        except LookupUnavailable as exc:
+            return _error(
+                503,
+                ErrorBody(
+                    code=exc.code, message=str(exc), handoff_certainty=HandoffCertainty.UNKNOWN
+                ),
+            )
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        """Normalised operational health of the rail Connection (STD01-08)."""
+        return _health(proxy())
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics() -> Response:
+        return Response(generate_latest(app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def _rejected(p: RailProxy, req: SubmitRequest, exc: Rejected) -> JSONResponse:
+    p.metrics.rejections.labels(code=exc.code).inc()
+    log.warning(
+        "rail.rejected",
+        code=exc.code,
+        payout_id=req.payout_id,
+        account_id=req.account_id,
+        presented_token=req.token,
+        highest_token=exc.highest_token,
+        correlation_id=req.context.correlation_id,
+    )
+    if isinstance(exc, StaleToken):
+        log.warning(
+            "lock.fenced_out",
+            key=f"payout:{req.account_id}",
+            enforcement_point="railproxy",
+            presented_token=req.token,
+            highest_token=exc.highest_token,
+        )
+    return _error(
+        exc.http_status,
+        ErrorBody(
+            code=exc.code,
+            message=exc.message,
+            handoff_certainty=HandoffCertainty.NOT_SUBMITTED,
+            presented_token=req.token,
+            highest_token=exc.highest_token,
+        ),
+    )
+
+
+def _health(p: RailProxy) -> dict[str, Any]:
+    now = datetime.now(UTC)
+    evidence = p.evidence.summary()
+    circuit = p.breaker.state
+    admission = "THROTTLED" if p.bucket.throttling else p.bulkhead.state
+    if circuit is not CircuitState.CLOSED:
+        health_state = "UNAVAILABLE"
+    elif admission != "ACCEPTING" or (evidence["error_ratio"] or 0) > 0:
+        health_state = "DEGRADED"
+    else:
+        health_state = "AVAILABLE"
+    return {
+        "health_state": health_state,
+        "circuit_state": circuit.value,
+        "admission_state": admission,
+        "in_flight": p.bulkhead.in_flight,
+        "queued": p.bulkhead.queued,
+        "evidence": evidence,
+        "circuit_history": [
+            {
+                "from": t.from_state.value,
+                "to": t.to_state.value,
+                "at": t.at.isoformat(),
+                "reason": t.reason,
+            }
+            for t in p.breaker.history
+        ],
+        "observed_at": now.isoformat(),
+        "valid_until": (now + timedelta(seconds=p.settings.health_valid_s)).isoformat(),
+        "last_success_at": p.evidence.last_success_at.isoformat()
+        if p.evidence.last_success_at
+        else None,
+        "fencing_enforced": p.settings.enforce_fencing,
+        "submission_guard_enforced": p.settings.enforce_submission_guard,
+        "adapter_version": p.settings.adapter_version,
+        "contract_version": p.settings.contract_version,
+        "connection_id": p.settings.connection_id,
+    }
+
+
+def _announce(settings: ProxySettings) -> None:
+    log.info(
+        "railproxy.started",
+        rail_url=settings.rail_url,
+        adapter_version=settings.adapter_version,
+        contract_version=settings.contract_version,
+    )
+    if not settings.enforce_fencing:
+        log.warning(
+            "fencing.disabled",
+            enforcement_point="railproxy",
+            message="EXPERIMENT ONLY: the rail proxy is NOT checking fencing tokens (FR-29)",
+        )
+    if not settings.enforce_submission_guard:
+        log.warning(
+            "submission_guard.disabled",
+            enforcement_point="railproxy",
+            message="EXPERIMENT ONLY: the rail proxy may forward a payout twice",
+        )

@@ -1,0 +1,214 @@
+"""The submit path of the rail proxy: gates, fenced recording, one forward, recorded outcome.
+
+Order matters and is the safety argument:
+1. cheap gates (deadline budget, rate limit, breaker, bulkhead) reject with nothing recorded;
+2. ONE transaction fences the token (FR-17), guards the payout (FR-18) and records the attempt
+   (FR-19) -- committed before any byte goes to the rail;
+3. exactly one forward, never retried (UC-05), bounded by min(rail timeout, caller deadline);
+4. the outcome is recorded (FR-20); an unrecorded outcome leaves the attempt "in flight", which
+   recovery treats as ambiguous -- never as "safe to resubmit".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from datetime import UTC, datetime
+
+import asyncpg
+
+from payouts.logs import get_logger
+from railproxy import rail, store
+from railproxy.errors import DeadlineExceeded, RailNotReached, StoreUnavailable
+from railproxy.metrics import ProxyMetrics
+from railproxy.models import CERTAINTY_OF, LookupResponse, Outcome, SubmitRequest, SubmitResponse
+from railproxy.resilience import Bulkhead, CircuitBreaker, Evidence, TokenBucket, Transition
+from railproxy.settings import ProxySettings
+
+log = get_logger("railproxy")
+_OUTCOME_WRITE_ATTEMPTS = 3
+
+
+class RailProxy:
+    """Runtime state of one proxy process; created in the app's lifespan."""
+
+    def __init__(self, settings: ProxySettings, pool: asyncpg.Pool, metrics: ProxyMetrics) -> None:
+        self.settings = settings
+        self.pool = pool
+        self.metrics = metrics
+        self.submit_http = rail.submit_client(settings)
+        self.lookup_http = rail.lookup_client(settings)
+        self.breaker = CircuitBreaker(
+            window=settings.breaker_window,
+            min_samples=settings.breaker_min_samples,
+            failure_ratio=settings.breaker_failure_ratio,
+            open_s=settings.breaker_open_s,
+            on_transition=self._on_transition,
+        )
+        self.bulkhead = Bulkhead(
+            max_concurrency=settings.max_concurrency, max_queue=settings.max_queue
+        )
+        self.bucket = TokenBucket(rate=settings.rate_per_s, burst=settings.rate_burst)
+        self.evidence = Evidence(settings.health_window)
+        self.rng = random.Random()  # jitter only
+        self._tasks: set[asyncio.Task[SubmitResponse]] = set()
+        metrics.set_circuit(self.breaker.state)
+
+    async def close(self) -> None:
+        if self._tasks:  # let admitted submissions record their outcome before shutdown
+            await asyncio.wait(self._tasks, timeout=self.settings.rail_timeout_s + 1)
+        await self.submit_http.aclose()
+        await self.lookup_http.aclose()
+
+    def _remaining_s(self, req: SubmitRequest) -> float:
+        return (req.context.deadline_at - datetime.now(UTC)).total_seconds()
+
+    async def submit(self, req: SubmitRequest) -> SubmitResponse:
+        """Raises a `Rejected` (NOT_SUBMITTED) or returns the recorded outcome."""
+        self.metrics.requests.inc()
+        remaining = self._remaining_s(req)
+        if remaining < self.settings.min_useful_budget_s:
+            raise DeadlineExceeded(f"only {remaining:.3f}s left before the caller's deadline")
+        self.bucket.take()
+        self.breaker.check()
+        # Once admitted, the work runs in its own task: a caller that disconnects or times out
+        # does not cancel a recorded attempt's forward or its outcome write (STD01-06).
+        task = asyncio.create_task(self._admitted(req, remaining))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return await asyncio.shield(task)
+
+    async def _admitted(self, req: SubmitRequest, remaining: float) -> SubmitResponse:
+        async with self.bulkhead.slot(wait_s=remaining - self.settings.min_useful_budget_s):
+            self.metrics.in_flight.inc()
+            try:
+                return await self._record_and_forward(req)
+            finally:
+                self.metrics.in_flight.dec()
+
+    async def _record_and_forward(self, req: SubmitRequest) -> SubmitResponse:
+        try:
+            attempt_id = await store.record_attempt(self.pool, req, self.settings)
+        except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError) as exc:
+            raise StoreUnavailable(f"could not record the attempt: {type(exc).__name__}") from exc
+        budget = min(self.settings.rail_timeout_s, self._remaining_s(req))
+        if budget < self.settings.min_useful_budget_s:
+            # Recorded but not sent: authoritative NOT_SUBMITTED frees the payout for a new grant.
+            await self._write_outcome(
+                attempt_id, rail.RailAnswer(Outcome.NOT_SUBMITTED, error_class="DeadlineExceeded")
+            )
+            raise DeadlineExceeded("no useful budget left after recording the attempt")
+        log.info(
+            "rail.submit",
+            payout_id=req.payout_id,
+            account_id=req.account_id,
+            attempt_id=attempt_id,
+            token=req.token,
+            correlation_id=req.context.correlation_id,
+            causation_id=req.context.causation_id,
+            budget_s=round(budget, 3),
+        )
+        started = time.monotonic()
+        # The one and only send of this attempt. Nothing retries it: not httpx (retries=0),
+        # not this proxy, and a second submit of the payout is refused by the attempt guard.
+        answer = await rail.forward(self.submit_http, req, budget, self.settings.connect_timeout_s)
+        elapsed = time.monotonic() - started
+        self.metrics.latency.observe(elapsed)
+        self.evidence.add(elapsed, ok=answer.technical_success, timeout=answer.timed_out)
+        self.breaker.record(answer.technical_success)
+        await self._write_outcome(attempt_id, answer)
+        self.metrics.outcomes.labels(outcome=answer.outcome.value).inc()
+        log.info(
+            "rail.outcome",
+            payout_id=req.payout_id,
+            attempt_id=attempt_id,
+            outcome=answer.outcome.value,
+            rail_status=answer.rail_status,
+            error_class=answer.error_class,
+            handoff_certainty=CERTAINTY_OF[answer.outcome].value,
+            correlation_id=req.context.correlation_id,
+            elapsed_s=round(elapsed, 3),
+        )
+        if answer.outcome is Outcome.NOT_SUBMITTED:
+            raise RailNotReached(
+                f"the rail was not reached ({answer.error_class}); nothing was sent",
+                presented_token=req.token,
+            )
+        return SubmitResponse(
+            payout_id=req.payout_id,
+            attempt_id=attempt_id,
+            outcome=answer.outcome,
+            handoff_certainty=CERTAINTY_OF[answer.outcome],
+            rail_status=answer.rail_status,
+            rail_movement_id=answer.rail_movement_id,
+            error_class=answer.error_class,
+            token=req.token,
+            adapter_version=self.settings.adapter_version,
+            contract_version=self.settings.contract_version,
+        )
+
+    async def _write_outcome(self, attempt_id: int, answer: rail.RailAnswer) -> None:
+        """Bounded retry: the UPDATE only touches an in-flight attempt, so repeating it is safe."""
+        for attempt in range(_OUTCOME_WRITE_ATTEMPTS):
+            try:
+                await store.record_outcome(
+                    self.pool,
+                    attempt_id,
+                    answer.outcome,
+                    rail_status=answer.rail_status,
+                    rail_movement_id=answer.rail_movement_id,
+                    error_class=answer.error_class,
+                )
+                return
+            except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError) as exc:
+                log.warning(
+                    "rail.outcome_write_failed",
+                    attempt_id=attempt_id,
+                    error=type(exc).__name__,
+                    try_number=attempt + 1,
+                )
+                await asyncio.sleep(self.rng.uniform(0, 0.1 * 2**attempt))
+        # Left in flight (outcome NULL): recovery treats it as ambiguous, never as resubmittable.
+        log.error("rail.outcome_unrecorded", attempt_id=attempt_id, outcome=answer.outcome.value)
+
+    async def lookup(self, client_reference: str) -> LookupResponse:
+        try:
+            result = await rail.lookup(
+                self.lookup_http,
+                client_reference,
+                attempts=self.settings.lookup_attempts,
+                base_delay_s=self.settings.lookup_base_delay_s,
+                rng=self.rng,
+            )
+        except Exception:
+            self.metrics.lookups.labels(result="unavailable").inc()
+            raise
+        self.metrics.lookups.labels(result=result.status).inc()
+        return result
+
+    async def probe_loop(self) -> None:
+        """Moves OPEN to HALF_OPEN after the open interval and probes with a read-only call."""
+        tick = min(0.1, self.settings.breaker_open_s / 4)
+        while True:
+            await asyncio.sleep(tick)
+            if not self.breaker.probe_due():
+                continue
+            self.breaker.start_probe()
+            # Read-only: a probe can never move money (never a real submission).
+            try:
+                ok, detail = await rail.probe(
+                    self.lookup_http, self.settings.breaker_probe_timeout_s
+                )
+            except Exception as exc:  # a probe bug must not leave the breaker stuck HALF_OPEN
+                ok, detail = False, type(exc).__name__
+            self.breaker.probe_result(ok, detail)
+
+    def _on_transition(self, t: Transition) -> None:
+        self.metrics.set_circuit(t.to_state)
+        log.warning(
+            "rail.circuit",
+            from_state=t.from_state.value,
+            to_state=t.to_state.value,
+            reason=t.reason,
+        )

@@ -1,0 +1,55 @@
+"""Settings of the rail proxy (env prefix `RAILPROXY_`), one object per process."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ProxySettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="RAILPROXY_", extra="ignore")
+
+    database_url: str = "postgresql://localhost/payouts"
+    rail_url: str = "http://127.0.0.1:8710"
+    host: str = "127.0.0.1"
+    port: int = 8720
+    log_level: str = "INFO"
+
+    # Lineage recorded on every attempt (STD01-09).
+    adapter_version: str = "railproxy-stub-adapter/1.0.0"
+    contract_version: str = "rail-submit/1"
+    connection_id: str = "rail-stub"
+
+    # Timeouts. The forward timeout is min(rail_timeout_s, time left to the caller's deadline).
+    rail_timeout_s: float = Field(default=10.0, gt=0)  # A-07 timeout budget
+    connect_timeout_s: float = Field(default=1.0, gt=0)
+    min_useful_budget_s: float = Field(default=0.05, ge=0)
+
+    # Circuit breaker (STD01-08): opens when, over the last `breaker_window` forwards with at
+    # least `breaker_min_samples` of them, the failure ratio reaches `breaker_failure_ratio`.
+    breaker_window: int = Field(default=20, ge=1)
+    breaker_min_samples: int = Field(default=5, ge=1)
+    breaker_failure_ratio: float = Field(default=0.5, gt=0, le=1)
+    breaker_open_s: float = Field(default=5.0, gt=0)
+    breaker_probe_timeout_s: float = Field(default=1.0, gt=0)
+
+    # Bulkhead and rate limit.
+    max_concurrency: int = Field(default=32, ge=1)
+    max_queue: int = Field(default=64, ge=0)
+    rate_per_s: float = Field(default=200.0, gt=0)
+    rate_burst: int = Field(default=200, ge=1)
+
+    # Read-only lookups: bounded retry with exponential backoff and full jitter (STD01-07).
+    lookup_attempts: int = Field(default=3, ge=1, le=10)
+    lookup_base_delay_s: float = Field(default=0.05, ge=0)
+    lookup_timeout_s: float = Field(default=2.0, gt=0)
+
+    # Health evidence window and freshness.
+    health_window: int = Field(default=100, ge=1)
+    health_valid_s: float = Field(default=5.0, gt=0)
+
+    # FR-29: experiment-only switches. Off is logged loudly at start-up.
+    enforce_fencing: bool = True
+    enforce_submission_guard: bool = True
+
+    db_pool_max: int = Field(default=10, ge=1)

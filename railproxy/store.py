@@ -1,0 +1,125 @@
+"""The proxy's own tables (schema `railproxy`): fences and attempts. SQL only, no policy."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+
+from railproxy.errors import DeadlineExceeded, DuplicateSubmission, StaleToken
+from railproxy.models import AttemptRecord, Outcome, SubmitRequest
+from railproxy.settings import ProxySettings
+
+S = "railproxy"
+
+# FR-17: raise the account's high-water mark to T only if T >= it (equal = same grant taking its
+# next step). A lower token updates zero rows and RETURNING yields nothing: the caller is stale.
+# The row lock taken here also serialises concurrent submits of one account.
+_FENCE = f"""
+INSERT INTO {S}.account_fences AS f (account_id, high_token) VALUES ($1, $2)
+ON CONFLICT (account_id) DO UPDATE SET high_token = EXCLUDED.high_token, updated_at = now()
+    WHERE f.high_token <= EXCLUDED.high_token
+RETURNING high_token
+"""
+# Fencing disabled (experiment only, FR-29): keep the evidence of the highest token, never reject.
+_FENCE_UNCHECKED = f"""
+INSERT INTO {S}.account_fences AS f (account_id, high_token) VALUES ($1, $2)
+ON CONFLICT (account_id) DO UPDATE
+    SET high_token = GREATEST(f.high_token, EXCLUDED.high_token), updated_at = now()
+RETURNING high_token
+"""
+_HIGH = f"SELECT high_token FROM {S}.account_fences WHERE account_id = $1"
+_LIVE_ATTEMPT = f"""
+SELECT attempt_id FROM {S}.attempts
+WHERE payout_id = $1 AND outcome IS DISTINCT FROM 'NOT_SUBMITTED' LIMIT 1
+"""
+# The deadline is checked on the database's clock in the same statement: an attempt is never
+# recorded after the caller's deadline, so "no attempt row after the deadline" is conclusive.
+_INSERT = f"""
+INSERT INTO {S}.attempts (payout_id, account_id, amount, client_reference, token,
+    correlation_id, causation_id, deadline_at, adapter_version, contract_version, connection_id,
+    fencing_enforced, guard_bypassed)
+SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13 WHERE now() < $8
+RETURNING attempt_id
+"""
+_OUTCOME = f"""
+UPDATE {S}.attempts SET outcome = $2, rail_status = $3, rail_movement_id = $4, error_class = $5,
+    completed_at = now()
+WHERE attempt_id = $1 AND outcome IS NULL
+"""
+
+
+async def record_attempt(pool: asyncpg.Pool, req: SubmitRequest, settings: ProxySettings) -> int:
+    """Fence, guard and record in ONE transaction; returns the attempt id. Raises a Rejected."""
+    async with pool.acquire() as conn, conn.transaction():
+        if settings.enforce_fencing:
+            if await conn.fetchval(_FENCE, req.account_id, req.token) is None:
+                highest = await conn.fetchval(_HIGH, req.account_id)
+                raise StaleToken(
+                    f"token {req.token} is below the account's highest token {highest}",
+                    presented_token=req.token,
+                    highest_token=highest,
+                )
+        else:
+            await conn.fetchval(_FENCE_UNCHECKED, req.account_id, req.token)
+        guarded = settings.enforce_submission_guard
+        # Money could move twice if a payout were forwarded twice (a retry, a second worker, an
+        # ambiguous attempt resubmitted: FR-18, FR-23). This check gives a clear answer; the
+        # partial unique index attempts_one_live_per_payout makes it race-free.
+        if guarded and await conn.fetchval(_LIVE_ATTEMPT, req.payout_id) is not None:
+            raise _duplicate(req)
+        try:
+            attempt_id = await conn.fetchval(
+                _INSERT,
+                req.payout_id,
+                req.account_id,
+                req.amount,
+                req.client_reference,
+                req.token,
+                req.context.correlation_id,
+                req.context.causation_id,
+                req.context.deadline_at,
+                settings.adapter_version,
+                settings.contract_version,
+                settings.connection_id,
+                settings.enforce_fencing,
+                not guarded,
+            )
+        except asyncpg.UniqueViolationError as exc:
+            raise _duplicate(req) from exc
+        if attempt_id is None:
+            raise DeadlineExceeded("the deadline passed before the attempt could be recorded")
+        return int(attempt_id)
+
+
+def _duplicate(req: SubmitRequest) -> DuplicateSubmission:
+    return DuplicateSubmission(
+        f"payout {req.payout_id} already has an attempt that may have reached the rail",
+        presented_token=req.token,
+    )
+
+
+async def record_outcome(
+    pool: asyncpg.Pool,
+    attempt_id: int,
+    outcome: Outcome,
+    *,
+    rail_status: str | None,
+    rail_movement_id: str | None,
+    error_class: str | None,
+) -> None:
+    """Idempotent (only an in-flight attempt is updated), so a bounded retry of it is safe."""
+    await pool.execute(
+        _OUTCOME, attempt_id, outcome.value, rail_status, rail_movement_id, error_class
+    )
+
+
+async def get_attempts(pool: asyncpg.Pool, payout_id: str) -> list[AttemptRecord]:
+    rows = await pool.fetch(
+        f"SELECT * FROM {S}.attempts WHERE payout_id = $1 ORDER BY attempt_id", payout_id
+    )
+    return [AttemptRecord.model_validate(_row(r)) for r in rows]
+
+
+def _row(record: Any) -> dict[str, Any]:
+    return dict(record.items())

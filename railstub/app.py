@@ -1,0 +1,202 @@
+"""HTTP API of the rail stub (FastAPI app factory)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, Literal
+
+from fastapi import FastAPI, Query
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+
+from payouts.logs import get_logger
+from railstub.behaviour import Action, Behaviour, decide
+from railstub.movements import LookupStatus, MovementLog
+from railstub.settings import StubSettings
+
+log = get_logger("railstub")
+
+# Visible ASCII only: the rail's identifiers never carry spaces or control characters.
+_IDENT = r"^[\x21-\x7e]+$"
+
+
+class PaymentRequest(BaseModel):
+    client_reference: str = Field(min_length=1, max_length=128, pattern=_IDENT)
+    account_id: str = Field(min_length=1, max_length=128, pattern=_IDENT)
+    amount: int = Field(gt=0, le=10**15)
+
+
+class PaymentResponse(BaseModel):
+    movement_id: str
+    client_reference: str
+    status: Literal["settled", "pending", "declined"]
+    reason: str | None = None
+
+
+class NotAccepted(BaseModel):
+    """503 body: the rail did not accept the instruction; nothing was recorded."""
+
+    code: Literal["NOT_ACCEPTED"] = "NOT_ACCEPTED"
+    message: str = "provider unavailable"
+
+
+class LookupResponse(BaseModel):
+    client_reference: str
+    status: LookupStatus
+
+
+class BehaviourPatch(BaseModel):
+    """Fields to replace in the current behaviour (unset fields are kept)."""
+
+    latency_mode: str | None = Field(default=None, pattern="^(lognormal|fixed)$")
+    latency_fixed_ms: int | None = Field(default=None, ge=0, le=600_000)
+    latency_p50_ms: float | None = Field(default=None, gt=0)
+    latency_p99_ms: float | None = Field(default=None, gt=0)
+    ambiguity_rate: float | None = Field(default=None, ge=0, le=1)
+    decline_rate: float | None = Field(default=None, ge=0, le=1)
+    delayed_rate: float | None = Field(default=None, ge=0, le=1)
+    outage: bool | None = None
+    completion_delay_s: float | None = Field(default=None, ge=0, le=86_400)
+    visibility_delay_s: float | None = Field(default=None, ge=0, le=86_400)
+    stall_s: float | None = Field(default=None, ge=0, le=86_400)
+    rules: list[Any] | None = None
+
+
+class StubState:
+    """Everything the stub knows; one per app, no module-level state."""
+
+    def __init__(self, settings: StubSettings) -> None:
+        self.settings = settings
+        self.log = MovementLog()
+        self.reset()
+
+    def reset(self) -> None:
+        self.behaviour = self.settings.behaviour()
+        self.rng = random.Random(self.settings.seed)
+        self.log.clear()
+        self.release_stalls()
+
+    def release_stalls(self) -> None:
+        # A stalled request waits on the event it saw; setting it frees them all, a fresh one
+        # serves the next stalls.
+        old = getattr(self, "stall_release", None)
+        if old is not None:
+            old.set()
+        self.stall_release = asyncio.Event()
+
+    async def stall(self) -> JSONResponse:
+        release = self.stall_release
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(release.wait(), timeout=self.behaviour.stall_s)
+        return JSONResponse(status_code=504, content={"code": "STALLED"})
+
+
+def _unavailable() -> JSONResponse:
+    return JSONResponse(status_code=503, content=NotAccepted().model_dump())
+
+
+def create_app(settings: StubSettings | None = None) -> FastAPI:
+    settings = settings or StubSettings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.stub = StubState(settings)
+        log.info("railstub.started", seed=settings.seed)
+        yield
+        app.state.stub.release_stalls()
+
+    app = FastAPI(title="rail stub", version="1", lifespan=lifespan)
+
+    def state() -> StubState:
+        stub: StubState = app.state.stub
+        return stub
+
+    @app.post(
+        "/payments",
+        response_model=PaymentResponse,
+        responses={202: {"model": PaymentResponse}, 503: {"model": NotAccepted}},
+    )
+    async def submit_payment(req: PaymentRequest) -> Any:
+        """Submit a payment. Non-idempotent: the same client_reference twice moves money twice."""
+        stub = state()
+        action, latency_s = decide(stub.behaviour, stub.rng, req.amount, req.client_reference)
+        await asyncio.sleep(latency_s)
+        if action is Action.UNAVAILABLE:
+            return _unavailable()
+        if action is Action.TIMEOUT_BEFORE:
+            return await stub.stall()  # never records: the instruction is lost before the rail
+        movement = stub.log.record(
+            client_reference=req.client_reference,
+            account_id=req.account_id,
+            amount=req.amount,
+            declined=action is Action.DECLINE,
+            completion_delay_s=stub.behaviour.completion_delay_s if action is Action.DELAYED else 0,
+        )
+        log.info("railstub.movement", action=action.value, client_reference=req.client_reference)
+        if action is Action.TIMEOUT_AFTER:
+            return await stub.stall()
+        if action is Action.AMBIGUOUS:
+            return JSONResponse(status_code=500, content={"code": "INTERNAL"})
+        status = movement.status(movement.recorded_at)
+        body = PaymentResponse(
+            movement_id=movement.movement_id,
+            client_reference=req.client_reference,
+            status=status,
+            reason="DECLINED_BY_RAIL" if status == "declined" else None,
+        )
+        return JSONResponse(
+            status_code=202 if status == "pending" else 200, content=body.model_dump()
+        )
+
+    @app.get("/lookup", response_model=LookupResponse, responses={503: {"model": NotAccepted}})
+    async def lookup(client_reference: str = Query(min_length=1, max_length=128)) -> Any:
+        """Read-only status by client reference, eventually consistent (visibility_delay_s)."""
+        stub = state()
+        if stub.behaviour.outage:
+            return _unavailable()
+        status = stub.log.lookup(client_reference, stub.behaviour.visibility_delay_s)
+        return LookupResponse(client_reference=client_reference, status=status)
+
+    @app.get("/health", responses={503: {"model": NotAccepted}})
+    async def health() -> Any:
+        if state().behaviour.outage:
+            return _unavailable()
+        return {"status": "ok"}
+
+    @app.get("/admin/behaviour", response_model=Behaviour)
+    async def get_behaviour() -> Behaviour:
+        return state().behaviour
+
+    @app.post("/admin/behaviour", response_model=Behaviour, responses={422: {}})
+    async def set_behaviour(patch: BehaviourPatch) -> Any:
+        """Replace the named fields of the current behaviour (validated as a whole)."""
+        stub = state()
+        merged = stub.behaviour.model_dump() | patch.model_dump(exclude_none=True)
+        try:
+            stub.behaviour = Behaviour.model_validate(merged)
+        except ValueError as exc:
+            return JSONResponse(status_code=422, content={"detail": str(exc)})
+        log.info("railstub.behaviour_changed", fields=sorted(patch.model_fields_set))
+        return stub.behaviour
+
+    @app.post("/admin/reset")
+    async def reset() -> dict[str, str]:
+        """Clear the movement log, restore the start-up behaviour and seed, release stalls."""
+        state().reset()
+        return {"status": "reset"}
+
+    @app.get("/admin/movements")
+    async def movements(client_reference: str | None = None) -> dict[str, Any]:
+        """The evidence: every recorded instruction and the count per client reference."""
+        stub = state()
+        return {
+            "movements": stub.log.snapshot(client_reference),
+            "counts": stub.log.counts(),
+            "lookups": stub.log.lookups,
+        }
+
+    return app

@@ -1,0 +1,22 @@
+"""Start-up settings of the rail stub (env prefix `RAILSTUB_`)."""
+
+from __future__ import annotations
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from railstub.behaviour import Behaviour
+
+
+class StubSettings(BaseSettings, Behaviour):
+    """Every `Behaviour` field (e.g. `RAILSTUB_AMBIGUITY_RATE`, `RAILSTUB_RULES` as JSON), plus:"""
+
+    model_config = SettingsConfigDict(env_prefix="RAILSTUB_", extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = 8710
+    #: Seeds the generator behind every random choice, so a run is reproducible.
+    seed: int = 0
+    log_level: str = "INFO"
+
+    def behaviour(self) -> Behaviour:
+        return Behaviour.model_validate(self.model_dump(include=set(Behaviour.model_fields)))

@@ -1,0 +1,249 @@
+"""Fixtures: a real rail stub and real rail proxies as uvicorn servers, on real PostgreSQL.
+
+Each server runs in its own thread with its own event loop, so a synchronous test (schemathesis)
+can call it without blocking the loop the server runs on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+from payouts.embedded import free_port
+from payouts.migrate import migrate
+from payouts.pgutil import create_database, drop_database
+from railproxy import ProxySettings, RailProxyClient, SubmitContext, SubmitRequest
+from railproxy import create_app as create_proxy
+from railstub import StubSettings
+from railstub import create_app as create_stub
+
+
+class ServerThread:
+    """A uvicorn server on a free loopback port, in a thread."""
+
+    def __init__(self, app: Any) -> None:
+        self.port = free_port()
+        config = uvicorn.Config(
+            app,
+            host="127.0.0.1",
+            port=self.port,
+            log_level="warning",
+            lifespan="on",
+            timeout_graceful_shutdown=2,
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("server did not start")
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=15)
+
+
+@dataclass
+class Stub:
+    """The rail stub's admin surface: behaviour, reset and the movement log (the evidence)."""
+
+    url: str
+
+    async def _call(self, method: str, path: str, **kw: Any) -> Any:
+        async with httpx.AsyncClient(base_url=self.url, timeout=10) as c:
+            r = await c.request(method, path, **kw)
+            r.raise_for_status()
+            return r.json()
+
+    async def reset(self) -> None:
+        await self._call("POST", "/admin/reset")
+
+    async def set(self, **behaviour: Any) -> None:
+        await self._call("POST", "/admin/behaviour", json=behaviour)
+
+    async def movements(self, client_reference: str | None = None) -> list[dict[str, Any]]:
+        params = {"client_reference": client_reference} if client_reference else {}
+        data = await self._call("GET", "/admin/movements", params=params)
+        return list(data["movements"])
+
+    async def counts(self) -> dict[str, int]:
+        return dict((await self._call("GET", "/admin/movements"))["counts"])
+
+    async def lookups(self) -> int:
+        return int((await self._call("GET", "/admin/movements"))["lookups"])
+
+    async def assert_no_duplicates(self) -> None:
+        """The invariant: no client reference reached the rail twice."""
+        counts = await self.counts()
+        assert all(n == 1 for n in counts.values()), f"duplicate movements: {counts}"
+
+
+@dataclass
+class Proxy:
+    url: str
+    settings: ProxySettings
+    client: RailProxyClient
+
+    async def health(self) -> dict[str, Any]:
+        return await self.client.health()
+
+
+STUB_SETTINGS = StubSettings(
+    seed=7,
+    latency_mode="fixed",
+    latency_fixed_ms=5,
+    ambiguity_rate=0.0,
+    stall_s=30.0,
+    visibility_delay_s=0.0,
+    completion_delay_s=0.3,
+)
+
+
+@pytest.fixture(scope="session")
+async def rail_db(pg_server_url: str) -> AsyncIterator[str]:
+    """A fresh database with the railproxy schema migrated."""
+    url = await create_database(pg_server_url, prefix="rail_t")
+    await migrate(url, schemas={"railproxy"})
+    yield url
+    await drop_database(pg_server_url, url)
+
+
+@pytest.fixture(scope="session")
+def stub_server() -> Iterator[ServerThread]:
+    server = ServerThread(create_stub(STUB_SETTINGS))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+async def stub(stub_server: ServerThread) -> Stub:
+    """The session's stub, reset to its start-up behaviour with an empty movement log."""
+    s = Stub(stub_server.url)
+    await s.reset()
+    return s
+
+
+def proxy_settings(rail_db: str, rail_url: str, **overrides: Any) -> ProxySettings:
+    base: dict[str, Any] = {
+        "database_url": rail_db,
+        "rail_url": rail_url,
+        "rail_timeout_s": 0.5,
+        "connect_timeout_s": 0.3,
+        "breaker_open_s": 0.3,
+        "breaker_min_samples": 5,
+        "lookup_base_delay_s": 0.01,
+        "db_pool_max": 5,
+    }
+    return ProxySettings(**(base | overrides))
+
+
+MakeProxy = Callable[..., Awaitable[Proxy]]
+
+
+@pytest.fixture
+async def make_proxy(rail_db: str, stub_server: ServerThread) -> AsyncIterator[MakeProxy]:
+    """Start proxies (pointing at the stub unless `rail_url` is given); stopped after the test."""
+    started: list[tuple[ServerThread, RailProxyClient]] = []
+
+    async def make(**overrides: Any) -> Proxy:
+        overrides.setdefault("rail_url", stub_server.url)
+        settings = proxy_settings(rail_db, **overrides)
+        server = ServerThread(create_proxy(settings))
+        server.start()
+        client = RailProxyClient(server.url)
+        started.append((server, client))
+        return Proxy(server.url, settings, client)
+
+    yield make
+    for server, client in started:
+        await client.aclose()
+        server.stop()
+
+
+@pytest.fixture
+async def proxy(make_proxy: MakeProxy) -> Proxy:
+    return await make_proxy()
+
+
+def submit_request(
+    *,
+    payout_id: str | None = None,
+    account_id: str | None = None,
+    amount: int = 1000,
+    token: int = 1,
+    reference: str | None = None,
+    deadline_s: float = 5.0,
+) -> SubmitRequest:
+    payout_id = payout_id or f"p-{uuid.uuid4().hex[:12]}"
+    return SubmitRequest(
+        payout_id=payout_id,
+        account_id=account_id or f"a-{uuid.uuid4().hex[:12]}",
+        amount=amount,
+        client_reference=reference or f"ref-{payout_id}",
+        token=token,
+        context=SubmitContext(
+            correlation_id=f"corr-{payout_id}",
+            causation_id=f"cause-{uuid.uuid4().hex[:8]}",
+            deadline_at=datetime.now(UTC) + timedelta(seconds=deadline_s),
+        ),
+    )
+
+
+@pytest.fixture
+def closed_port() -> int:
+    """A loopback port nothing listens on: connecting is refused."""
+    return free_port()
+
+
+@pytest.fixture
+def full_backlog_port() -> Iterator[int]:
+    """A listener that never accepts, with its backlog filled: new connects hang (connect timeout).
+
+    Linux drops the SYN of a connection whose listener's accept queue is full, so the client's
+    connect() never completes -- the same evidence as an unreachable host: nothing was sent.
+    """
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    fillers = []
+    for _ in range(4):  # backlog 0 still queues one; fill it, tolerate the rest timing out
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.settimeout(0.2)
+        with contextlib.suppress(OSError):
+            s.connect(("127.0.0.1", port))
+        fillers.append(s)
+    yield port
+    for s in fillers:
+        s.close()
+    listener.close()
+
+
+async def wait_for(predicate: Callable[[], Awaitable[bool]], timeout_s: float = 10.0) -> None:
+    """Poll a condition (never a timing assertion: only a bound on how long we wait for it)."""
+    deadline = time.monotonic() + timeout_s
+    while not await predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.02)

@@ -1,0 +1,48 @@
+"""The reusable conformance suite (railproxy.conformance) run against rail connections.
+
+`railproxy` is the proxy behind its client; `railproxy-unguarded` is a deliberately broken
+connection (submission guard off) that must FAIL the duplicate checks: the negative control
+showing the suite can tell a non-conforming adapter apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from railproxy.conformance import CHECKS, Harness, RailConnection
+from tests.rail.conftest import MakeProxy, Stub
+
+
+def _harness(make_proxy: MakeProxy, stub: Stub, closed_port: int, **settings: Any) -> Harness:
+    async def connect(rail_url: str) -> RailConnection:
+        return (await make_proxy(rail_url=rail_url, **settings)).client
+
+    return Harness(
+        connect=connect,
+        simulator=stub,
+        simulator_url=stub.url,
+        unreachable_url=f"http://127.0.0.1:{closed_port}",
+    )
+
+
+@pytest.mark.parametrize("scenario", sorted(CHECKS))
+async def test_railproxy_conforms(
+    scenario: str, make_proxy: MakeProxy, stub: Stub, closed_port: int
+) -> None:
+    """The proxy behind its client meets every scenario of the rail-connection contract."""
+    check: Callable[[Harness], Awaitable[None]] = CHECKS[scenario]
+    await check(_harness(make_proxy, stub, closed_port))
+    await stub.assert_no_duplicates()
+
+
+@pytest.mark.parametrize("scenario", ["duplicate_sequential", "duplicate_concurrent"])
+async def test_unguarded_connection_fails_duplicate_checks(
+    scenario: str, make_proxy: MakeProxy, stub: Stub, closed_port: int
+) -> None:
+    """Negative control: a connection without the submission guard is caught by the suite."""
+    harness = _harness(make_proxy, stub, closed_port, enforce_submission_guard=False)
+    with pytest.raises(AssertionError):
+        await CHECKS[scenario](harness)
