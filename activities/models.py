@@ -1,0 +1,159 @@
+"""Inputs and outputs of every activity, shared by the workflows and the activity implementations.
+
+Dataclasses with defaults, so that fields can be added compatibly (STYLE: one versionable input
+per activity). Pure data: no I/O, safe to import from workflow code.
+"""
+
+from dataclasses import dataclass, field
+
+# Activity names: the workflow refers to activities by these names so that workflow modules do
+# not import activity implementations (and their database and HTTP clients).
+ACQUIRE_LOCK = "acquire_lock"
+REREAD_AND_CLAIM = "reread_and_claim"
+SUBMIT_TO_RAIL = "submit_to_rail"
+RECOVER_FROM_ATTEMPT = "recover_from_attempt"
+POST_TO_LEDGER = "post_to_ledger"
+RELEASE_LOCK = "release_lock"
+LOOKUP_RAIL = "lookup_rail"
+RESOLVE_AMBIGUOUS = "resolve_ambiguous"
+ABANDON_PAYOUT = "abandon_payout"
+ESCALATE_AMBIGUOUS = "escalate_ambiguous"
+REVOKE_LOCK = "revoke_lock"
+RECORD_SIGNAL_REJECTED = "record_signal_rejected"
+RECONCILE = "reconcile"
+
+#: Error types raised by activities as non-retryable ApplicationErrors.
+FENCED_OUT = "FencedOut"
+LOCK_LOST = "LockLost"
+INVALID_TRANSITION = "InvalidTransition"
+UNKNOWN_PAYOUT = "UnknownPayout"
+
+
+@dataclass
+class PayoutInput:
+    """Input of PayoutWorkflow (workflow id `payout-{payout_id}`)."""
+
+    payout_id: str
+    account_id: str
+    correlation_id: str = ""
+    acquire_wait_s: float = 5.0
+    base_backoff_s: float = 1.0
+    max_backoff_s: float = 60.0
+    submit_deadline_s: float = 30.0
+    lookup_interval_s: float = 30.0
+    resolution_sla_s: float = 4 * 3600.0  # A-10: escalate after four hours
+    # How long a critical-section step may wait for the lock holder's worker to pick it up
+    # before the workflow concludes that worker is gone and re-acquires.
+    holder_pickup_s: float = 10.0
+
+
+@dataclass
+class WorkContext:
+    """Command context (STD01-04) carried into every activity, proxy call and event."""
+
+    correlation_id: str
+    causation_id: str = ""
+    deadline_at: str | None = None  # absolute ISO-8601 UTC; None where no deadline applies
+
+
+@dataclass
+class AcquireRequest:
+    payout_id: str
+    account_id: str
+    wait_s: float
+    context: WorkContext
+
+
+@dataclass
+class AcquireResult:
+    acquired: bool
+    token: int = 0
+    worker_queue: str = ""  # the task queue of the worker process that holds the session
+    reason: str = ""  # "held", "timeout", "unavailable" when not acquired
+
+
+@dataclass
+class StepRequest:
+    payout_id: str
+    account_id: str
+    token: int
+    context: WorkContext
+    operator: str = ""
+    reason: str = ""
+    resolution: str = ""  # for resolve_ambiguous: "settled" or "absent"
+
+
+@dataclass
+class AttemptView:
+    """The rail proxy's record of the latest submission attempt for a payout."""
+
+    attempt_id: str
+    outcome: str | None  # ACKED, DECLINED, UNKNOWN, NOT_SUBMITTED, or None while in flight
+    token: int = 0
+    recorded_at: str = ""
+
+
+@dataclass
+class PayoutView:
+    payout_id: str
+    account_id: str
+    state: str
+    amount: int = 0
+    fence: int = 0
+    client_reference: str = ""
+    failure_reason: str | None = None
+    attempt: AttemptView | None = None
+    handoff_certainty: str = (
+        ""  # set by submit_to_rail: NOT_SUBMITTED, ACKNOWLEDGED, FINAL, UNKNOWN
+    )
+    detail: str = ""  # e.g. "already_advanced", the proxy's rejection code
+
+
+@dataclass
+class LookupRequest:
+    payout_id: str
+    client_reference: str
+    context: WorkContext
+
+
+@dataclass
+class LookupResult:
+    status: str  # "settled", "declined", "absent", "pending", "unavailable"
+    detail: str = ""
+
+
+@dataclass
+class RevokeRequest:
+    account_id: str
+    operator: str
+    reason: str
+    payout_id: str = ""
+
+
+@dataclass
+class SignalRejection:
+    signal: str
+    operator: str
+    reason: str
+    why: str
+
+
+@dataclass
+class OperatorCommand:
+    """Input of the `abandon` and `revoke` signals: who, and why (FR-30)."""
+
+    operator: str = ""
+    reason: str = ""
+
+
+@dataclass
+class PayoutStatus:
+    """What the `status` query returns."""
+
+    payout_id: str
+    state: str
+    token: int
+    attempt: AttemptView | None
+    escalated: bool
+    rejected_signals: list[SignalRejection] = field(default_factory=list)
+    last_error: str = ""

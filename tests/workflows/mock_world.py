@@ -1,0 +1,156 @@
+"""MOCK activities for orchestration tests of PayoutWorkflow: an in-memory stand-in for the lock
+service, the payment database and the rail proxy. Used only where the point is the workflow's
+decisions (which step, which queue, which token); the real activities are tested against the
+real components elsewhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities import models as m
+
+
+@dataclass
+class MockWorld:
+    holder_queue: str
+    state: str = "PENDING"
+    funds_ok: bool = True
+    next_token: int = 1
+    submit_script: list[str] = field(
+        default_factory=lambda: ["ack"]
+    )  # ack|decline|unknown|not_submitted
+    lookup_script: list[str] = field(default_factory=lambda: ["settled"])
+    acquire_script: list[str] = field(default_factory=list)  # "unavailable" | "held" | "dead_queue"
+    claim_script: list[str] = field(default_factory=list)  # "fenced"
+    attempt: m.AttemptView | None = None
+    calls: list[tuple[str, int]] = field(default_factory=list)
+    rejected: list[m.SignalRejection] = field(default_factory=list)
+    revokes: list[m.RevokeRequest] = field(default_factory=list)
+    escalations: int = 0
+
+    def view(self, **kw: Any) -> m.PayoutView:
+        return m.PayoutView(
+            payout_id="po-1",
+            account_id="acct-1",
+            state=self.state,
+            amount=100,
+            client_reference="ref-po-1",
+            attempt=self.attempt,
+            **kw,
+        )
+
+    def activities(self) -> list[Callable[..., Any]]:
+        world = self
+
+        @activity.defn(name=m.ACQUIRE_LOCK)
+        async def acquire(req: m.AcquireRequest) -> m.AcquireResult:
+            step = world.acquire_script.pop(0) if world.acquire_script else "ok"
+            world.calls.append(("acquire:" + step, 0))
+            if step == "unavailable":
+                raise ApplicationError("lock service unreachable", type="BackendUnavailable")
+            if step == "held":
+                return m.AcquireResult(acquired=False, reason="timeout")
+            token = world.next_token
+            world.next_token += 1
+            queue = "no-such-worker-queue" if step == "dead_queue" else world.holder_queue
+            return m.AcquireResult(acquired=True, token=token, worker_queue=queue)
+
+        @activity.defn(name=m.REREAD_AND_CLAIM)
+        async def claim(req: m.StepRequest) -> m.PayoutView:
+            world.calls.append(("claim", req.token))
+            if world.claim_script and world.claim_script.pop(0) == "fenced":
+                raise ApplicationError("fenced", type=m.FENCED_OUT, non_retryable=True)
+            if world.state == "PENDING":
+                world.state = "CLAIMED" if world.funds_ok else "FAILED"
+            return world.view()
+
+        @activity.defn(name=m.SUBMIT_TO_RAIL)
+        async def submit(req: m.StepRequest) -> m.PayoutView:
+            world.calls.append(("submit", req.token))
+            outcome = world.submit_script.pop(0)
+            if outcome == "not_submitted":
+                world.attempt = m.AttemptView(attempt_id="a", outcome="NOT_SUBMITTED")
+                return world.view(detail="CIRCUIT_OPEN", handoff_certainty="NOT_SUBMITTED")
+            world.state = {"ack": "RAIL_ACKED", "decline": "FAILED", "unknown": "RAIL_AMBIGUOUS"}[
+                outcome
+            ]
+            world.attempt = m.AttemptView(
+                attempt_id="a",
+                outcome={"ack": "ACKED", "decline": "DECLINED", "unknown": "UNKNOWN"}[outcome],
+            )
+            return world.view()
+
+        @activity.defn(name=m.RECOVER_FROM_ATTEMPT)
+        async def recover(req: m.StepRequest) -> m.PayoutView:
+            world.calls.append(("recover", req.token))
+            outcome = world.attempt.outcome if world.attempt else None
+            world.state = {"ACKED": "RAIL_ACKED", "DECLINED": "FAILED"}.get(
+                outcome or "", "RAIL_AMBIGUOUS"
+            )
+            return world.view()
+
+        @activity.defn(name=m.POST_TO_LEDGER)
+        async def post(req: m.StepRequest) -> m.PayoutView:
+            world.calls.append(("post", req.token))
+            world.state = "POSTED"
+            return world.view()
+
+        @activity.defn(name=m.RELEASE_LOCK)
+        async def release(req: m.StepRequest) -> None:
+            world.calls.append(("release", req.token))
+
+        @activity.defn(name=m.LOOKUP_RAIL)
+        async def lookup(req: m.LookupRequest) -> m.LookupResult:
+            status = world.lookup_script.pop(0) if world.lookup_script else "pending"
+            world.calls.append(("lookup:" + status, 0))
+            return m.LookupResult(status=status)
+
+        @activity.defn(name=m.RESOLVE_AMBIGUOUS)
+        async def resolve(req: m.StepRequest) -> m.PayoutView:
+            world.calls.append(("resolve:" + req.resolution, req.token))
+            world.state = "RAIL_ACKED" if req.resolution == "settled" else "FAILED"
+            return world.view()
+
+        @activity.defn(name=m.ABANDON_PAYOUT)
+        async def abandon(req: m.StepRequest) -> m.PayoutView:
+            world.calls.append(("abandon:" + req.operator, req.token))
+            world.state = "ABANDONED"
+            return world.view()
+
+        @activity.defn(name=m.ESCALATE_AMBIGUOUS)
+        async def escalate(req: m.StepRequest) -> None:
+            world.escalations += 1
+            world.calls.append(("escalate", 0))
+
+        @activity.defn(name=m.REVOKE_LOCK)
+        async def revoke(req: m.RevokeRequest) -> None:
+            world.revokes.append(req)
+            world.calls.append(("revoke", 0))
+
+        @activity.defn(name=m.RECORD_SIGNAL_REJECTED)
+        async def record_rejected(rej: m.SignalRejection) -> None:
+            world.rejected.append(rej)
+
+        return [
+            acquire,
+            claim,
+            submit,
+            recover,
+            post,
+            release,
+            lookup,
+            resolve,
+            abandon,
+            escalate,
+            revoke,
+            record_rejected,
+        ]
+
+    def names(self) -> list[str]:
+        return [name for name, _ in self.calls]

@@ -1,0 +1,202 @@
+"""Orchestration tests of PayoutWorkflow with MOCK activities on a real Temporal dev server:
+which step runs next, under which token, and what never happens (a second submit)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from temporalio.client import WorkflowHandle
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from activities import models as m
+from tests.workflows.mock_world import MockWorld
+from workflows.payout import PayoutWorkflow
+
+FAST = {
+    "acquire_wait_s": 0.1,
+    "base_backoff_s": 0.05,
+    "max_backoff_s": 0.2,
+    "lookup_interval_s": 0.2,
+    "holder_pickup_s": 1.0,
+}
+
+
+@asynccontextmanager
+async def running(env: WorkflowEnvironment, world: MockWorld) -> AsyncIterator[str]:
+    shared = f"shared-{uuid.uuid4()}"
+    acts = world.activities()
+    async with (
+        Worker(env.client, task_queue=shared, workflows=[PayoutWorkflow], activities=acts),
+        Worker(env.client, task_queue=world.holder_queue, activities=acts),
+    ):
+        yield shared
+
+
+def new_world(**kw: object) -> MockWorld:
+    return MockWorld(holder_queue=f"holder-{uuid.uuid4()}", **kw)  # type: ignore[arg-type]
+
+
+async def start(
+    env: WorkflowEnvironment, queue: str, **kw: float
+) -> WorkflowHandle[PayoutWorkflow, m.PayoutStatus]:
+    inp = m.PayoutInput(payout_id="po-1", account_id="acct-1", **{**FAST, **kw})  # type: ignore[arg-type]
+    return await env.client.start_workflow(
+        PayoutWorkflow.run, inp, id=f"payout-test-{uuid.uuid4()}", task_queue=queue
+    )
+
+
+async def test_happy_path_runs_uc01_steps_in_order(temporal_env: WorkflowEnvironment) -> None:
+    """acquire, claim, submit, post, release: one submit, all under the same token."""
+    world = new_world()
+    async with running(temporal_env, world) as q:
+        result = await (await start(temporal_env, q)).result()
+    assert result.state == "POSTED"
+    assert world.names() == ["acquire:ok", "claim", "submit", "post", "release"]
+    assert {t for n, t in world.calls if n in ("claim", "submit", "post", "release")} == {1}
+
+
+async def test_decline_fails_without_posting(temporal_env: WorkflowEnvironment) -> None:
+    """A business decline ends in FAILED with no ledger posting."""
+    world = new_world(submit_script=["decline"])
+    async with running(temporal_env, world) as q:
+        result = await (await start(temporal_env, q)).result()
+    assert result.state == "FAILED"
+    assert "post" not in world.names()
+
+
+async def test_insufficient_funds_never_reaches_the_rail(temporal_env: WorkflowEnvironment) -> None:
+    """A claim that finds insufficient funds ends in FAILED and no submit happens."""
+    world = new_world(funds_ok=False)
+    async with running(temporal_env, world) as q:
+        result = await (await start(temporal_env, q)).result()
+    assert result.state == "FAILED"
+    assert "submit" not in world.names()
+
+
+async def test_fenced_out_aborts_and_reacquires_with_a_higher_token(
+    temporal_env: WorkflowEnvironment,
+) -> None:
+    """After a fenced rejection nothing more runs under that token; the next step uses a new one."""
+    world = new_world(claim_script=["fenced"])
+    async with running(temporal_env, world) as q:
+        result = await (await start(temporal_env, q)).result()
+    assert result.state == "POSTED"
+    claims = [t for n, t in world.calls if n == "claim"]
+    assert claims == [1, 2]
+    after_fence = [
+        t for n, t in world.calls[world.calls.index(("claim", 1)) + 1 :] if n in ("submit", "post")
+    ]
+    assert 1 not in after_fence
+
+
+async def test_lock_service_unavailable_fails_closed_then_proceeds(
+    temporal_env: WorkflowEnvironment,
+) -> None:
+    """With the lock service down nothing executes; once it returns, the payout runs once."""
+    world = new_world(acquire_script=["unavailable", "unavailable", "held"])
+    async with running(temporal_env, world) as q:
+        result = await (await start(temporal_env, q)).result()
+    assert result.state == "POSTED"
+    names = world.names()
+    assert names[:3] == ["acquire:unavailable", "acquire:unavailable", "acquire:held"]
+    assert names.count("submit") == 1
+    assert names.index("submit") > names.index("acquire:ok")
+
+
+async def test_not_submitted_is_retried_under_a_new_grant(
+    temporal_env: WorkflowEnvironment,
+) -> None:
+    """NOT_SUBMITTED (e.g. circuit open) allows a new attempt, only after re-acquiring."""
+    world = new_world(submit_script=["not_submitted", "ack"])
+    async with running(temporal_env, world) as q:
+        result = await (await start(temporal_env, q)).result()
+    assert result.state == "POSTED"
+    assert [t for n, t in world.calls if n == "submit"] == [1, 2]
+
+
+async def test_ambiguous_is_resolved_by_lookup_never_resubmitted(
+    temporal_env: WorkflowEnvironment,
+) -> None:
+    """An unknown outcome is looked up until settled, then posted; submit ran exactly once."""
+    world = new_world(submit_script=["unknown"], lookup_script=["pending", "pending", "settled"])
+    async with running(temporal_env, world) as q:
+        result = await (await start(temporal_env, q)).result()
+    assert result.state == "POSTED"
+    names = world.names()
+    assert names.count("submit") == 1
+    assert names.count("lookup:pending") == 2
+    assert "resolve:settled" in names and names.index("post") > names.index("resolve:settled")
+
+
+async def test_ambiguous_absent_fails(temporal_env: WorkflowEnvironment) -> None:
+    """A lookup that says definitively absent moves the payout to FAILED without a resubmit."""
+    world = new_world(submit_script=["unknown"], lookup_script=["absent"])
+    async with running(temporal_env, world) as q:
+        result = await (await start(temporal_env, q)).result()
+    assert result.state == "FAILED"
+    assert world.names().count("submit") == 1 and "resolve:absent" in world.names()
+
+
+async def test_abandon_is_rejected_before_sla_and_accepted_after(
+    temporal_env: WorkflowEnvironment,
+) -> None:
+    """abandon before escalation (or without a reason) is rejected and audited; after it, accepted."""
+    world = new_world(submit_script=["unknown"], lookup_script=[])
+    async with running(temporal_env, world) as q:
+        handle = await start(temporal_env, q, resolution_sla_s=1.0)
+        while (await handle.query(PayoutWorkflow.status)).state != "RAIL_AMBIGUOUS":
+            await asyncio.sleep(0.05)
+        await handle.signal(
+            PayoutWorkflow.abandon, m.OperatorCommand(operator="alice", reason="too early")
+        )
+        await handle.signal(PayoutWorkflow.abandon, m.OperatorCommand(operator="alice", reason=""))
+        while not (await handle.query(PayoutWorkflow.status)).escalated:
+            await asyncio.sleep(0.05)
+        await handle.signal(
+            PayoutWorkflow.abandon,
+            m.OperatorCommand(operator="alice", reason="rail confirms nothing"),
+        )
+        result = await handle.result()
+    assert result.state == "ABANDONED"
+    assert [r.why for r in result.rejected_signals] == [
+        "abandon is only valid after the resolution SLA has escalated",
+        "a reason is required",
+    ]
+    assert len(world.rejected) == 2
+    assert world.escalations == 1
+    assert "abandon:alice" in world.names() and world.names().count("submit") == 1
+
+
+async def test_revoke_signal_force_revokes_through_the_lock_service(
+    temporal_env: WorkflowEnvironment,
+) -> None:
+    """A valid revoke runs the revoke activity with operator and reason; an invalid one is rejected."""
+    world = new_world(submit_script=["unknown"], lookup_script=[])
+    async with running(temporal_env, world) as q:
+        handle = await start(temporal_env, q, resolution_sla_s=3600)
+        while (await handle.query(PayoutWorkflow.status)).state != "RAIL_AMBIGUOUS":
+            await asyncio.sleep(0.05)
+        await handle.signal(PayoutWorkflow.revoke, m.OperatorCommand(operator="", reason="x"))
+        await handle.signal(
+            PayoutWorkflow.revoke, m.OperatorCommand(operator="bob", reason="stuck holder")
+        )
+        while not world.revokes:
+            await asyncio.sleep(0.05)
+        status = await handle.query(PayoutWorkflow.status)
+        await handle.terminate("test done")
+    assert world.revokes[0].operator == "bob" and world.revokes[0].account_id == "acct-1"
+    assert [r.why for r in status.rejected_signals] == ["an operator identity is required"]
+
+
+async def test_dead_holder_queue_leads_to_reacquire(temporal_env: WorkflowEnvironment) -> None:
+    """If the holder's worker is gone (nobody polls its queue), the workflow re-acquires."""
+    world = new_world(acquire_script=["dead_queue"])
+    async with running(temporal_env, world) as q:
+        result = await (await start(temporal_env, q)).result()
+    assert result.state == "POSTED"
+    assert world.names()[0] == "acquire:dead_queue"
+    assert [t for n, t in world.calls if n == "submit"] == [2]
