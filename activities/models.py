@@ -45,6 +45,9 @@ class PayoutInput:
     # How long a critical-section step may wait for the lock holder's worker to pick it up
     # before the workflow concludes that worker is gone and re-acquires.
     holder_pickup_s: float = 10.0
+    # How long a running critical-section step may go without a heartbeat before the workflow
+    # treats its worker as dead (the submit step heartbeats every second while it waits).
+    holder_heartbeat_timeout_s: float = 10.0
 
 
 @dataclass

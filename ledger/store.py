@@ -414,6 +414,30 @@ class PayoutStore:
         metrics.LEDGER_GROUPS.labels(kind="payout").inc()
         return result
 
+    async def record_audit(
+        self,
+        *,
+        actor: str,
+        action: str,
+        payout_id: str | None = None,
+        account_id: str | None = None,
+        token: int | None = None,
+        details: dict[str, Any] | None = None,
+    ) -> None:
+        """An audit row with no state change (a rejected operator signal, an escalation)."""
+        check_text(actor, "actor")
+        check_text(action, "action")
+        async with self._pool.acquire() as conn, conn.transaction():
+            await write_audit(
+                conn,
+                actor=actor,
+                action=action,
+                token=token,
+                payout_id=payout_id,
+                account_id=account_id,
+                details=details,
+            )
+
     # ------------------------------------------------------------------ internals
 
     async def _simple(

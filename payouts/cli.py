@@ -13,7 +13,7 @@ import os
 import sys
 
 #: Modules that define `register(subparsers: argparse._SubParsersAction) -> None`.
-COMMAND_MODULES: tuple[str, ...] = ()
+COMMAND_MODULES: tuple[str, ...] = ("payouts.commands",)
 
 
 def database_url(args: argparse.Namespace) -> str:

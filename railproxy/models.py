@@ -113,3 +113,5 @@ class LookupResponse(BaseModel):
     client_reference: str
     status: Literal["settled", "pending", "declined", "not_found"]
     observed_at: datetime
+    # Passed through from the rail: its view is complete for submissions received before this.
+    complete_through: datetime | None = None

@@ -141,6 +141,7 @@ async def lookup(
                     client_reference=client_reference,
                     status=data["status"],
                     observed_at=datetime.now(UTC),
+                    complete_through=data.get("complete_through"),
                 )
             last = f"HTTP {response.status_code}"
         except (httpx.HTTPError, ValueError, KeyError) as exc:

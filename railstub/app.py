@@ -7,6 +7,7 @@ import contextlib
 import random
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from fastapi import FastAPI, Query
@@ -47,6 +48,10 @@ class NotAccepted(BaseModel):
 class LookupResponse(BaseModel):
     client_reference: str
     status: LookupStatus
+    # The rail's consistency statement: every submission it received before this instant
+    # is reflected in `status`. A `not_found` is definitive only for a submission that could not
+    # have reached the rail after it.
+    complete_through: datetime
 
 
 class BehaviourPatch(BaseModel):
@@ -158,8 +163,12 @@ def create_app(settings: StubSettings | None = None) -> FastAPI:
         stub = state()
         if stub.behaviour.outage:
             return _unavailable()
-        status = stub.log.lookup(client_reference, stub.behaviour.visibility_delay_s)
-        return LookupResponse(client_reference=client_reference, status=status)
+        delay = stub.behaviour.visibility_delay_s
+        status = stub.log.lookup(client_reference, delay)
+        complete = datetime.now(UTC) - timedelta(seconds=delay)
+        return LookupResponse(
+            client_reference=client_reference, status=status, complete_through=complete
+        )
 
     @app.get("/health", responses={503: {"model": NotAccepted}})
     async def health() -> Any:

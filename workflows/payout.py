@@ -208,7 +208,7 @@ class PayoutWorkflow:
             retry_policy=retry,
             schedule_to_start_timeout=timedelta(seconds=self._input.holder_pickup_s),
             start_to_close_timeout=timedelta(seconds=60),
-            heartbeat_timeout=timedelta(seconds=10),
+            heartbeat_timeout=timedelta(seconds=self._input.holder_heartbeat_timeout_s),
         )
         self._observe(view)
         return view

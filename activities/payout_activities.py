@@ -1,0 +1,472 @@
+"""The activities of PayoutWorkflow: each one step of UC-01, run by the process that holds the
+account's lock session.
+
+Every step that writes checks the grant first (`still_held()`, a liveness aid) and then presents
+the grant's token to the resource, which is what actually stops a stale holder (FR-15, FR-17).
+A fenced rejection becomes a non-retryable `FencedOut` ApplicationError: the workflow abandons
+this grant at once and never retries under the same token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities import models as m
+from ledger import AlreadyAdvanced, FencedOut, Payout, PayoutState, PayoutStore, UnknownPayout
+from ledger import WorkContext as LedgerContext
+from ledger.errors import InvalidTransition
+from lockservice.api import LockError
+from lockservice.client import Lease, LockClient, NotAcquiredError
+from payouts.logs import get_logger
+from railproxy.client import RailProxyClient, SubmitResult
+from railproxy.errors import LookupUnavailable, ProxyClientError
+from railproxy.models import AttemptRecord, HandoffCertainty, Outcome, SubmitContext, SubmitRequest
+
+log = get_logger("activities.payout")
+S = PayoutState
+_MAX_ID = 128
+
+
+def lock_key(account_id: str) -> str:
+    """One payout per account in flight (A-15): the key is the account's payout stream."""
+    return f"payout:{account_id}"
+
+
+def _fenced(err: FencedOut | str) -> ApplicationError:
+    return ApplicationError(str(err), type=m.FENCED_OUT, non_retryable=True)
+
+
+def _latest_live_attempt(attempts: list[AttemptRecord]) -> AttemptRecord | None:
+    """The attempt that counts: the latest one that may have reached the rail."""
+    live = [a for a in attempts if a.outcome != Outcome.NOT_SUBMITTED]
+    return max(live, key=lambda a: a.attempt_id) if live else None
+
+
+def _attempt_view(a: AttemptRecord | None) -> m.AttemptView | None:
+    if a is None:
+        return None
+    return m.AttemptView(
+        attempt_id=str(a.attempt_id),
+        outcome=a.outcome.value if a.outcome else None,
+        token=a.token,
+        recorded_at=a.recorded_at.isoformat(),
+    )
+
+
+def _view(
+    p: Payout, attempt: AttemptRecord | m.AttemptView | None = None, **kw: Any
+) -> m.PayoutView:
+    return m.PayoutView(
+        payout_id=p.payout_id,
+        account_id=p.account_id,
+        state=str(p.state),
+        amount=p.amount,
+        fence=p.fence,
+        client_reference=p.client_reference,
+        failure_reason=p.failure_reason,
+        attempt=attempt if isinstance(attempt, m.AttemptView) else _attempt_view(attempt),
+        **kw,
+    )
+
+
+@contextlib.asynccontextmanager
+async def _heartbeating(interval_s: float = 1.0) -> AsyncIterator[None]:
+    """Heartbeat while a long step runs, so a dead worker is noticed by its heartbeat timeout."""
+
+    async def beat() -> None:
+        while True:
+            activity.heartbeat()
+            await asyncio.sleep(interval_s)
+
+    task = asyncio.create_task(beat())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+class PayoutActivities:
+    """Bound methods registered on the worker; one instance per worker process."""
+
+    def __init__(
+        self,
+        *,
+        locks: LockClient,
+        store: PayoutStore,
+        proxy: RailProxyClient,
+        worker_queue: str,
+        worker_id: str,
+        lock_url: str,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._locks = locks
+        self._store = store
+        self._proxy = proxy
+        self._worker_queue = worker_queue
+        self._worker_id = worker_id
+        self._lock_url = lock_url
+        self._now = now
+        self._leases: dict[int, Lease] = {}
+
+    def shared_queue_activities(self) -> list[Callable[..., Any]]:
+        """Activities any worker may run: they need no grant held by this process."""
+        return [
+            self.acquire_lock,
+            self.lookup_rail,
+            self.escalate_ambiguous,
+            self.revoke_lock,
+            self.record_signal_rejected,
+        ]
+
+    def holder_queue_activities(self) -> list[Callable[..., Any]]:
+        """The critical section: run only on this process's own queue, under its session."""
+        return [
+            self.reread_and_claim,
+            self.submit_to_rail,
+            self.recover_from_attempt,
+            self.post_to_ledger,
+            self.resolve_ambiguous,
+            self.abandon_payout,
+            self.release_lock,
+        ]
+
+    # ------------------------------------------------------------------ helpers
+
+    def _ctx(self, c: m.WorkContext, actor: str | None = None) -> LedgerContext:
+        return LedgerContext(
+            correlation_id=c.correlation_id,
+            causation_id=c.causation_id or None,
+            actor=actor or self._worker_id,
+        )
+
+    def _held(self, req: m.StepRequest) -> Lease:
+        """The lease for the step's token, still held by the local deadline; else LockLost.
+
+        A liveness aid only (FR-13): the resource's fence check is what keeps a stale holder
+        out, because this process can pause right after the check returns True.
+        """
+        lease = self._leases.get(req.token)
+        if lease is None or not lease.still_held():
+            reason = "no such grant in this process" if lease is None else lease.lost_reason
+            log.warning(
+                "lock.lost_detected",
+                key=lock_key(req.account_id),
+                token=req.token,
+                reason=reason,
+                payout_id=req.payout_id,
+            )
+            raise ApplicationError(
+                f"grant {req.token} lost: {reason}", type=m.LOCK_LOST, non_retryable=True
+            )
+        return lease
+
+    async def _current(self, payout_id: str) -> Payout:
+        try:
+            return await self._store.get_payout(payout_id)
+        except UnknownPayout as exc:
+            raise ApplicationError(str(exc), type=m.UNKNOWN_PAYOUT, non_retryable=True) from exc
+
+    async def _write(
+        self, req: m.StepRequest, write: Callable[[], Awaitable[Payout | AlreadyAdvanced]]
+    ) -> Payout:
+        """Run one fenced write; FencedOut aborts the grant, AlreadyAdvanced re-reads."""
+        self._held(req)
+        try:
+            result = await write()
+        except FencedOut as exc:
+            raise _fenced(exc) from exc
+        except InvalidTransition as exc:
+            raise ApplicationError(str(exc), type=m.INVALID_TRANSITION, non_retryable=True) from exc
+        if isinstance(result, AlreadyAdvanced):
+            # UC-01 alternate (a): another holder moved it on. Not an error: re-read and go on.
+            return await self._current(req.payout_id)
+        assert isinstance(result, Payout)
+        return result
+
+    async def _attempt(self, payout_id: str) -> AttemptRecord | None:
+        return _latest_live_attempt(await self._proxy.get_attempts(payout_id))
+
+    # ------------------------------------------------------------------ shared queue
+
+    @activity.defn(name=m.ACQUIRE_LOCK)
+    async def acquire_lock(self, req: m.AcquireRequest) -> m.AcquireResult:
+        """UC-01 step 2. Bounded, jittered retries live in the SDK (FR-28); no grant, no work."""
+        try:
+            lease = await self._locks.acquire(lock_key(req.account_id), req.wait_s)
+        except NotAcquiredError as exc:
+            return m.AcquireResult(acquired=False, reason=exc.reason)
+        except (LockError, httpx.HTTPError) as exc:
+            # Fail closed (UC-08): the payout is not executed; the workflow backs off.
+            log.warning(
+                "lock.acquire_unavailable",
+                key=lock_key(req.account_id),
+                payout_id=req.payout_id,
+                error=str(exc),
+            )
+            return m.AcquireResult(acquired=False, reason="unavailable")
+        self._leases[lease.token] = lease
+        return m.AcquireResult(acquired=True, token=lease.token, worker_queue=self._worker_queue)
+
+    @activity.defn(name=m.LOOKUP_RAIL)
+    async def lookup_rail(self, req: m.LookupRequest) -> m.LookupResult:
+        """Read-only evidence for an ambiguous payout (UC-05): never submits anything.
+
+        `not_found` is definitive only when the rail says its view is complete through a point
+        after the attempt's deadline, by which the proxy had stopped forwarding it (A-08).
+        """
+        try:
+            attempt = await self._attempt(req.payout_id)
+            found = await self._proxy.lookup(req.client_reference)
+        except (LookupUnavailable, ProxyClientError, httpx.HTTPError) as exc:
+            return m.LookupResult(status="unavailable", detail=str(exc))
+        if found.status in ("settled", "declined", "pending"):
+            return m.LookupResult(status=found.status)
+        complete = found.complete_through
+        if attempt is not None and complete is not None and complete >= attempt.deadline_at:
+            return m.LookupResult(status="absent", detail=f"complete through {complete}")
+        return m.LookupResult(status="pending", detail="not visible yet")
+
+    @activity.defn(name=m.ESCALATE_AMBIGUOUS)
+    async def escalate_ambiguous(self, req: m.StepRequest) -> None:
+        log.error(
+            "alert",
+            name="ambiguity_sla_exceeded",
+            payout_id=req.payout_id,
+            account_id=req.account_id,
+            correlation_id=req.context.correlation_id,
+        )
+        await self._store.record_audit(
+            actor=self._worker_id,
+            action="ambiguity_escalated",
+            payout_id=req.payout_id,
+            account_id=req.account_id,
+        )
+
+    @activity.defn(name=m.REVOKE_LOCK)
+    async def revoke_lock(self, req: m.RevokeRequest) -> None:
+        """Break-glass (UC-06) through the lock service, which audits and alerts; revoking does
+        not undo a side effect in flight, it only fences the old holder out."""
+        body = {"key": lock_key(req.account_id), "operator": req.operator, "reason": req.reason}
+        async with httpx.AsyncClient(base_url=self._lock_url, timeout=10.0) as http:
+            response = await http.post("/v1/locks/revoke", json=body)
+        if response.status_code >= 400:
+            raise ApplicationError(
+                f"revoke refused: HTTP {response.status_code} {response.text}",
+                non_retryable=response.status_code < 500,
+            )
+        await self._store.record_audit(
+            actor=req.operator,
+            action="lock_revoke_requested",
+            payout_id=req.payout_id or None,
+            account_id=req.account_id,
+            details={"reason": req.reason, **response.json()},
+        )
+
+    @activity.defn(name=m.RECORD_SIGNAL_REJECTED)
+    async def record_signal_rejected(self, rej: m.SignalRejection) -> None:
+        workflow_id = activity.info().workflow_id or ""
+        log.warning(
+            "operator.signal_rejected",
+            signal=rej.signal,
+            operator=rej.operator,
+            reason=rej.reason,
+            why=rej.why,
+            workflow_id=workflow_id,
+        )
+        payout_id = workflow_id.removeprefix("payout-")
+        await self._store.record_audit(
+            actor=rej.operator or "unknown-operator",
+            action=f"signal_rejected:{rej.signal}",
+            payout_id=payout_id if payout_id != workflow_id else None,
+            details={"reason": rej.reason, "why": rej.why},
+        )
+
+    # ------------------------------------------------------------------ holder queue
+
+    @activity.defn(name=m.REREAD_AND_CLAIM)
+    async def reread_and_claim(self, req: m.StepRequest) -> m.PayoutView:
+        """UC-01 steps 3-4: re-read inside the lease; claim only a PENDING payout (FR-14)."""
+        payout = await self._current(req.payout_id)
+        if payout.state == S.PENDING:
+            payout = await self._write(
+                req, lambda: self._store.claim(req.payout_id, req.token, self._ctx(req.context))
+            )
+        attempt = None
+        if payout.state in (S.CLAIMED, S.RAIL_SUBMITTED):
+            # Recovery evidence (FR-24): what the proxy recorded, never how much time passed.
+            attempt = await self._attempt(req.payout_id)
+        return _view(payout, attempt)
+
+    @activity.defn(name=m.SUBMIT_TO_RAIL)
+    async def submit_to_rail(self, req: m.StepRequest) -> m.PayoutView:
+        """UC-01 steps 5-7. Scheduled with maximum_attempts=1 and never retried here either.
+
+        What stops a second payment: the proxy refuses a token below the account's highest
+        (FR-17) and any second attempt for this payout whatever the token (FR-18), and it records
+        the attempt before forwarding (FR-19), so recovery can always see it.
+        """
+        payout = await self._current(req.payout_id)
+        if payout.state != S.CLAIMED:
+            return _view(payout, detail="not_claimed")
+        self._held(req)
+        deadline = (
+            datetime.fromisoformat(req.context.deadline_at)
+            if req.context.deadline_at
+            else self._now() + timedelta(seconds=30)
+        )
+        submit = SubmitRequest(
+            payout_id=payout.payout_id,
+            account_id=payout.account_id,
+            amount=payout.amount,
+            client_reference=payout.client_reference,
+            token=req.token,
+            context=SubmitContext(
+                correlation_id=req.context.correlation_id[:_MAX_ID],
+                causation_id=(req.context.causation_id or payout.payout_id)[:_MAX_ID],
+                deadline_at=deadline,
+            ),
+        )
+        async with _heartbeating():
+            result = await self._proxy.submit(submit)
+        log.info(
+            "rail.submit",
+            payout_id=payout.payout_id,
+            account_id=payout.account_id,
+            token=req.token,
+            handoff_certainty=result.handoff_certainty.value,
+            outcome=result.outcome.value if result.outcome else None,
+            code=result.code,
+            correlation_id=req.context.correlation_id,
+        )
+        return await self._apply_submit_result(req, payout, result)
+
+    async def _apply_submit_result(
+        self, req: m.StepRequest, payout: Payout, result: SubmitResult
+    ) -> m.PayoutView:
+        ctx = self._ctx(req.context)
+        if result.code == "STALE_TOKEN":
+            # The second enforcement point fenced us out: a newer grant exists.
+            raise _fenced(
+                f"rail proxy: token {result.presented_token} below {result.highest_token}"
+            )
+        if result.handoff_certainty == HandoffCertainty.NOT_SUBMITTED or result.outcome is None:
+            # Nothing left our control (or we cannot tell yet: PROXY_NO_ANSWER). The payout stays
+            # CLAIMED; the next round reads the proxy's attempt record before doing anything.
+            return _view(
+                payout,
+                detail=result.code or "not_submitted",
+                handoff_certainty=result.handoff_certainty.value,
+            )
+        payout = await self._write(
+            req, lambda: self._store.mark_submitted(payout.payout_id, req.token, ctx)
+        )
+        payout = await self._record_outcome(req, payout, result.outcome)
+        attempt = m.AttemptView(
+            attempt_id=str(result.attempt_id), outcome=result.outcome.value, token=req.token
+        )
+        return _view(payout, handoff_certainty=result.handoff_certainty.value, attempt=attempt)
+
+    async def _record_outcome(
+        self, req: m.StepRequest, payout: Payout, outcome: Outcome | None
+    ) -> Payout:
+        ctx = self._ctx(req.context)
+        if payout.state != S.RAIL_SUBMITTED:
+            return payout
+        if outcome == Outcome.ACKED:
+            return await self._write(
+                req, lambda: self._store.mark_acked(payout.payout_id, req.token, ctx)
+            )
+        if outcome == Outcome.DECLINED:
+            return await self._write(
+                req,
+                lambda: self._store.mark_declined(
+                    payout.payout_id, req.token, ctx, reason="declined_by_rail"
+                ),
+            )
+        # UNKNOWN, or no outcome recorded: money may have moved. Never resubmitted (FR-23).
+        return await self._write(
+            req,
+            lambda: self._store.mark_ambiguous(
+                payout.payout_id,
+                req.token,
+                ctx,
+                reason="no_outcome_recorded" if outcome is None else "outcome_unknown",
+            ),
+        )
+
+    @activity.defn(name=m.RECOVER_FROM_ATTEMPT)
+    async def recover_from_attempt(self, req: m.StepRequest) -> m.PayoutView:
+        """UC-04: a payout left CLAIMED or RAIL_SUBMITTED by a holder that died or was fenced.
+
+        The proxy's attempt record decides: it was recorded before forwarding, so its absence
+        proves nothing was sent, and an attempt with no outcome is ambiguous, never resubmitted.
+        """
+        payout = await self._current(req.payout_id)
+        attempt = await self._attempt(req.payout_id)
+        if payout.state == S.CLAIMED:
+            if attempt is None:
+                return _view(payout)  # nothing was handed off: the workflow may submit
+            payout = await self._write(
+                req,
+                lambda: self._store.mark_submitted(
+                    payout.payout_id, req.token, self._ctx(req.context)
+                ),
+            )
+        if payout.state == S.RAIL_SUBMITTED:
+            payout = await self._record_outcome(req, payout, attempt.outcome if attempt else None)
+        return _view(payout, attempt)
+
+    @activity.defn(name=m.POST_TO_LEDGER)
+    async def post_to_ledger(self, req: m.StepRequest) -> m.PayoutView:
+        """UC-01 step 8: ledger rows, balance and POSTED in one fenced transaction."""
+        payout = await self._write(
+            req, lambda: self._store.post(req.payout_id, req.token, self._ctx(req.context))
+        )
+        return _view(payout)
+
+    @activity.defn(name=m.RESOLVE_AMBIGUOUS)
+    async def resolve_ambiguous(self, req: m.StepRequest) -> m.PayoutView:
+        ctx = self._ctx(req.context)
+        if req.resolution == "settled":
+
+            def write() -> Awaitable[Payout | AlreadyAdvanced]:
+                return self._store.resolve_settled(req.payout_id, req.token, ctx)
+        elif req.resolution == "absent":
+
+            def write() -> Awaitable[Payout | AlreadyAdvanced]:
+                return self._store.resolve_absent(req.payout_id, req.token, ctx)
+        else:
+            raise ApplicationError(f"unknown resolution {req.resolution!r}", non_retryable=True)
+        return _view(await self._write(req, write))
+
+    @activity.defn(name=m.ABANDON_PAYOUT)
+    async def abandon_payout(self, req: m.StepRequest) -> m.PayoutView:
+        """Break-glass RAIL_AMBIGUOUS -> ABANDONED, with the operator as the audited actor."""
+        ctx = self._ctx(req.context, actor=req.operator)
+        return _view(
+            await self._write(
+                req,
+                lambda: self._store.abandon(
+                    req.payout_id, req.token, ctx, operator=req.operator, reason=req.reason
+                ),
+            )
+        )
+
+    @activity.defn(name=m.RELEASE_LOCK)
+    async def release_lock(self, req: m.StepRequest) -> None:
+        """UC-01 step 9. Best effort: a lost release only delays the next holder to expiry."""
+        lease = self._leases.pop(req.token, None)
+        if lease is None:
+            return
+        with contextlib.suppress(LockError, httpx.HTTPError):
+            await self._locks.release(lease)

@@ -1,0 +1,410 @@
+"""Operator and workload commands: `payouts seed`, `payouts payout create|status|abandon|revoke`,
+`payouts lock revoke`.
+
+Bad input gets a one-line error and a non-zero exit, and creates nothing: a batch is validated
+whole before the first payout is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import csv
+import json
+import os
+import random
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+
+from payouts.cli import database_url
+
+DEFAULT_TEMPORAL = "127.0.0.1:7233"
+DEFAULT_QUEUE = "payouts"
+MAX_BATCH = 100_000
+
+
+class CommandError(Exception):
+    """A user-facing error: printed as one line, exit code 2."""
+
+
+@dataclass(frozen=True)
+class PayoutSpec:
+    payout_id: str
+    account_id: str
+    amount: int
+
+
+def temporal_address(args: argparse.Namespace) -> str:
+    return str(
+        getattr(args, "temporal", None) or os.environ.get("TEMPORAL_ADDRESS", DEFAULT_TEMPORAL)
+    )
+
+
+def task_queue(args: argparse.Namespace) -> str:
+    return str(
+        getattr(args, "task_queue", None) or os.environ.get("WORKER_TASK_QUEUE", DEFAULT_QUEUE)
+    )
+
+
+# --------------------------------------------------------------------------- parsing input
+
+
+def _spec(raw: dict[str, Any], where: str) -> PayoutSpec:
+    try:
+        payout_id = str(raw["payout_id"]).strip()
+        account_id = str(raw["account_id"]).strip()
+        amount_raw = raw["amount"]
+    except KeyError as exc:
+        raise CommandError(f"{where}: missing field {exc.args[0]!r}") from None
+    try:
+        amount = int(str(amount_raw).strip())
+    except ValueError:
+        raise CommandError(
+            f"{where}: amount {amount_raw!r} is not an integer (minor units)"
+        ) from None
+    if not payout_id or not account_id:
+        raise CommandError(f"{where}: payout_id and account_id must not be empty")
+    if amount <= 0:
+        raise CommandError(f"{where}: amount must be positive, got {amount}")
+    return PayoutSpec(payout_id, account_id, amount)
+
+
+def read_batch(path: Path) -> list[PayoutSpec]:
+    """Payouts from a JSON list of objects or a CSV with a header payout_id,account_id,amount."""
+    if not path.exists():
+        raise CommandError(f"{path}: no such file")
+    text = path.read_text()
+    if path.suffix.lower() == ".json":
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise CommandError(f"{path}: invalid JSON ({exc})") from None
+        if not isinstance(rows, list):
+            raise CommandError(f"{path}: expected a JSON list of payouts")
+    elif path.suffix.lower() == ".csv":
+        rows = list(csv.DictReader(text.splitlines()))
+    else:
+        raise CommandError(f"{path}: expected a .json or .csv file")
+    specs = [
+        _spec(r if isinstance(r, dict) else {}, f"{path}: item {i + 1}") for i, r in enumerate(rows)
+    ]
+    check_batch(specs)
+    return specs
+
+
+def check_batch(specs: list[PayoutSpec]) -> None:
+    if not specs:
+        raise CommandError("no payouts given")
+    if len(specs) > MAX_BATCH:
+        raise CommandError(f"at most {MAX_BATCH} payouts per batch")
+    seen: set[str] = set()
+    for s in specs:
+        if s.payout_id in seen:
+            raise CommandError(f"payout id {s.payout_id} appears twice in the batch")
+        seen.add(s.payout_id)
+
+
+def generate(
+    count: int,
+    accounts: int,
+    *,
+    seed: int,
+    min_amount: int,
+    max_amount: int,
+    account_prefix: str = "acct-",
+) -> list[PayoutSpec]:
+    rng = random.Random(seed)
+    run = uuid.uuid4().hex[:6]
+    return [
+        PayoutSpec(
+            payout_id=f"po-{run}-{i:06d}",
+            account_id=f"{account_prefix}{rng.randrange(accounts):05d}",
+            amount=rng.randint(min_amount, max_amount),
+        )
+        for i in range(count)
+    ]
+
+
+# --------------------------------------------------------------------------- actions
+
+
+async def seed_accounts(db_url: str, count: int, balance: int, prefix: str) -> list[str]:
+    from ledger import PayoutStore, WorkContext
+    from ledger.errors import DuplicateAccount
+
+    pool = await asyncpg.create_pool(db_url, min_size=1, max_size=4)
+    created = []
+    try:
+        store = PayoutStore(pool)
+        for i in range(count):
+            account_id = f"{prefix}{i:05d}"
+            ctx = WorkContext(correlation_id=f"seed:{account_id}", actor="payouts-seed")
+            with contextlib.suppress(DuplicateAccount):
+                # Seeding is re-runnable: an existing account is topped up.
+                await store.create_account(account_id, ctx)
+            await store.fund_account(account_id, balance, ctx)
+            created.append(account_id)
+    finally:
+        await pool.close()
+    return created
+
+
+async def create_payouts(db_url: str, specs: list[PayoutSpec]) -> None:
+    """All or nothing: unknown accounts and duplicate ids are found before any write."""
+    from ledger import PayoutStore, WorkContext
+
+    pool = await asyncpg.create_pool(db_url, min_size=1, max_size=4)
+    try:
+        async with pool.acquire() as conn:
+            known = {
+                r["account_id"]
+                for r in await conn.fetch(
+                    "SELECT account_id FROM paydb.accounts WHERE account_id = ANY($1::text[])",
+                    list({s.account_id for s in specs}),
+                )
+            }
+            existing = {
+                r["payout_id"]
+                for r in await conn.fetch(
+                    "SELECT payout_id FROM paydb.payouts WHERE payout_id = ANY($1::text[])",
+                    [s.payout_id for s in specs],
+                )
+            }
+        missing = sorted({s.account_id for s in specs} - known)
+        if missing:
+            raise CommandError(f"unknown account(s): {', '.join(missing[:5])}; nothing created")
+        if existing:
+            raise CommandError(
+                f"payout(s) already exist: {', '.join(sorted(existing)[:5])}; nothing created"
+            )
+        store = PayoutStore(pool)
+        for s in specs:
+            ctx = WorkContext(correlation_id=s.payout_id, actor="payouts-cli")
+            await store.create_payout(s.payout_id, s.account_id, s.amount, ctx)
+    finally:
+        await pool.close()
+
+
+async def start_workflows(
+    address: str, queue: str, specs: list[PayoutSpec], **input_overrides: float
+) -> None:
+    from temporalio.client import Client
+    from temporalio.common import WorkflowIDReusePolicy
+
+    from activities.models import PayoutInput
+    from workflows.payout import PayoutWorkflow
+
+    client = await Client.connect(address)
+    sem = asyncio.Semaphore(32)
+
+    async def one(s: PayoutSpec) -> None:
+        async with sem:
+            await client.start_workflow(
+                PayoutWorkflow.run,
+                PayoutInput(
+                    payout_id=s.payout_id,
+                    account_id=s.account_id,
+                    correlation_id=s.payout_id,
+                    **input_overrides,
+                ),
+                id=f"payout-{s.payout_id}",
+                task_queue=queue,
+                # One workflow per payout, ever: a second start of the same payout is refused.
+                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            )
+
+    await asyncio.gather(*(one(s) for s in specs))
+
+
+async def signal_payout(
+    address: str, payout_id: str, name: str, operator: str, reason: str
+) -> None:
+    from temporalio.client import Client
+
+    from activities.models import OperatorCommand
+
+    client = await Client.connect(address)
+    handle = client.get_workflow_handle(f"payout-{payout_id}")
+    await handle.signal(name, OperatorCommand(operator=operator, reason=reason))
+
+
+async def payout_status(address: str, payout_id: str) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    from temporalio.client import Client
+
+    from workflows.payout import PayoutWorkflow
+
+    client = await Client.connect(address)
+    handle = client.get_workflow_handle_for(PayoutWorkflow.run, f"payout-{payout_id}")
+    return asdict(await handle.query(PayoutWorkflow.status))
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def _require(value: str | None, what: str) -> str:
+    if not value or not value.strip():
+        raise CommandError(f"--{what} is required and must not be blank")
+    return value.strip()
+
+
+def _cmd_seed(args: argparse.Namespace) -> int:
+    if args.accounts <= 0 or args.balance <= 0:
+        raise CommandError("--accounts and --balance must be positive")
+    created = asyncio.run(
+        seed_accounts(database_url(args), args.accounts, args.balance, args.prefix)
+    )
+    print(f"seeded {len(created)} account(s) {created[0]}..{created[-1]} with {args.balance} each")
+    return 0
+
+
+def _cmd_create(args: argparse.Namespace) -> int:
+    if args.file:
+        specs = read_batch(Path(args.file))
+    elif args.generate:
+        if args.accounts <= 0:
+            raise CommandError("--accounts must be positive")
+        specs = generate(
+            args.generate,
+            args.accounts,
+            seed=args.seed,
+            min_amount=args.min_amount,
+            max_amount=args.max_amount,
+        )
+    else:
+        specs = [
+            _spec(
+                {
+                    "payout_id": args.payout_id or f"po-{uuid.uuid4().hex[:12]}",
+                    "account_id": args.account,
+                    "amount": args.amount,
+                },
+                "payout",
+            )
+        ]
+    check_batch(specs)
+    asyncio.run(create_payouts(database_url(args), specs))
+    if not args.no_start:
+        asyncio.run(start_workflows(temporal_address(args), task_queue(args), specs))
+    verb = "created" if args.no_start else "created and started"
+    print(f"{verb} {len(specs)} payout(s); follow them in the Temporal UI as payout-<id>")
+    for s in specs[:10]:
+        print(f"  payout-{s.payout_id}  account={s.account_id}  amount={s.amount}")
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    status = asyncio.run(payout_status(temporal_address(args), args.payout_id))
+    print(json.dumps(status, indent=2, default=str))
+    return 0
+
+
+def _cmd_signal(args: argparse.Namespace) -> int:
+    operator, reason = _require(args.operator, "operator"), _require(args.reason, "reason")
+    asyncio.run(
+        signal_payout(temporal_address(args), args.payout_id, args.signal, operator, reason)
+    )
+    print(
+        f"sent {args.signal} to payout-{args.payout_id} as {operator}; "
+        f"the workflow validates it (see `payouts payout status {args.payout_id}`)"
+    )
+    return 0
+
+
+def _cmd_lock_revoke(args: argparse.Namespace) -> int:
+    operator, reason = _require(args.operator, "operator"), _require(args.reason, "reason")
+    url = args.lock_url or os.environ.get("LOCK_URL", "http://127.0.0.1:8701")
+    key = args.key or f"payout:{_require(args.account, 'account')}"
+    try:
+        r = httpx.post(
+            f"{url}/v1/locks/revoke",
+            json={"key": key, "operator": operator, "reason": reason},
+            timeout=10,
+        )
+    except httpx.HTTPError as exc:
+        raise CommandError(f"lock server at {url} unreachable: {exc}") from None
+    if r.status_code >= 400:
+        raise CommandError(f"revoke refused: HTTP {r.status_code} {r.text}")
+    print(f"revoked {key}: {r.json()}")
+    return 0
+
+
+def _guard(func: Any) -> Any:
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return int(func(args))
+        except CommandError as exc:
+            print(f"error: {exc}")
+            return 2
+
+    return run
+
+
+def register(sub: Any) -> None:
+    def common(p: argparse.ArgumentParser, *, db: bool = False, temporal: bool = False) -> None:
+        if db:
+            p.add_argument("--database-url", help="defaults to $DATABASE_URL")
+        if temporal:
+            p.add_argument(
+                "--temporal",
+                help=f"Temporal address (default $TEMPORAL_ADDRESS or {DEFAULT_TEMPORAL})",
+            )
+            p.add_argument("--task-queue", help=f"default $WORKER_TASK_QUEUE or {DEFAULT_QUEUE}")
+
+    seed = sub.add_parser(
+        "seed", help="create funded accounts (re-runnable: tops up existing ones)"
+    )
+    seed.add_argument("--accounts", type=int, default=50)
+    seed.add_argument("--balance", type=int, default=1_000_000, help="minor units per account")
+    seed.add_argument("--prefix", default="acct-")
+    common(seed, db=True)
+    seed.set_defaults(func=_guard(_cmd_seed))
+
+    payout = sub.add_parser("payout", help="create payouts, query them, send operator signals")
+    psub = payout.add_subparsers(dest="payout_command", required=True)
+    create = psub.add_parser("create", help="create payouts and start their workflows")
+    create.add_argument("--account", help="account of a single payout")
+    create.add_argument("--amount", type=int, help="amount of a single payout (minor units)")
+    create.add_argument("--payout-id", help="id of a single payout (default: generated)")
+    create.add_argument("--file", help="a .json list or .csv (payout_id,account_id,amount)")
+    create.add_argument("--generate", type=int, metavar="N", help="generate N payouts")
+    create.add_argument("--accounts", type=int, default=50, help="accounts for --generate")
+    create.add_argument("--seed", type=int, default=1, help="seed for --generate")
+    create.add_argument("--min-amount", type=int, default=100)
+    create.add_argument("--max-amount", type=int, default=5_000)
+    create.add_argument("--no-start", action="store_true", help="create rows only")
+    common(create, db=True, temporal=True)
+    create.set_defaults(func=_guard(_cmd_create))
+
+    status = psub.add_parser("status", help="query a payout workflow's state, token, attempt")
+    status.add_argument("payout_id")
+    common(status, temporal=True)
+    status.set_defaults(func=_guard(_cmd_status))
+
+    for name, help_ in (
+        ("abandon", "RAIL_AMBIGUOUS -> ABANDONED, after the SLA escalated"),
+        ("revoke", "force-revoke this payout's lock (break-glass)"),
+    ):
+        p = psub.add_parser(name, help=help_)
+        p.add_argument("payout_id")
+        p.add_argument("--operator", required=True)
+        p.add_argument("--reason", required=True)
+        common(p, temporal=True)
+        p.set_defaults(func=_guard(_cmd_signal), signal=name)
+
+    lock = sub.add_parser("lock", help="lock-service operator commands")
+    lsub = lock.add_subparsers(dest="lock_command", required=True)
+    rev = lsub.add_parser("revoke", help="force-revoke a lock (audited; next token is higher)")
+    rev.add_argument("--key", help="lock key, e.g. payout:acct-00001")
+    rev.add_argument("--account", help="shorthand for --key payout:ACCOUNT")
+    rev.add_argument("--operator", required=True)
+    rev.add_argument("--reason", required=True)
+    rev.add_argument("--lock-url", help="default $LOCK_URL or http://127.0.0.1:8701")
+    rev.set_defaults(func=_guard(_cmd_lock_revoke))

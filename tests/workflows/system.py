@@ -1,0 +1,239 @@
+"""The real system for workflow integration tests: the lock server, the rail stub and the rail
+proxy as real processes (their own `python -m` entry points), PostgreSQL, the Temporal dev
+server, and workers running the real activities, in-process or as `worker_main.py` processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from activities.payout_activities import PayoutActivities
+from ledger import PayoutStore
+from ledger import WorkContext as LedgerContext
+from lockservice.client import LockClient
+from payouts.embedded import free_port
+from railproxy.client import RailProxyClient
+from workflows.payout import PayoutWorkflow
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, *args],
+            cwd=ROOT,
+            env={**os.environ, **env},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url} exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=1.0).status_code < 500:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} not healthy within {timeout_s}s:\n{log.read_text()[-3000:]}")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+@dataclass
+class System:
+    database_url: str
+    lock_url: str
+    stub_url: str
+    proxy_url: str
+    log_dir: Path
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ rail stub admin
+    def stub_set(self, **behaviour: Any) -> None:
+        httpx.post(f"{self.stub_url}/admin/behaviour", json=behaviour, timeout=5).raise_for_status()
+
+    def stub_reset(self) -> None:
+        httpx.post(f"{self.stub_url}/admin/reset", timeout=5).raise_for_status()
+
+    def movements(self, client_reference: str) -> list[dict[str, Any]]:
+        r = httpx.get(
+            f"{self.stub_url}/admin/movements",
+            params={"client_reference": client_reference},
+            timeout=5,
+        )
+        r.raise_for_status()
+        data = r.json()
+        rows: list[dict[str, Any]] = data["movements"] if isinstance(data, dict) else data
+        return [m for m in rows if m["client_reference"] == client_reference]
+
+
+@contextlib.contextmanager
+def running_system(database_url: str, log_dir: Path) -> Iterator[System]:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    ports = {name: free_port() for name in ("lock", "stub", "proxy")}
+    sys_ = System(
+        database_url=database_url,
+        lock_url=f"http://127.0.0.1:{ports['lock']}",
+        stub_url=f"http://127.0.0.1:{ports['stub']}",
+        proxy_url=f"http://127.0.0.1:{ports['proxy']}",
+        log_dir=log_dir,
+    )
+    specs = [
+        (
+            "lock",
+            ["-m", "lockservice", "serve"],
+            {
+                "LOCK_BACKEND": "postgres",
+                "LOCK_DATABASE_URL": database_url,
+                "LOCK_PORT": str(ports["lock"]),
+            },
+            f"{sys_.lock_url}/healthz",
+        ),
+        (
+            "stub",
+            ["-m", "railstub"],
+            {
+                "RAILSTUB_PORT": str(ports["stub"]),
+                "RAILSTUB_LATENCY_MODE": "fixed",
+                "RAILSTUB_LATENCY_FIXED_MS": "5",
+                "RAILSTUB_AMBIGUITY_RATE": "0",
+                "RAILSTUB_STALL_S": "4",
+            },
+            f"{sys_.stub_url}/health",
+        ),
+        (
+            "proxy",
+            ["-m", "railproxy"],
+            {
+                "RAILPROXY_DATABASE_URL": database_url,
+                "RAILPROXY_RAIL_URL": sys_.stub_url,
+                "RAILPROXY_PORT": str(ports["proxy"]),
+                "RAILPROXY_RAIL_TIMEOUT_S": "3",
+            },
+            f"{sys_.proxy_url}/health",
+        ),
+    ]
+    try:
+        for name, args, env, health in specs:
+            log = log_dir / f"{name}.log"
+            sys_.procs[name] = spawn(args, env, log)
+            wait_healthy(health, sys_.procs[name], log)
+        yield sys_
+    finally:
+        for proc in sys_.procs.values():
+            stop(proc)
+
+
+@dataclass
+class InProcessWorker:
+    """The real activities in this process, with their own lock session and holder queue."""
+
+    name: str
+    acts: PayoutActivities
+    locks: LockClient
+
+
+@contextlib.asynccontextmanager
+async def in_process_workers(
+    client: Client, system: System, shared_queue: str, count: int = 1, *, ttl_s: float = 3.0
+) -> AsyncIterator[list[InProcessWorker]]:
+    pool = await asyncpg.create_pool(system.database_url, min_size=1, max_size=10)
+    store = PayoutStore(pool)
+    workers: list[InProcessWorker] = []
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            for i in range(count):
+                locks = await stack.enter_async_context(
+                    LockClient(system.lock_url, ttl_s=ttl_s, heartbeat_s=ttl_s / 4)
+                )
+                proxy = await stack.enter_async_context(RailProxyClient(system.proxy_url))
+                name = f"w{i}-{uuid.uuid4().hex[:6]}"
+                holder_queue = f"{shared_queue}-holder-{name}"
+                acts = PayoutActivities(
+                    locks=locks,
+                    store=store,
+                    proxy=proxy,
+                    worker_queue=holder_queue,
+                    worker_id=name,
+                    lock_url=system.lock_url,
+                )
+                # One client per simulated worker process: Temporal allows one worker per task
+                # queue per client, as it would per process.
+                own = await Client.connect(
+                    client.service_client.config.target_host, namespace=client.namespace
+                )
+                await stack.enter_async_context(
+                    Worker(
+                        own,
+                        task_queue=shared_queue,
+                        workflows=[PayoutWorkflow],
+                        activities=acts.shared_queue_activities(),
+                    )
+                )
+                await stack.enter_async_context(
+                    Worker(own, task_queue=holder_queue, activities=acts.holder_queue_activities())
+                )
+                workers.append(InProcessWorker(name=name, acts=acts, locks=locks))
+            yield workers
+    finally:
+        await pool.close()
+
+
+async def fund(database_url: str, account_id: str, amount: int) -> None:
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
+    try:
+        store = PayoutStore(pool)
+        ctx = LedgerContext(correlation_id=f"seed-{account_id}", actor="test")
+        await store.create_account(account_id, ctx)
+        await store.fund_account(account_id, amount, ctx)
+    finally:
+        await pool.close()
+
+
+async def create_payout(database_url: str, payout_id: str, account_id: str, amount: int) -> None:
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
+    try:
+        store = PayoutStore(pool)
+        ctx = LedgerContext(correlation_id=payout_id, actor="test")
+        await store.create_payout(
+            payout_id=payout_id, account_id=account_id, amount=amount, ctx=ctx
+        )
+    finally:
+        await pool.close()
+
+
+async def wait_for(pred: Any, timeout_s: float = 30.0, every_s: float = 0.1) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if await pred():
+            return
+        await asyncio.sleep(every_s)
+    raise AssertionError("condition not met in time")

@@ -1,0 +1,323 @@
+"""PayoutWorkflow end to end against the real components: Temporal dev server, PostgreSQL, the
+lock server, the rail proxy and the rail stub, with the real activities.
+
+The rail stub's movement log is the evidence of what reached the rail; every test checks it.
+Set RECORD_HISTORIES=1 to (re)write the replay histories under tests/workflows/histories/.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import asyncpg
+import httpx
+import pytest
+from temporalio.client import Client, WorkflowHandle
+from temporalio.testing import WorkflowEnvironment
+
+from activities import models as m
+from ledger.queries import ledger_discrepancies
+from payouts.migrate import migrate
+from tests.workflows.system import (
+    System,
+    create_payout,
+    fund,
+    in_process_workers,
+    running_system,
+    spawn,
+    stop,
+    wait_for,
+)
+from workflows.payout import PayoutWorkflow
+
+HISTORIES = Path(__file__).parent / "histories"
+FAST = {
+    "acquire_wait_s": 2.0,
+    "base_backoff_s": 0.2,
+    "max_backoff_s": 1.0,
+    "lookup_interval_s": 0.3,
+    "submit_deadline_s": 2.0,
+    "holder_pickup_s": 3.0,
+    "holder_heartbeat_timeout_s": 3.0,
+}
+RULES = [
+    {"reference_prefix": "dcl-", "action": "decline"},
+    {"reference_prefix": "amb-", "action": "ambiguous"},
+    {"reference_prefix": "tb-", "action": "timeout_before"},
+    {"reference_prefix": "slow-", "action": "settle", "latency_ms": 2500},
+]
+
+
+@pytest.fixture(scope="module")
+def system(database_url: str, run_dir: Path) -> Iterator[System]:
+    asyncio.run(migrate(database_url))
+    with running_system(database_url, run_dir / f"wf-{uuid.uuid4().hex[:6]}") as sys_:
+        sys_.stub_set(rules=RULES)
+        yield sys_
+
+
+@pytest.fixture
+async def workers(temporal_env: WorkflowEnvironment, system: System) -> AsyncIterator[str]:
+    queue = f"payouts-{uuid.uuid4()}"
+    async with in_process_workers(temporal_env.client, system, queue, count=2):
+        yield queue
+
+
+def ids(prefix: str = "po-") -> tuple[str, str]:
+    suffix = uuid.uuid4().hex[:10]
+    return f"{prefix}{suffix}", f"acct-{suffix}"
+
+
+async def start(
+    client: Client, queue: str, payout_id: str, account_id: str, **kw: float
+) -> WorkflowHandle[PayoutWorkflow, m.PayoutStatus]:
+    inp = m.PayoutInput(payout_id=payout_id, account_id=account_id, **{**FAST, **kw})  # type: ignore[arg-type]
+    return await client.start_workflow(
+        PayoutWorkflow.run, inp, id=f"payout-{payout_id}", task_queue=queue
+    )
+
+
+async def record(handle: WorkflowHandle[PayoutWorkflow, m.PayoutStatus], name: str) -> None:
+    if os.environ.get("RECORD_HISTORIES"):
+        HISTORIES.mkdir(exist_ok=True)
+        history = await handle.fetch_history()
+        (HISTORIES / f"{name}.json").write_text(history.to_json())
+
+
+async def balance_and_breaks(database_url: str, account_id: str) -> tuple[int, int]:
+    conn = await asyncpg.connect(database_url)
+    try:
+        balance = await conn.fetchval(
+            "SELECT balance FROM paydb.balances WHERE account_id = $1", account_id
+        )
+        breaks = await ledger_discrepancies(conn)
+        return int(balance), len(breaks)
+    finally:
+        await conn.close()
+
+
+async def test_happy_path_pays_once_and_posts(
+    temporal_env: WorkflowEnvironment, system: System, workers: str
+) -> None:
+    """UC-01: one rail movement, POSTED, the account debited once, the ledger balanced."""
+    payout_id, account_id = ids()
+    await fund(system.database_url, account_id, 10_000)
+    await create_payout(system.database_url, payout_id, account_id, 2_500)
+    handle = await start(temporal_env.client, workers, payout_id, account_id)
+    result = await handle.result()
+    await record(handle, "happy_path")
+    assert result.state == "POSTED"
+    assert len(system.movements(payout_id)) == 1
+    assert await balance_and_breaks(system.database_url, account_id) == (7_500, 0)
+
+
+async def test_decline_fails_without_ledger(
+    temporal_env: WorkflowEnvironment, system: System, workers: str
+) -> None:
+    """UC-01 (c): a business decline ends FAILED, the balance untouched."""
+    payout_id, account_id = ids("dcl-")
+    await fund(system.database_url, account_id, 10_000)
+    await create_payout(system.database_url, payout_id, account_id, 1_000)
+    handle = await start(temporal_env.client, workers, payout_id, account_id)
+    result = await handle.result()
+    await record(handle, "decline")
+    assert result.state == "FAILED"
+    assert await balance_and_breaks(system.database_url, account_id) == (10_000, 0)
+    assert len(system.movements(payout_id)) == 1  # the rail saw it once and declined it
+
+
+async def test_insufficient_funds_never_reaches_the_rail(
+    temporal_env: WorkflowEnvironment, system: System, workers: str
+) -> None:
+    """UC-01 (b): insufficient funds -> FAILED at claim, no rail movement."""
+    payout_id, account_id = ids()
+    await fund(system.database_url, account_id, 100)
+    await create_payout(system.database_url, payout_id, account_id, 1_000)
+    result = await (await start(temporal_env.client, workers, payout_id, account_id)).result()
+    assert result.state == "FAILED"
+    assert system.movements(payout_id) == []
+
+
+async def test_ambiguous_is_resolved_by_lookup(
+    temporal_env: WorkflowEnvironment, system: System, workers: str
+) -> None:
+    """UC-05: the rail recorded it but answered with an error; a lookup finds it settled, it is
+    posted, and it was never submitted again."""
+    payout_id, account_id = ids("amb-")
+    await fund(system.database_url, account_id, 10_000)
+    await create_payout(system.database_url, payout_id, account_id, 3_000)
+    handle = await start(temporal_env.client, workers, payout_id, account_id)
+    result = await handle.result()
+    await record(handle, "ambiguous_resolved")
+    assert result.state == "POSTED"
+    assert result.attempt is not None and result.attempt.outcome == "UNKNOWN"
+    assert len(system.movements(payout_id)) == 1
+    assert await balance_and_breaks(system.database_url, account_id) == (7_000, 0)
+
+
+async def test_timeout_before_handoff_is_resolved_absent(
+    temporal_env: WorkflowEnvironment, system: System, workers: str
+) -> None:
+    """A stall before the rail recorded anything is UNKNOWN to the proxy; the lookup, complete
+    past the attempt's deadline, proves it absent, and the payout FAILS without a resubmit."""
+    payout_id, account_id = ids("tb-")
+    await fund(system.database_url, account_id, 10_000)
+    await create_payout(system.database_url, payout_id, account_id, 500)
+    result = await (await start(temporal_env.client, workers, payout_id, account_id)).result()
+    assert result.state == "FAILED"
+    assert system.movements(payout_id) == []
+    assert await balance_and_breaks(system.database_url, account_id) == (10_000, 0)
+
+
+async def test_ambiguous_is_abandoned_by_an_operator(
+    temporal_env: WorkflowEnvironment, system: System, workers: str
+) -> None:
+    """UC-05 step 6: lookups stay inconclusive past the SLA; the escalation happens and the
+    operator's abandon (with identity and reason) moves it to ABANDONED."""
+    payout_id, account_id = ids("amb-")
+    await fund(system.database_url, account_id, 10_000)
+    await create_payout(system.database_url, payout_id, account_id, 700)
+    system.stub_set(visibility_delay_s=3600)  # the rail's lookup lags far behind
+    try:
+        handle = await start(
+            temporal_env.client, workers, payout_id, account_id, resolution_sla_s=1.0
+        )
+
+        async def escalated() -> bool:
+            return (await handle.query(PayoutWorkflow.status)).escalated
+
+        await wait_for(escalated)
+        await handle.signal(
+            PayoutWorkflow.abandon,
+            m.OperatorCommand(operator="oncall-ana", reason="rail ticket 42: no record"),
+        )
+        result = await handle.result()
+    finally:
+        system.stub_set(visibility_delay_s=0)
+    await record(handle, "ambiguous_abandoned")
+    assert result.state == "ABANDONED"
+    conn = await asyncpg.connect(system.database_url)
+    try:
+        actor = await conn.fetchval(
+            "SELECT actor FROM paydb.audit_log WHERE payout_id = $1 AND to_state = 'ABANDONED'",
+            payout_id,
+        )
+    finally:
+        await conn.close()
+    assert actor == "oncall-ana"
+    assert len(system.movements(payout_id)) == 1
+
+
+async def test_revoke_signal_fences_the_holder_and_the_payout_completes(
+    temporal_env: WorkflowEnvironment, system: System, workers: str
+) -> None:
+    """UC-06: an operator revoke through the workflow ends the grant; the workflow re-acquires
+    with a higher token and finishes; the rail saw one movement."""
+    payout_id, account_id = ids("slow-")
+    await fund(system.database_url, account_id, 10_000)
+    await create_payout(system.database_url, payout_id, account_id, 900)
+    handle = await start(temporal_env.client, workers, payout_id, account_id, submit_deadline_s=5.0)
+
+    async def submitting() -> bool:
+        return (await handle.query(PayoutWorkflow.status)).state == "CLAIMED"
+
+    await wait_for(submitting)
+    first_token = (await handle.query(PayoutWorkflow.status)).token
+    await handle.signal(
+        PayoutWorkflow.revoke, m.OperatorCommand(operator="oncall-bo", reason="stuck holder drill")
+    )
+    result = await handle.result()
+    await record(handle, "revoke")
+    assert result.state == "POSTED"
+    assert result.token > first_token
+    assert len(system.movements(payout_id)) == 1
+    assert await balance_and_breaks(system.database_url, account_id) == (9_100, 0)
+
+
+async def test_two_workers_one_account_each_payout_once(
+    temporal_env: WorkflowEnvironment, system: System, workers: str
+) -> None:
+    """UC-02: two workers, one account, many payouts at once: one submission each, all posted,
+    the balance debited by exactly the sum."""
+    _, account_id = ids()
+    await fund(system.database_url, account_id, 100_000)
+    payout_ids = [f"po-{uuid.uuid4().hex[:10]}" for _ in range(8)]
+    for pid in payout_ids:
+        await create_payout(system.database_url, pid, account_id, 1_000)
+    handles = [await start(temporal_env.client, workers, pid, account_id) for pid in payout_ids]
+    results = await asyncio.gather(*(h.result() for h in handles))
+    assert {r.state for r in results} == {"POSTED"}
+    assert [len(system.movements(pid)) for pid in payout_ids] == [1] * len(payout_ids)
+    assert await balance_and_breaks(system.database_url, account_id) == (92_000, 0)
+
+
+async def test_worker_killed_mid_submit_recovers_by_state(
+    temporal_env: WorkflowEnvironment, system: System, run_dir: Path
+) -> None:
+    """UC-04: a worker process is SIGKILLed while its submit is in flight; another worker
+    re-acquires with a higher token, reads the proxy's attempt record and completes the
+    payout without submitting again."""
+    queue = f"payouts-{uuid.uuid4()}"
+    payout_id, account_id = ids("slow-")
+    await fund(system.database_url, account_id, 10_000)
+    await create_payout(system.database_url, payout_id, account_id, 1_200)
+    env = {
+        "WORKER_TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
+        "WORKER_DATABASE_URL": system.database_url,
+        "WORKER_LOCK_URL": system.lock_url,
+        "WORKER_RAILPROXY_URL": system.proxy_url,
+        "WORKER_TASK_QUEUE": queue,
+        "WORKER_ID": "doomed",
+        "WORKER_LOCK_TTL_S": "3",
+        "WORKER_LOCK_HEARTBEAT_S": "0.5",
+    }
+    doomed = spawn(["worker_main.py"], env, system.log_dir / "doomed-worker.log")
+    try:
+        handle = await start(
+            temporal_env.client, queue, payout_id, account_id, submit_deadline_s=5.0
+        )
+
+        async def in_flight() -> bool:
+            # The proxy recorded the attempt and is waiting for the (slow) rail: no outcome yet.
+            attempts = httpx.get(f"{system.proxy_url}/v1/payouts/{payout_id}/attempts").json()
+            return any(a["outcome"] is None for a in attempts["attempts"])
+
+        await wait_for(in_flight, timeout_s=60)
+        first_token = (await handle.query(PayoutWorkflow.status)).token
+        doomed.send_signal(signal.SIGKILL)
+        doomed.wait(10)
+        async with in_process_workers(temporal_env.client, system, queue, count=1):
+            result = await handle.result()
+        await record(handle, "worker_killed_recovered")
+    finally:
+        if doomed.poll() is None:
+            stop(doomed)
+    assert doomed.returncode == -signal.SIGKILL
+    assert result.state == "POSTED"
+    assert result.token > first_token
+    assert len(system.movements(payout_id)) == 1
+    assert await balance_and_breaks(system.database_url, account_id) == (8_800, 0)
+
+
+def test_worker_main_entry_point_is_importable() -> None:
+    """`python worker_main.py --help`-free smoke: the module imports and builds its settings."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import worker_main; print(worker_main.WorkerSettings().task_queue)",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[2],
+        env={**os.environ, "WORKER_TASK_QUEUE": "q-smoke"},
+    )
+    assert out.stdout.strip() == "q-smoke"

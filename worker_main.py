@@ -1,0 +1,133 @@
+"""A payout worker process: the Temporal workflow worker and the activity workers, holder of one
+lock session.
+
+Two task queues per process (ARCHITECTURE §4, the samples-python `worker_specific_task_queues`
+pattern): the shared queue (`WORKER_TASK_QUEUE`, default `payouts`) runs workflows and the
+activities that need no grant (acquire, lookup, escalate, revoke); this process's own queue runs
+the critical section (claim, submit, post, release) so that it executes where the lock session
+lives. If this process dies, its queue goes silent and the workflows re-acquire elsewhere with a
+higher token.
+
+Run: `python worker_main.py` (settings from the environment, prefix `WORKER_`; see README).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import socket
+import uuid
+
+import asyncpg
+from prometheus_client import start_http_server
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from activities.payout_activities import PayoutActivities
+from ledger import PayoutStore
+from lockservice.client import LockClient
+from payouts.logs import configure_logging, get_logger
+from railproxy.client import RailProxyClient
+from workflows.payout import PayoutWorkflow
+
+log = get_logger("worker")
+
+
+class WorkerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="WORKER_", extra="ignore")
+
+    temporal_address: str = "127.0.0.1:7233"
+    namespace: str = "default"
+    task_queue: str = "payouts"
+    database_url: str = Field(
+        default="postgresql://postgres@127.0.0.1:5432/postgres",
+        validation_alias=AliasChoices("WORKER_DATABASE_URL", "DATABASE_URL"),
+    )
+    lock_url: str = "http://127.0.0.1:8701"
+    railproxy_url: str = "http://127.0.0.1:8720"
+    worker_id: str = Field(
+        default_factory=lambda: f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}",
+        validation_alias=AliasChoices("WORKER_ID"),
+    )
+    metrics_port: int = 0  # 0: no metrics endpoint
+    lock_ttl_s: float = 15.0  # A-04
+    lock_heartbeat_s: float = 5.0
+    lock_safety_margin: float = 0.3
+    # FR-29: experiment only. Off removes the fence condition from the payment database's writes;
+    # it is logged loudly by the store at start-up.
+    enforce_fencing: bool = True
+    max_concurrent_activities: int = 50
+
+
+async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
+    worker_queue = f"{settings.task_queue}-holder-{settings.worker_id}"
+    if settings.metrics_port:
+        start_http_server(settings.metrics_port, addr="127.0.0.1")
+    client = await Client.connect(settings.temporal_address, namespace=settings.namespace)
+    pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=10)
+    try:
+        store = PayoutStore(pool, enforce_fencing=settings.enforce_fencing)
+        async with (
+            LockClient(
+                settings.lock_url,
+                ttl_s=settings.lock_ttl_s,
+                heartbeat_s=settings.lock_heartbeat_s,
+                safety_margin=settings.lock_safety_margin,
+            ) as locks,
+            RailProxyClient(settings.railproxy_url) as proxy,
+        ):
+            acts = PayoutActivities(
+                locks=locks,
+                store=store,
+                proxy=proxy,
+                worker_queue=worker_queue,
+                worker_id=settings.worker_id,
+                lock_url=settings.lock_url,
+            )
+            shared = Worker(
+                client,
+                task_queue=settings.task_queue,
+                workflows=[PayoutWorkflow],
+                activities=acts.shared_queue_activities(),
+                max_concurrent_activities=settings.max_concurrent_activities,
+            )
+            holder = Worker(
+                client,
+                task_queue=worker_queue,
+                activities=acts.holder_queue_activities(),
+                max_concurrent_activities=settings.max_concurrent_activities,
+            )
+            async with shared, holder:
+                log.info(
+                    "worker.started",
+                    worker_id=settings.worker_id,
+                    task_queue=settings.task_queue,
+                    worker_queue=worker_queue,
+                    enforce_fencing=settings.enforce_fencing,
+                )
+                await stop.wait()
+            log.info("worker.stopped", worker_id=settings.worker_id)
+    finally:
+        await pool.close()
+
+
+def main() -> None:
+    configure_logging("worker")
+    settings = WorkerSettings()
+
+    async def _main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(sig, stop.set)
+        await run(settings, stop)
+
+    asyncio.run(_main())
+
+
+if __name__ == "__main__":
+    main()
