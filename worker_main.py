@@ -18,6 +18,7 @@ import contextlib
 import signal
 import socket
 import uuid
+from datetime import timedelta
 
 import asyncpg
 from prometheus_client import start_http_server
@@ -27,11 +28,14 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from activities.payout_activities import PayoutActivities
+from activities.reconcile import ReconcileActivities
 from ledger import PayoutStore
+from ledger.reconcile import ReconcileSettings, stub_movement_source
 from lockservice.client import LockClient
 from payouts.logs import configure_logging, get_logger
 from railproxy.client import RailProxyClient
 from workflows.payout import PayoutWorkflow
+from workflows.reconcile import ReconcileWorkflow
 
 log = get_logger("worker")
 
@@ -59,6 +63,8 @@ class WorkerSettings(BaseSettings):
     # FR-29: experiment only. Off removes the fence condition from the payment database's writes;
     # it is logged loudly by the store at start-up.
     enforce_fencing: bool = True
+    # UC-03 experiment only: SIGSTOP this process once, just before its first rail submission.
+    experiment_pause_before_submit: bool = False
     max_concurrent_activities: int = 50
 
 
@@ -86,12 +92,19 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
                 worker_queue=worker_queue,
                 worker_id=settings.worker_id,
                 lock_url=settings.lock_url,
+                pause_before_submit=settings.experiment_pause_before_submit,
+            )
+            rec_settings = ReconcileSettings()
+            reconciler = ReconcileActivities(
+                pool,
+                stub_movement_source(rec_settings.rail_admin_url),
+                sla=timedelta(seconds=rec_settings.ambiguity_sla_s),
             )
             shared = Worker(
                 client,
                 task_queue=settings.task_queue,
-                workflows=[PayoutWorkflow],
-                activities=acts.shared_queue_activities(),
+                workflows=[PayoutWorkflow, ReconcileWorkflow],
+                activities=[*acts.shared_queue_activities(), reconciler.reconcile],
                 max_concurrent_activities=settings.max_concurrent_activities,
             )
             holder = Worker(

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -108,6 +110,7 @@ class PayoutActivities:
         worker_id: str,
         lock_url: str,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
+        pause_before_submit: bool = False,
     ) -> None:
         self._locks = locks
         self._store = store
@@ -117,6 +120,15 @@ class PayoutActivities:
         self._lock_url = lock_url
         self._now = now
         self._leases: dict[int, Lease] = {}
+        # UC-03 experiment only: freeze this process (a real SIGSTOP, like a stop-the-world GC)
+        # once, between the still_held() check and the rail call: the check-then-act gap.
+        self._pause_before_submit = pause_before_submit
+        if pause_before_submit:
+            log.warning(
+                "experiment.pause_armed",
+                worker_id=worker_id,
+                detail="this worker will SIGSTOP itself before its first submit",
+            )
 
     def shared_queue_activities(self) -> list[Callable[..., Any]]:
         """Activities any worker may run: they need no grant held by this process."""
@@ -336,6 +348,22 @@ class PayoutActivities:
                 deadline_at=deadline,
             ),
         )
+        if self._pause_before_submit:
+            self._pause_before_submit = False
+            log.warning(
+                "experiment.pausing",
+                worker_id=self._worker_id,
+                token=req.token,
+                payout_id=payout.payout_id,
+            )
+            os.kill(os.getpid(), signal.SIGSTOP)  # resumes here on SIGCONT, unaware of the gap
+            log.warning(
+                "experiment.resumed",
+                worker_id=self._worker_id,
+                token=req.token,
+                still_held=self._leases.get(req.token) is not None
+                and self._leases[req.token].still_held(),
+            )
         async with _heartbeating():
             result = await self._proxy.submit(submit)
         log.info(

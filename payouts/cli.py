@@ -13,7 +13,10 @@ import os
 import sys
 
 #: Modules that define `register(subparsers: argparse._SubParsersAction) -> None`.
-COMMAND_MODULES: tuple[str, ...] = ("payouts.commands",)
+COMMAND_MODULES: tuple[str, ...] = (
+    "payouts.commands",
+    "ledger.reconcile_cli",
+)
 
 
 def database_url(args: argparse.Namespace) -> str:

@@ -6,6 +6,7 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Literal
 
 Status = Literal["settled", "pending", "declined"]
@@ -23,6 +24,7 @@ class Movement:
     recorded_at: float  # monotonic seconds
     settles_at: float  # monotonic seconds; == recorded_at for an immediate settlement
     movement_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    recorded_wall: datetime = field(default_factory=lambda: datetime.now(UTC))  # for windows
 
     def status(self, now: float) -> Status:
         if self.declined:
@@ -79,6 +81,7 @@ class MovementLog:
                 "account_id": m.account_id,
                 "amount": m.amount,
                 "status": m.status(now),
+                "recorded_at": m.recorded_wall.isoformat(),
             }
             for m in self._movements
             if client_reference is None or m.client_reference == client_reference

@@ -1,0 +1,52 @@
+"""ReconcileWorkflow: one reconciliation run over a closed window, started by a Temporal Schedule
+(`reconcile-hourly`, see `ledger.reconcile_cli`).
+
+It computes the window from the schedule's action time (the `TemporalScheduledStartTime` search
+attribute, so a delayed or re-run action still reconciles the window it was meant for), falling
+back to workflow.now() for a manual start, runs the read-only `reconcile` activity and returns
+its report. It never repairs anything.
+"""
+
+from datetime import datetime, timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy, SearchAttributeKey
+
+with workflow.unsafe.imports_passed_through():
+    from activities.models import RECONCILE
+    from activities.reconcile_models import ReconcileInput, ReconcileReport, ReconcileRequest
+
+SCHEDULED_START = SearchAttributeKey.for_datetime("TemporalScheduledStartTime")
+
+# Reading is safe to retry: the activity runs read-only queries only.
+_READ_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=30),
+    maximum_attempts=5,
+    non_retryable_error_types=["InvalidWindow", "WindowNotClosed"],
+)
+
+
+@workflow.defn(name="ReconcileWorkflow")
+class ReconcileWorkflow:
+    @workflow.run
+    async def run(self, inp: ReconcileInput) -> ReconcileReport:
+        start, end = self.window(inp)
+        report: ReconcileReport = await workflow.execute_activity(
+            RECONCILE,
+            ReconcileRequest(window_start=start.isoformat(), window_end=end.isoformat()),
+            result_type=ReconcileReport,
+            start_to_close_timeout=timedelta(minutes=5),
+            retry_policy=_READ_RETRY,
+        )
+        return report
+
+    @staticmethod
+    def window(inp: ReconcileInput) -> tuple[datetime, datetime]:
+        if inp.window_end:
+            end = datetime.fromisoformat(inp.window_end)
+        else:
+            action_time = workflow.info().typed_search_attributes.get(SCHEDULED_START)
+            end = (action_time or workflow.now()) - timedelta(seconds=inp.settle_lag_s)
+        return end - timedelta(seconds=inp.window_s), end
