@@ -116,6 +116,28 @@ class LockInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class GrantRecord:
+    """One grant ever issued, from the backend's durable history (for the invariant checker).
+
+    `ended_at`/`end_reason` are None while the grant is still valid, and also when its end was not
+    recorded (etcd only; see docs/locks-backends.md). `end_reason` is one of released, revoked,
+    expired, session_closed, epoch_bumped.
+    """
+
+    key: str
+    token: int
+    session_id: str
+    acquired_at: datetime
+    ended_at: datetime | None
+    end_reason: str | None
+
+
+#: Upper bound of one grant_history() answer over HTTP (`GET /v1/history?limit=`).
+DEFAULT_HISTORY_LIMIT = 10_000
+MAX_HISTORY_LIMIT = 100_000
+
+
+@dataclass(frozen=True, slots=True)
 class RevokeResult:
     key: str
     revoked_token: int | None  # None when nobody held the key
@@ -192,6 +214,13 @@ class LockBackend(Protocol):
 
     async def bump_epoch(self, min_epoch: int, operator: str, reason: str) -> int:
         """Restore procedure: raise the token epoch to max(current + 1, min_epoch); returns it."""
+        ...
+
+    async def grant_history(
+        self, key_prefix: str = "", *, limit: int | None = None
+    ) -> list[GrantRecord]:
+        """Every grant ever issued for keys starting with `key_prefix`, ordered by (key, token);
+        at most `limit` records (None = all). Durable in the backend itself."""
         ...
 
     async def close(self) -> None: ...

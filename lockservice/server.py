@@ -89,6 +89,20 @@ class LockInfoOut(BaseModel):
     last_token: int | None
 
 
+class GrantRecordOut(BaseModel):
+    key: str
+    token: int
+    session_id: str
+    acquired_at: datetime
+    ended_at: datetime | None
+    end_reason: str | None
+
+
+class HistoryOut(BaseModel):
+    grants: list[GrantRecordOut]
+    truncated: bool
+
+
 class RevokeIn(BaseModel):
     key: str = Field(min_length=1, max_length=api.MAX_KEY_LENGTH, pattern=_KEY_PATTERN)
     operator: str = Field(min_length=1, max_length=200)
@@ -357,6 +371,31 @@ def _build(  # noqa: PLR0915 - one route table, read top to bottom
                 "expires_at": _iso(info.expires_at),
                 "waiters": info.waiters,
                 "last_token": info.last_token,
+            }
+        )
+
+    @app.get("/v1/history", name="grant_history", response_model=HistoryOut, responses=_ERRORS)
+    async def grant_history(
+        prefix: str = Query(default="", max_length=api.MAX_KEY_LENGTH),
+        limit: int = Query(default=api.DEFAULT_HISTORY_LIMIT, ge=0, le=api.MAX_HISTORY_LIMIT),
+    ) -> Response:
+        """Every grant issued for keys starting with `prefix`, ordered by (key, token), at most
+        `limit` of them (for the invariant checker, INV-04/INV-06). `truncated` says more exist."""
+        recs = await run("grant_history", lambda: state.be().grant_history(prefix, limit=limit + 1))
+        return JSONResponse(
+            {
+                "grants": [
+                    {
+                        "key": r.key,
+                        "token": r.token,
+                        "session_id": r.session_id,
+                        "acquired_at": _iso(r.acquired_at),
+                        "ended_at": _iso(r.ended_at),
+                        "end_reason": r.end_reason,
+                    }
+                    for r in recs[:limit]
+                ],
+                "truncated": len(recs) > limit,
             }
         )
 

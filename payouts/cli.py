@@ -16,6 +16,7 @@ import sys
 COMMAND_MODULES: tuple[str, ...] = (
     "payouts.commands",
     "ledger.reconcile_cli",
+    "ledger.invariants_cli",
 )
 
 

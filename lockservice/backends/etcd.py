@@ -11,6 +11,13 @@ Key layout (`P` = prefix; `|` cannot occur in a lock key, so waiter ranges never
   P__waiters/{key}|{sid}   lease = session                         (inspect().waiters)
   P__meta/epoch            decimal epoch                           (bumped by the restore procedure)
   P__audit/{ts}-{uuid}     JSON audit record of force_revoke / bump_epoch
+  P__history/{key}/{sid}-{uuid}  JSON {epoch, session_id, acquired_at}: one per grant, written in
+                           the acquire txn, never leased: its create_revision IS the token base
+                           (the name cannot carry the token: the revision is known only after)
+  P__ended/{key}/{token:020d}  JSON {ended_at, end_reason}: written in the release / revoke /
+                           close / bump txn that ends the grant
+  P__sessions/{lease}      JSON {ttl_s, expires_at}: the lease deadline as of the last keepalive
+                           through this backend (never leased: it dates an unrecorded expiry)
 The epoch lives in etcd and is restored with a snapshot: the restore procedure (bump_epoch with
 min_epoch from the enforcement points' fences) is what moves tokens above the pre-restore ones.
 """
@@ -19,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import ipaddress
 import json
 import math
@@ -38,6 +46,7 @@ from lockservice.api import (
     TOKEN_EPOCH_STRIDE,
     BackendUnavailable,
     Grant,
+    GrantRecord,
     InvalidRequest,
     LockInfo,
     NotAcquired,
@@ -57,6 +66,7 @@ _RPC_TIMEOUT_S = 5
 #: A blocked acquirer re-checks at least this often even without a watch event.
 _WATCH_SLICE_S = 1.0
 _CAS_ATTEMPTS = 20
+_MAX_CACHED_DEADLINES = 100_000
 MAX_EPOCH = (1 << 63) // TOKEN_EPOCH_STRIDE - 1
 
 _ERRORS: tuple[type[BaseException], ...] = (
@@ -112,6 +122,33 @@ def _client(endpoints: list[str]) -> aetcd.Client:
     return aetcd.Client(host=host, port=int(port), timeout=_RPC_TIMEOUT_S)
 
 
+def _ordered_by_revision(
+    recs: list[GrantRecord], revisions: list[tuple[int, int | None]]
+) -> list[GrantRecord]:
+    """Make each hand-over's timestamps agree with etcd's revision order, which is exact.
+
+    Both stamps are the lock server's clock read just BEFORE the txn that starts or ends a grant,
+    so the next grant's start stamp can precede the previous grant's end stamp by up to one round
+    trip although etcd applied the end first. The revisions decide: if the previous grant's end
+    record was written before the next grant's start (end revision < start revision), the next
+    start is reported no earlier than 1 us after the previous end; if it was written AFTER (a real
+    overlap), the next start is reported 1 us before the previous end, so that the invariant
+    checker sees the overlap instead of a lucky clock."""
+    out = list(recs)
+    for i in range(1, len(out)):
+        prev, cur = out[i - 1], out[i]
+        prev_end_rev = revisions[i - 1][1]
+        if prev.key != cur.key or prev.ended_at is None or prev_end_rev is None:
+            continue
+        tick = timedelta(microseconds=1)
+        if prev_end_rev < revisions[i][0]:
+            start = max(cur.acquired_at, prev.ended_at + tick)
+        else:
+            start = min(cur.acquired_at, prev.ended_at - tick)
+        out[i] = dataclasses.replace(cur, acquired_at=start)
+    return out
+
+
 class EtcdBackend:
     """LockBackend over an etcd cluster. Create with `await EtcdBackend.start(...)`."""
 
@@ -121,6 +158,9 @@ class EtcdBackend:
         self._prefix = prefix
         self._epoch_key = f"{prefix}__meta/epoch".encode()
         self._epoch = 0  # cached; every grant txn compares it, so a stale cache only retries
+        # Lease deadline per session as last renewed through this backend: the time BEFORE the
+        # request + TTL, so never later than etcd's own; saves a TTL RPC on every acquire.
+        self._deadlines: dict[int, datetime] = {}
 
     @classmethod
     async def start(cls, endpoints: list[str], prefix: str = "") -> EtcdBackend:
@@ -147,6 +187,28 @@ class EtcdBackend:
     def _waiters(self, key: str) -> bytes:
         return f"{self._prefix}__waiters/{key}|".encode()
 
+    def _history(self, key: str, sid: str) -> bytes:
+        return f"{self._prefix}__history/{key}/{sid}-{uuid.uuid4().hex[:12]}".encode()
+
+    def _ended(self, key: str, token: int, reason: str) -> Any:
+        """The txn op that records the end of grant `token` of `key` (no lease: durable)."""
+        body = {"ended_at": datetime.now(UTC).isoformat(), "end_reason": reason}
+        name = f"{self._prefix}__ended/{key}/{token:020d}".encode()
+        return self._t.put(name, json.dumps(body).encode())
+
+    def _session_record(self, lease: int) -> bytes:
+        return f"{self._prefix}__sessions/{lease}".encode()
+
+    async def _remember_deadline(self, lease: int, ttl_s: float, sent: datetime) -> datetime:
+        """Cache and persist the lease deadline known after a grant or refresh sent at `sent`."""
+        deadline = sent + timedelta(seconds=ttl_s)
+        self._deadlines[lease] = deadline
+        while len(self._deadlines) > _MAX_CACHED_DEADLINES:  # sessions that expired silently
+            del self._deadlines[next(iter(self._deadlines))]
+        record = json.dumps({"ttl_s": ttl_s, "expires_at": deadline.isoformat()})
+        await self._c.put(self._session_record(lease), record.encode())
+        return deadline
+
     async def _load_epoch(self) -> int:
         got = await self._c.get(self._epoch_key)
         self._epoch = int(got.value) if got is not None else 0
@@ -160,38 +222,67 @@ class EtcdBackend:
 
     async def open_session(self, ttl_s: float) -> Session:
         ttl = validate_ttl(ttl_s)
+        sent = datetime.now(UTC)
         with _unavailable_on_error():
             lease = await self._c.lease(math.ceil(ttl))
-        return Session(
-            session_id=str(lease.id),
-            ttl_s=float(lease.ttl),
-            expires_at=datetime.now(UTC) + timedelta(seconds=lease.ttl),
-        )
+            expires_at = await self._remember_deadline(lease.id, float(lease.ttl), sent)
+        return Session(session_id=str(lease.id), ttl_s=float(lease.ttl), expires_at=expires_at)
 
     async def keepalive(self, session_id: str) -> Session:
         lease = _lease_id(session_id)
         if lease is None:
             raise SessionNotFound(f"unknown session {session_id!r}")
+        sent = datetime.now(UTC)
         with _unavailable_on_error():
             reply = await self._c.refresh_lease(lease)
-        if reply is None or reply.TTL <= 0:
-            raise SessionNotFound(f"session {session_id} is unknown or expired")
-        return Session(
-            session_id=session_id,
-            ttl_s=float(reply.TTL),
-            expires_at=datetime.now(UTC) + timedelta(seconds=reply.TTL),
-        )
+            if reply is None or reply.TTL <= 0:
+                self._deadlines.pop(lease, None)
+                raise SessionNotFound(f"session {session_id} is unknown or expired")
+            expires_at = await self._remember_deadline(lease, float(reply.TTL), sent)
+        return Session(session_id=session_id, ttl_s=float(reply.TTL), expires_at=expires_at)
 
     async def close_session(self, session_id: str) -> None:
         lease = _lease_id(session_id)
         if lease is None:
             return
+        self._deadlines.pop(lease, None)
         try:
             with _unavailable_on_error():
-                # Revoking the lease deletes its lock and waiter keys in one step.
+                await self._end_session_grants(lease, session_id)
+                # Revoking the lease deletes its (remaining) lock and waiter keys in one step.
                 await self._c.revoke_lease(lease)
         except SessionNotFound:
             return
+
+    async def _end_session_grants(self, lease: int, sid: str) -> None:
+        """Delete the session's lock keys and record their ends ('session_closed') in one txn.
+        Best effort: if a grant changes meanwhile, the lease revoke still ends it, unrecorded."""
+        info = await self._c.get_lease_info(lease, keys=True)
+        mine = f"{self._prefix}__lock/".encode()
+        keys = [k[len(mine) :].decode() for k in info.keys if k.startswith(mine)]
+        if not keys:
+            return
+        _, got = await self._c.transaction(
+            compare=[],
+            success=[
+                op for k in keys for op in (self._t.get(self._lock(k)), self._t.get(self._last(k)))
+            ],
+            failure=[],
+        )
+        compare, ops = [], []
+        for i, key in enumerate(keys):
+            lock, last = got[2 * i], got[2 * i + 1]
+            if not lock or not last or lock[0][1].mod_revision != last[0][1].mod_revision:
+                continue
+            kv = lock[0][1]
+            token = compose_token(json.loads(last[0][0])["epoch"], kv.mod_revision)
+            compare += [
+                self._t.value(self._lock(key)) == sid,
+                self._t.mod(self._lock(key)) == kv.mod_revision,
+            ]
+            ops += [self._t.delete(self._lock(key)), self._ended(key, token, "session_closed")]
+        if ops:
+            await self._c.transaction(compare=compare, success=ops, failure=[])
 
     # ------------------------------------------------------------------ grants
 
@@ -260,23 +351,24 @@ class EtcdBackend:
                     success=[
                         self._t.put(lock, sid.encode(), lease=lease),
                         self._t.put(last, record.encode()),
+                        # Grant history: same txn, so every grant is recorded exactly once.
+                        self._t.put(self._history(key, sid), record.encode()),
                         self._t.get(lock),
                     ],
                     failure=[self._t.get(lock), self._t.get(self._epoch_key)],
                 )
             if ok:
-                kv = responses[2][0][1]
+                kv = responses[3][0][1]
                 # FR-10: the token base is the ModRevision written by this very transaction.
                 token = compose_token(epoch, kv.mod_revision)
-                with _unavailable_on_error():
-                    remaining = await self._remaining(lease)
+                expires_at = self._deadlines.get(lease)
+                if expires_at is None:  # session kept alive elsewhere: ask etcd (one more RPC)
+                    with _unavailable_on_error():
+                        remaining = await self._remaining(lease)
+                    expires_at = datetime.now(UTC) + (remaining or timedelta(0))
                 events.acquired(_BACKEND, key, token, sid)
                 return Grant(
-                    key=key,
-                    token=token,
-                    session_id=sid,
-                    acquired_at=now,
-                    expires_at=now + (remaining or timedelta(0)),
+                    key=key, token=token, session_id=sid, acquired_at=now, expires_at=expires_at
                 )
             holder, epoch_kv = responses[0], responses[1]
             if epoch_kv:
@@ -331,7 +423,10 @@ class EtcdBackend:
                 # Compare-and-delete on (key, session, token) (FR-05).
                 ok, _ = await self._c.transaction(
                     compare=self._grant_compare(grant),
-                    success=[self._t.delete(self._lock(grant.key))],
+                    success=[
+                        self._t.delete(self._lock(grant.key)),
+                        self._ended(grant.key, grant.token, "released"),
+                    ],
                     failure=[],
                 )
         if not ok:
@@ -408,7 +503,11 @@ class EtcdBackend:
                     # Deleting the key ends the grant; any later put has a higher ModRevision.
                     ok, _ = await self._c.transaction(
                         compare=[self._t.mod(lock) == held.mod_revision],
-                        success=[self._t.delete(lock), audit],
+                        success=[
+                            self._t.delete(lock),
+                            audit,
+                            self._ended(key, compose_token(epoch, held.mod_revision), "revoked"),
+                        ],
                         failure=[],
                     )
             if ok:
@@ -436,21 +535,110 @@ class EtcdBackend:
                     if got is not None
                     else self._t.create(self._epoch_key) == 0
                 )
-                ok, _ = await self._c.transaction(
+                ok, responses = await self._c.transaction(
                     compare=[guard],
                     success=[
                         self._t.put(self._epoch_key, str(new).encode()),
                         # Grants restored from a backup belong to the past: end them all.
-                        self._t.delete(locks, aetcd.utils.prefix_range_end(locks)),
+                        self._t.delete(locks, aetcd.utils.prefix_range_end(locks), prev_kv=True),
                         audit,
                     ],
                     failure=[],
                 )
             if ok:
+                # Their history ends in a second txn (a crash in between leaves them unrecorded,
+                # which grant_history reports as an unknown end). Every grant ended here was
+                # composed with the old epoch: acquire compares the epoch value.
+                ended = [
+                    self._ended(
+                        kv.key[len(locks) :].decode(),
+                        compose_token(old, kv.mod_revision),
+                        "epoch_bumped",
+                    )
+                    for kv in responses[1].response_delete_range.prev_kvs
+                ]
+                if ended:
+                    with contextlib.suppress(*_ERRORS):
+                        await self._c.transaction(compare=[], success=ended, failure=[])
                 self._epoch = new
                 events.epoch_bumped(_BACKEND, old, new, operator, reason)
                 return new
         raise BackendUnavailable("the epoch kept changing while bumping; retry")
+
+    async def grant_history(
+        self, key_prefix: str = "", *, limit: int | None = None
+    ) -> list[GrantRecord]:
+        """Every grant of this prefix, ordered by (key, token), from one consistent read.
+
+        A grant without an end record is still valid if its lock key is still the one it wrote;
+        otherwise its end went unrecorded (lease expiry, or a rare race with close/bump): it is
+        reported ended at its session's last known lease deadline ('expired') when that lies in
+        the past, else with an unknown end (None, None).
+        """
+        if limit is not None and limit < 0:
+            raise InvalidRequest("limit must not be negative")
+        roots = {n: f"{self._prefix}{n}/".encode() for n in ("__history", "__ended", "__lock")}
+        with _unavailable_on_error():
+            _, got = await self._c.transaction(
+                compare=[],
+                success=[
+                    self._t.get(
+                        r + key_prefix.encode(),
+                        aetcd.utils.prefix_range_end(r + key_prefix.encode()),
+                    )
+                    for r in roots.values()
+                ],
+                failure=[],
+            )
+        ended: dict[tuple[str, int], dict[str, Any]] = {}
+        for value, kv in got[1]:
+            key, token = kv.key[len(roots["__ended"]) :].decode().rsplit("/", 1)
+            ended[(key, int(token))] = {**json.loads(value), "revision": kv.create_revision}
+        current = {kv.key[len(roots["__lock"]) :].decode(): kv.mod_revision for _, kv in got[2]}
+        records: list[tuple[GrantRecord, int | None, int, int | None]] = []
+        for value, kv in got[0]:
+            key = kv.key[len(roots["__history"]) :].decode().rsplit("/", 1)[0]
+            body = json.loads(value)
+            # The history key is written once, by the granting txn: its create_revision is the
+            # lock key's ModRevision, i.e. the token base (FR-10).
+            token = compose_token(body["epoch"], kv.create_revision)
+            end = ended.get((key, token))
+            open_lease: int | None = None
+            if end is None and current.get(key) != kv.create_revision:
+                open_lease = _lease_id(body["session_id"])
+            records.append(
+                (
+                    GrantRecord(
+                        key=key,
+                        token=token,
+                        session_id=body["session_id"],
+                        acquired_at=datetime.fromisoformat(body["acquired_at"]),
+                        ended_at=datetime.fromisoformat(end["ended_at"]) if end else None,
+                        end_reason=end["end_reason"] if end else None,
+                    ),
+                    open_lease,
+                    kv.create_revision,
+                    end["revision"] if end else None,
+                )
+            )
+        records.sort(key=lambda r: (r[0].key, r[0].token))
+        if limit is not None:
+            records = records[:limit]
+        out = [await self._dated_by_lease(rec, lease) for rec, lease, _, _ in records]
+        return _ordered_by_revision(out, [(start, end) for _, _, start, end in records])
+
+    async def _dated_by_lease(self, rec: GrantRecord, lease: int | None) -> GrantRecord:
+        """An ended grant without an end record ended at its session's lease deadline, if past."""
+        if lease is None:
+            return rec
+        with _unavailable_on_error():
+            got = await self._c.get(self._session_record(lease))
+        if got is None:
+            return rec
+        deadline = datetime.fromisoformat(json.loads(got.value)["expires_at"])
+        if deadline > datetime.now(UTC):
+            return rec
+        return dataclasses.replace(rec, ended_at=deadline, end_reason="expired")
 
     async def audit_records(self) -> list[dict[str, Any]]:
         """This prefix's audit records, oldest first (operators and tests)."""

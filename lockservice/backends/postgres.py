@@ -28,6 +28,7 @@ from lockservice.api import (
     TOKEN_EPOCH_STRIDE,
     BackendUnavailable,
     Grant,
+    GrantRecord,
     InvalidRequest,
     LockInfo,
     NotAcquired,
@@ -35,7 +36,6 @@ from lockservice.api import (
     RevokeResult,
     Session,
     SessionNotFound,
-    compose_token,
     validate_key,
     validate_operator,
     validate_ttl,
@@ -161,22 +161,9 @@ class PostgresBackend:
         if sid is None:
             return
         with _unavailable_on_connection_error():
-            async with self._pool.acquire() as conn, conn.transaction():
-                alive = await conn.fetchval(
-                    "SELECT expires_at > clock_timestamp() FROM lockservice.sessions"
-                    " WHERE session_id = $1 FOR UPDATE",
-                    sid,
-                )
-                ended = await conn.fetch(
-                    "DELETE FROM lockservice.holders WHERE session_id = $1 RETURNING key, token",
-                    sid,
-                )
-                reason = "session_closed" if alive else "expired"
-                for row in ended:
-                    await self._end_history(conn, row["key"], row["token"], reason)
-                    await conn.execute("SELECT pg_notify($1, $2)", _CHANNEL, row["key"])
-                await conn.execute("DELETE FROM lockservice.waiters WHERE session_id = $1", sid)
-                await conn.execute("DELETE FROM lockservice.sessions WHERE session_id = $1", sid)
+            # One call: ends each grant (history: session_closed, or expired at the session's
+            # expiry), notifies its waiters, drops the session (002_grant_functions.sql).
+            await self._pool.fetchval("SELECT lockservice.close_session($1)", sid)
 
     # ------------------------------------------------------------------ grants
 
@@ -230,90 +217,40 @@ class PostgresBackend:
                 )
 
     async def _try_acquire(self, sid: uuid.UUID, key: str, full: str) -> Grant | NotAcquired:
-        expired: tuple[int, str] | None = None
         with _unavailable_on_connection_error():
-            async with self._pool.acquire() as conn, conn.transaction():
-                # Shared lock on the epoch row: bump_epoch (FOR UPDATE) waits for in-flight grants.
-                epoch = await conn.fetchval(
-                    "SELECT epoch FROM lockservice.epochs WHERE prefix = $1 FOR SHARE",
-                    self._prefix,
-                )
-                session = await conn.fetchrow(
-                    "SELECT expires_at FROM lockservice.sessions"
-                    " WHERE session_id = $1 AND expires_at > clock_timestamp()",
-                    sid,
-                )
-                if session is None:
-                    raise SessionNotFound(f"session {sid} is unknown or expired")
-                await conn.execute(
-                    "INSERT INTO lockservice.key_counters (key) VALUES ($1) ON CONFLICT DO NOTHING",
-                    full,
-                )
-                # The counter row lock serialises every acquirer (and revoker) of this key.
-                await conn.execute(
-                    "SELECT 1 FROM lockservice.key_counters WHERE key = $1 FOR UPDATE", full
-                )
-                holder = await conn.fetchrow(
-                    "SELECT h.session_id, h.token,"
-                    " coalesce(s.expires_at > clock_timestamp(), false) AS valid"
-                    " FROM lockservice.holders h"
-                    " LEFT JOIN lockservice.sessions s ON s.session_id = h.session_id"
-                    " WHERE h.key = $1",
-                    full,
-                )
-                if holder is not None and holder["valid"]:
-                    # Also when the holder is this very session: no re-entrancy (DR-04).
-                    return NotAcquired(key=key, reason="held")
-                if holder is not None:
-                    # The holder's session expired on the server's clock: its grant is over.
-                    await conn.execute("DELETE FROM lockservice.holders WHERE key = $1", full)
-                    await self._end_history(conn, full, holder["token"], "expired")
-                    expired = (holder["token"], str(holder["session_id"]))
-                row = await conn.fetchrow(
-                    "UPDATE lockservice.key_counters SET counter = counter + 1,"
-                    " last_token = $2::bigint * $3::bigint + counter + 1"
-                    " WHERE key = $1 RETURNING counter, last_token, clock_timestamp() AS now",
-                    full,
-                    epoch,
-                    TOKEN_EPOCH_STRIDE,
-                )
-                token = compose_token(epoch, row["counter"])  # raises if the base overflows
-                assert token == row["last_token"]
-                await conn.execute(
-                    "INSERT INTO lockservice.holders (key, session_id, token, acquired_at)"
-                    " VALUES ($1, $2, $3, $4)",
-                    full,
-                    sid,
-                    token,
-                    row["now"],
-                )
-                await conn.execute(
-                    "INSERT INTO lockservice.grant_history (key, token, session_id, acquired_at)"
-                    " VALUES ($1, $2, $3, $4)",
-                    full,
-                    token,
-                    sid,
-                    row["now"],
-                )
-        if expired is not None:
-            events.expired(_BACKEND, key, expired[0], expired[1])
+            # One round trip: the whole grant decision is one plpgsql function, one transaction
+            # (002_grant_functions.sql): epoch FOR SHARE, counter row FOR UPDATE (serialises the
+            # key's acquirers and revokers), holder check, counter + 1, holder and history rows.
+            row = await self._pool.fetchrow(
+                "SELECT * FROM lockservice.acquire_grant($1, $2, $3, $4)",
+                self._prefix,
+                full,
+                sid,
+                TOKEN_EPOCH_STRIDE,
+            )
+        if row["status"] == "no_session":
+            raise SessionNotFound(f"session {sid} is unknown or expired")
+        if row["status"] == "held":
+            return NotAcquired(key=key, reason="held")
+        if row["expired_token"] is not None:
+            events.expired(_BACKEND, key, row["expired_token"], str(row["expired_session"]))
+        token: int = row["token"]
         events.acquired(_BACKEND, key, token, str(sid))
         return Grant(
             key=key,
             token=token,
             session_id=str(sid),
-            acquired_at=row["now"],
-            expires_at=session["expires_at"],
+            acquired_at=row["acquired_at"],
+            expires_at=row["expires_at"],
         )
 
     @staticmethod
-    async def _end_history(conn: asyncpg.Connection, full: str, token: int, reason: str) -> None:
+    async def _end_history(
+        conn: asyncpg.Connection, full: str, token: int, reason: str, session_expires: Any
+    ) -> None:
+        """A grant of an already expired session ended at its expiry, not now (end_grant)."""
         await conn.execute(
-            "UPDATE lockservice.grant_history SET ended_at = clock_timestamp(), end_reason = $3"
-            " WHERE key = $1 AND token = $2 AND ended_at IS NULL",
-            full,
-            token,
-            reason,
+            "SELECT lockservice.end_grant($1, $2, $3, $4)", full, token, reason, session_expires
         )
 
     async def renew(self, grant: Grant) -> Grant:
@@ -347,25 +284,18 @@ class PostgresBackend:
     async def release(self, grant: Grant) -> None:
         validate_key(grant.key)
         sid = _session_uuid(grant.session_id)
-        full = self._full(grant.key)
-        released = None
+        released = False
         if sid is not None:
             with _unavailable_on_connection_error():
-                async with self._pool.acquire() as conn, conn.transaction():
-                    # Compare-and-delete on (key, session, token) of a still-valid grant (FR-05).
-                    released = await conn.fetchval(
-                        "DELETE FROM lockservice.holders h USING lockservice.sessions s"
-                        " WHERE h.key = $1 AND h.session_id = $2 AND h.token = $3"
-                        " AND s.session_id = h.session_id AND s.expires_at > clock_timestamp()"
-                        " RETURNING h.token",
-                        full,
-                        sid,
-                        grant.token,
-                    )
-                    if released is not None:
-                        await self._end_history(conn, full, grant.token, "released")
-                        await conn.execute("SELECT pg_notify($1, $2)", _CHANNEL, full)
-        if released is None:
+                # Compare-and-delete on (key, session, token) of a still-valid grant (FR-05),
+                # history row and NOTIFY in the same call (release_grant).
+                released = await self._pool.fetchval(
+                    "SELECT lockservice.release_grant($1, $2, $3)",
+                    self._full(grant.key),
+                    sid,
+                    grant.token,
+                )
+        if not released:
             raise NotHeld(f"grant {grant.token} on {grant.key!r} is no longer valid")
         events.released(_BACKEND, grant.key, grant.token, grant.session_id)
 
@@ -412,16 +342,19 @@ class PostgresBackend:
                     "SELECT 1 FROM lockservice.key_counters WHERE key = $1 FOR UPDATE", full
                 )
                 holder = await conn.fetchrow(
-                    "DELETE FROM lockservice.holders h WHERE h.key = $1 RETURNING h.token,"
-                    " coalesce((SELECT s.expires_at > clock_timestamp()"
-                    "   FROM lockservice.sessions s WHERE s.session_id = h.session_id), false)"
-                    " AS valid",
+                    "WITH gone AS (DELETE FROM lockservice.holders h WHERE h.key = $1"
+                    "   RETURNING h.token, h.session_id)"
+                    " SELECT g.token, s.expires_at,"
+                    " coalesce(s.expires_at > clock_timestamp(), false) AS valid"
+                    " FROM gone g LEFT JOIN lockservice.sessions s ON s.session_id = g.session_id",
                     full,
                 )
                 revoked: int | None = None
                 if holder is not None:
-                    end = "revoked" if holder["valid"] else "expired"
-                    await self._end_history(conn, full, holder["token"], end)
+                    # An expired holder's history row ends at its expiry ('expired'), not now.
+                    await self._end_history(
+                        conn, full, holder["token"], "revoked", holder["expires_at"]
+                    )
                     revoked = holder["token"] if holder["valid"] else None
                 # The next token is higher by construction: the counter is never lowered.
                 at: datetime = await conn.fetchval(
@@ -459,12 +392,16 @@ class PostgresBackend:
                 )
                 # Grants restored from a backup belong to the past: end them all.
                 ended = await conn.fetch(
-                    "DELETE FROM lockservice.holders WHERE starts_with(key, $1)"
-                    " RETURNING key, token",
+                    "WITH gone AS (DELETE FROM lockservice.holders WHERE starts_with(key, $1)"
+                    "   RETURNING key, token, session_id)"
+                    " SELECT g.key, g.token, s.expires_at FROM gone g"
+                    " LEFT JOIN lockservice.sessions s ON s.session_id = g.session_id",
                     self._prefix,
                 )
                 for row in ended:
-                    await self._end_history(conn, row["key"], row["token"], "epoch_bumped")
+                    await self._end_history(
+                        conn, row["key"], row["token"], "epoch_bumped", row["expires_at"]
+                    )
                     await conn.execute("SELECT pg_notify($1, $2)", _CHANNEL, row["key"])
                 await conn.execute(
                     "INSERT INTO lockservice.audit (prefix, action, operator, reason, detail)"
@@ -476,6 +413,41 @@ class PostgresBackend:
                 )
         events.epoch_bumped(_BACKEND, old, new, operator, reason)
         return new
+
+    async def grant_history(
+        self, key_prefix: str = "", *, limit: int | None = None
+    ) -> list[GrantRecord]:
+        """Every grant of this prefix, ordered by (key, token). A grant whose session expired
+        while nobody touched its key has no stored end yet: it is reported ended at the
+        session's expiry ('expired'), which is what the next acquire or close will store."""
+        if limit is not None and limit < 0:
+            raise InvalidRequest("limit must not be negative")
+        with _unavailable_on_connection_error():
+            rows = await self._pool.fetch(
+                "SELECT g.key, g.token, g.session_id, g.acquired_at,"
+                " coalesce(g.ended_at, CASE WHEN s.expires_at <= clock_timestamp()"
+                "   THEN s.expires_at END) AS ended_at,"
+                " coalesce(g.end_reason, CASE WHEN s.expires_at <= clock_timestamp()"
+                "   THEN 'expired' END) AS end_reason"
+                " FROM lockservice.grant_history g"
+                " LEFT JOIN lockservice.sessions s"
+                "   ON g.ended_at IS NULL AND s.session_id = g.session_id"
+                " WHERE starts_with(g.key, $1) ORDER BY g.key, g.token LIMIT $2",
+                self._full(key_prefix),
+                limit,
+            )
+        cut = len(self._prefix)
+        return [
+            GrantRecord(
+                key=r["key"][cut:],
+                token=r["token"],
+                session_id=str(r["session_id"]),
+                acquired_at=r["acquired_at"],
+                ended_at=r["ended_at"],
+                end_reason=r["end_reason"],
+            )
+            for r in rows
+        ]
 
     async def audit_records(self) -> list[dict[str, Any]]:
         """This prefix's audit rows, oldest first (operators and tests)."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from lockservice import api
-from lockservice.api import Grant, LockInfo, NotAcquired, RevokeResult, Session
+from lockservice.api import Grant, GrantRecord, LockInfo, NotAcquired, RevokeResult, Session
 
 
 @dataclass
@@ -25,6 +25,7 @@ class FakeBackend:
     held: dict[str, Grant] = field(default_factory=dict)
     last_token: dict[str, int] = field(default_factory=dict)
     epoch: int = 0
+    issued: list[Grant] = field(default_factory=list)
     unavailable: bool = False
     calls: list[str] = field(default_factory=list)
     _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
@@ -81,6 +82,7 @@ class FakeBackend:
         self.last_token[key] = token
         g = Grant(key, token, session_id, self._now(), self._session(session_id).expires_at)
         self.held[key] = g
+        self.issued.append(g)
         return g
 
     async def renew(self, grant: Grant) -> Grant:
@@ -123,6 +125,20 @@ class FakeBackend:
         self._check("bump_epoch")
         self.epoch = max(self.epoch + 1, min_epoch)
         return self.epoch
+
+    async def grant_history(
+        self, key_prefix: str = "", *, limit: int | None = None
+    ) -> list[GrantRecord]:
+        """Grants issued, without end tracking (the HTTP tests only need the shape)."""
+        self._check("grant_history")
+        recs = sorted(
+            (
+                GrantRecord(g.key, g.token, g.session_id, g.acquired_at, None, None)
+                for g in self.issued
+            ),
+            key=lambda r: (r.key, r.token),
+        )
+        return [r for r in recs if r.key.startswith(key_prefix)][:limit]
 
     async def close(self) -> None:
         return None
