@@ -1,0 +1,97 @@
+"""`payouts check-invariants` (issue 7, NFR-06/NFR-07): INV-01..INV-08 over the whole system.
+
+Prints each invariant with its count of violations and a bounded sample (or one JSON object with
+`--json`). Exit status 0 when every count is zero, 1 on any violation, 2 when a source could not be
+read (like diff(1)). It never writes to any database.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from typing import Any
+
+import asyncpg
+
+from ledger.errors import PaydbError
+from ledger.invariants import (
+    GrantSource,
+    InvariantReport,
+    InvariantSettings,
+    check_invariants,
+    lock_server_grant_source,
+    postgres_grant_source,
+    stub_movement_source,
+)
+from payouts.cli import database_url
+from payouts.logs import configure_logging
+
+HISTORY_KINDS = ("postgres", "http")
+
+
+def _out(line: str) -> None:
+    """Command output goes to stdout (events go to stderr), so `--json` output stays parseable."""
+    sys.stdout.write(line + "\n")
+
+
+def grant_source(args: argparse.Namespace, settings: InvariantSettings, db_url: str) -> GrantSource:
+    if (args.history or settings.history) == "http":
+        return lock_server_grant_source(args.lock_url or settings.lock_url)
+    return postgres_grant_source(
+        settings.lock_database_url or db_url, backend_prefix=settings.lock_prefix
+    )
+
+
+async def _run(args: argparse.Namespace, settings: InvariantSettings) -> InvariantReport:
+    url = database_url(args)
+    grants = grant_source(args, settings, url)
+    conn = await asyncpg.connect(url)
+    try:
+        return await check_invariants(
+            conn,
+            stub_movement_source(args.rail_admin_url or settings.rail_admin_url),
+            grants,
+            sample_size=settings.sample_size,
+        )
+    finally:
+        await conn.close()
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    configure_logging("invariants")
+    try:
+        report = asyncio.run(_run(args, InvariantSettings()))
+    except (PaydbError, OSError, asyncpg.PostgresError) as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return 2
+    if args.json:
+        _out(json.dumps(report.as_dict(), sort_keys=True))
+    else:
+        for r in report.results:
+            sample = "; ".join(r.sample)
+            _out(
+                f"{r.invariant} {r.title:<62} {r.count:>6}" + (f"  e.g. {sample}" if sample else "")
+            )
+        checked = ", ".join(f"{k} {v}" for k, v in report.checked.items())
+        _out(f"checked: {checked}")
+        _out("OK: all invariants hold" if report.ok else "VIOLATIONS FOUND")
+    return 0 if report.ok else 1
+
+
+def register(subparsers: Any) -> None:
+    """Add `payouts check-invariants`."""
+    p = subparsers.add_parser(
+        "check-invariants", help="check INV-01..INV-08 read-only (exit 0 clean, 1 violations)"
+    )
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    p.add_argument("--database-url", help="defaults to $DATABASE_URL")
+    p.add_argument("--rail-admin-url", help="defaults to $INVARIANTS_RAIL_ADMIN_URL")
+    p.add_argument("--lock-url", help="lock server, for --history http ($INVARIANTS_LOCK_URL)")
+    p.add_argument(
+        "--history",
+        choices=HISTORY_KINDS,
+        help="where the grant history is read ($INVARIANTS_HISTORY, default postgres)",
+    )
+    p.set_defaults(func=_cmd_check)

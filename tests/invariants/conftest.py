@@ -1,0 +1,220 @@
+"""Fixtures for the invariant checker: per test, a fresh database (paydb, railproxy and the
+PostgreSQL lock backend's lockservice schema), a real rail proxy on it, a real lock backend issuing
+real grants, and a session rail stub with an empty movement log. Payouts are driven the way the
+workflow drives them: acquire a grant, claim, record the attempt, submit through the proxy, record
+the outcome, post, release."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+
+from ledger import Payout, PayoutStore, WorkContext
+from ledger.invariants import (
+    GrantSource,
+    InvariantReport,
+    check_invariants,
+    postgres_grant_source,
+    stub_movement_source,
+)
+from lockservice.api import Grant, LockBackend
+from lockservice.backends import create_backend
+from payouts.migrate import migrate
+from payouts.pgutil import create_database, drop_database
+from railproxy import ProxySettings, RailProxyClient, SubmitContext, SubmitRequest
+from railproxy import create_app as create_proxy
+from railstub import StubSettings
+from railstub import create_app as create_stub
+from tests.rail.conftest import ServerThread, Stub
+
+DECLINE = 1013  # amounts ending in 13: the rail declines
+AMBIGUOUS = 1077  # amounts ending in 77: the rail records the movement, then answers 500
+RULES: list[Any] = [  # validated into railstub Rules by StubSettings
+    {"amount_suffix": "13", "action": "decline"},
+    {"amount_suffix": "77", "action": "ambiguous"},
+]
+
+
+@pytest.fixture(scope="session")
+def inv_stub_server() -> Iterator[ServerThread]:
+    settings = StubSettings(
+        seed=3, latency_mode="fixed", latency_fixed_ms=2, ambiguity_rate=0.0, rules=RULES
+    )
+    server = ServerThread(create_stub(settings))
+    server.start()
+    yield server
+    server.stop()
+
+
+def lock_key(account_id: str) -> str:
+    return f"payout:{account_id}"
+
+
+@dataclass
+class World:
+    """One isolated world: its own database, lock backend, proxy, and the (reset) stub."""
+
+    url: str
+    pool: asyncpg.Pool
+    store: PayoutStore
+    locks: LockBackend
+    session_id: str
+    proxy_server: ServerThread
+    proxy: RailProxyClient
+    stub: Stub
+    ctx: WorkContext = field(
+        default_factory=lambda: WorkContext(correlation_id="inv-test", actor="inv-test-worker")
+    )
+    extra_servers: list[ServerThread] = field(default_factory=list)
+
+    def grants(self) -> GrantSource:
+        return postgres_grant_source(self.url)
+
+    async def check(self, grants: GrantSource | None = None) -> InvariantReport:
+        async with self.pool.acquire() as conn:
+            return await check_invariants(
+                conn, stub_movement_source(self.stub.url), grants or self.grants()
+            )
+
+    async def account(self, funds: int = 1_000_000) -> str:
+        account_id = f"acct-{uuid.uuid4().hex[:10]}"
+        await self.store.create_account(account_id, self.ctx)
+        if funds:
+            await self.store.fund_account(account_id, funds, self.ctx)
+        return account_id
+
+    async def grant(self, account_id: str) -> Grant:
+        got = await self.locks.acquire(self.session_id, lock_key(account_id), wait_s=5)
+        assert isinstance(got, Grant), got
+        return got
+
+    async def new_payout(self, account_id: str, amount: int) -> str:
+        payout_id = f"po-{uuid.uuid4().hex[:12]}"
+        await self.store.create_payout(payout_id, account_id, amount, self.ctx)
+        return payout_id
+
+    async def submit(
+        self,
+        payout_id: str,
+        account_id: str,
+        amount: int,
+        token: int,
+        proxy: RailProxyClient | None = None,
+    ) -> str:
+        """A real proxy submission; returns the recorded outcome."""
+        result = await (proxy or self.proxy).submit(
+            SubmitRequest(
+                payout_id=payout_id,
+                account_id=account_id,
+                amount=amount,
+                client_reference=payout_id,
+                token=token,
+                context=SubmitContext(
+                    correlation_id=f"corr-{payout_id}",
+                    causation_id=f"cause-{payout_id}",
+                    deadline_at=datetime.now(UTC) + timedelta(seconds=5),
+                ),
+            )
+        )
+        return str(result.outcome)
+
+    async def pay(self, account_id: str, amount: int) -> str:
+        """UC-01 under one real grant: claim, submit, record the outcome, post, release."""
+        payout_id = await self.new_payout(account_id, amount)
+        g = await self.grant(account_id)
+        try:
+            claimed = await self.store.claim(payout_id, g.token, self.ctx)
+            if isinstance(claimed, Payout) and claimed.state == "FAILED":
+                return payout_id  # insufficient funds: no rail call
+            await self.store.mark_submitted(payout_id, g.token, self.ctx)
+            outcome = await self.submit(payout_id, account_id, amount, g.token)
+            if outcome == "ACKED":
+                await self.store.mark_acked(payout_id, g.token, self.ctx)
+                await self.store.post(payout_id, g.token, self.ctx)
+            elif outcome == "DECLINED":
+                await self.store.mark_declined(payout_id, g.token, self.ctx, reason="declined")
+            else:
+                await self.store.mark_ambiguous(payout_id, g.token, self.ctx)
+        finally:
+            await self.locks.release(g)
+        return payout_id
+
+    def start_proxy(self, **overrides: Any) -> RailProxyClient:
+        """Another real proxy on the same database (e.g. an experiment switch turned off)."""
+        base: dict[str, Any] = {
+            "database_url": self.url,
+            "rail_url": self.stub.url,
+            "rail_timeout_s": 2.0,
+            "db_pool_max": 2,
+        }
+        settings = ProxySettings(**(base | overrides))
+        server = ServerThread(create_proxy(settings))
+        server.start()
+        self.extra_servers.append(server)
+        return RailProxyClient(server.url)
+
+    async def stub_payment(self, reference: str, account_id: str, amount: int = 500) -> None:
+        """Post to the rail directly, bypassing the proxy (a negative control only)."""
+        async with httpx.AsyncClient(base_url=self.stub.url, timeout=10) as c:
+            r = await c.post(
+                "/payments",
+                json={"client_reference": reference, "account_id": account_id, "amount": amount},
+            )
+            r.raise_for_status()
+
+    async def execute(self, *statements: str) -> None:
+        """Raw SQL in one transaction: how a negative control breaks what the code would not."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            for sql in statements:
+                await conn.execute(sql)
+
+
+@pytest.fixture
+async def world(pg_server_url: str, inv_stub_server: ServerThread) -> AsyncIterator[World]:
+    url = await create_database(pg_server_url, prefix="invariants_t")
+    await migrate(url, schemas={"paydb", "railproxy"})
+    locks = await create_backend("postgres", database_url=url)  # migrates lockservice
+    session = await locks.open_session(ttl_s=60)
+    stub = Stub(inv_stub_server.url)
+    await stub.reset()
+    settings = ProxySettings(
+        database_url=url, rail_url=inv_stub_server.url, rail_timeout_s=2.0, db_pool_max=3
+    )
+    proxy_server = ServerThread(create_proxy(settings))
+    proxy_server.start()
+    pool = await asyncpg.create_pool(url, min_size=1, max_size=4)
+    w = World(
+        url=url,
+        pool=pool,
+        store=PayoutStore(pool),
+        locks=locks,
+        session_id=session.session_id,
+        proxy_server=proxy_server,
+        proxy=RailProxyClient(proxy_server.url),
+        stub=stub,
+    )
+    try:
+        yield w
+    finally:
+        await w.proxy.aclose()
+        for server in [proxy_server, *w.extra_servers]:
+            server.stop()
+        await locks.close()
+        await pool.close()
+        await drop_database(pg_server_url, url)
+
+
+def violated(report: InvariantReport) -> set[str]:
+    """The invariants the report says are broken."""
+    return {r.invariant for r in report.results if r.count}
+
+
+def sample_of(report: InvariantReport, invariant: str) -> list[str]:
+    return next(r.sample for r in report.results if r.invariant == invariant)

@@ -1,0 +1,63 @@
+"""`payouts check-invariants` end to end against the real database, stub and lock server: the
+JSON report and the exit status (0 clean, 1 violations, 2 a source could not be read)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from ledger import invariants_cli
+from lockservice.server import create_app
+from payouts.cli import main
+from payouts.embedded import free_port
+from tests.invariants.conftest import World
+from tests.lockservice.server_fixtures import serve_app
+
+
+@pytest.fixture(autouse=True)
+def _keep_test_logging(monkeypatch: pytest.MonkeyPatch) -> None:
+    # configure_logging binds structlog to the stderr of the moment (pytest's capture stream);
+    # later tests would then log to a closed file. The CLI's output under test is stdout.
+    monkeypatch.setattr(invariants_cli, "configure_logging", lambda component: None)
+
+
+def last_json_line(capsys: pytest.CaptureFixture[str]) -> dict[str, object]:
+    # Without configure_logging, structlog's default prints events to stdout before the report.
+    out: dict[str, object] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    return out
+
+
+async def test_check_prints_json_and_exit_status(
+    world: World, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Clean: exit 0 and eight zeros; after a duplicate movement: exit 1 and INV-02 = 1."""
+    a = await world.account()
+    payout_id = await world.pay(a, 1000)
+    argv = ["check-invariants", "--json", "--database-url", world.url,
+            "--rail-admin-url", world.stub.url]  # fmt: skip
+    assert await asyncio.to_thread(main, argv) == 0
+    clean = last_json_line(capsys)
+    assert clean["ok"] is True and set(clean["counts"].values()) == {0}  # type: ignore[attr-defined]
+    assert len(clean["counts"]) == 8  # type: ignore[arg-type]
+
+    await world.stub_payment(payout_id, a)
+    async with serve_app(create_app(world.locks)) as lock_url:
+        http_argv = [*argv, "--history", "http", "--lock-url", lock_url]
+        assert await asyncio.to_thread(main, http_argv) == 1
+    broken = last_json_line(capsys)
+    assert broken["counts"]["INV-02"] == 1  # type: ignore[index]
+    assert broken["invariants"]["INV-02"]["sample"] == [f"{payout_id}: 2 rail movements"]  # type: ignore[index]
+
+
+async def test_check_exits_2_when_a_source_is_unreadable(
+    world: World, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An unreachable rail log or lock server is an error (exit 2), never a clean report."""
+    dead = f"http://127.0.0.1:{free_port()}"
+    base = ["check-invariants", "--database-url", world.url]
+    assert await asyncio.to_thread(main, [*base, "--rail-admin-url", dead]) == 2
+    argv = [*base, "--rail-admin-url", world.stub.url, "--history", "http", "--lock-url", dead]
+    assert await asyncio.to_thread(main, argv) == 2
+    assert "OK" not in capsys.readouterr().out

@@ -1,0 +1,239 @@
+"""The checker on the real system: a clean run reports eight zeros, and one negative control per
+invariant (NFR-07) breaks exactly that invariant and is reported as exactly that."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from structlog.testing import capture_logs
+
+from ledger import FencedOut, PayoutStore
+from tests.invariants.conftest import AMBIGUOUS, DECLINE, World, lock_key, sample_of, violated
+
+ALL = {f"INV-0{i}" for i in range(1, 9)}
+
+
+async def test_clean_run_reports_eight_zeros(world: World) -> None:
+    """Posted, declined, ambiguous-then-settled, unfunded, already-advanced and fenced-out work
+    leaves every invariant at zero, with one `invariants.checked` event and no violation event."""
+    a, b = await world.account(), await world.account(funds=100)
+    await world.pay(a, 1000)
+    await world.pay(a, DECLINE)
+    ambiguous = await world.pay(a, AMBIGUOUS)
+    await world.pay(b, 500)  # insufficient funds: FAILED at claim, no rail call
+    # The ambiguity is resolved (settled at the rail) and posted later under a newer grant.
+    g = await world.grant(a)
+    await world.store.resolve_settled(ambiguous, g.token, world.ctx)
+    await world.store.post(ambiguous, g.token, world.ctx)
+    # A late duplicate claim finds the payout already advanced: it stamps the balance, no audit.
+    await world.store.claim(ambiguous, g.token, world.ctx)
+    await world.locks.release(g)
+    # A stale holder is fenced out: a rejected write is not a violation, a landed one would be.
+    stale = await world.grant(a)
+    late = await world.new_payout(a, 300)
+    await world.store.claim(late, stale.token, world.ctx)
+    await world.locks.release(stale)
+    fresh = await world.grant(a)
+    await world.store.mark_submitted(late, fresh.token, world.ctx)
+    await world.locks.release(fresh)
+    with pytest.raises(FencedOut):
+        await world.store.mark_acked(late, stale.token, world.ctx)
+
+    with capture_logs() as events:
+        report = await world.check()
+    assert report.ok and report.counts() == dict.fromkeys(sorted(ALL), 0)
+    assert report.checked["payouts"] == 5 and report.checked["grants"] == 7
+    assert report.checked["movements"] == 3 and report.checked["attempts"] == 3
+    names = [e["event"] for e in events]
+    assert names.count("invariants.checked") == 1 and "invariants.violation" not in names
+
+
+async def test_inv01_write_by_a_superseded_holder(world: World) -> None:
+    """A holder writes after a newer grant was issued for the account; the payout row's fence
+    cannot see it (the newer holder has not written yet), INV-01 does."""
+    a = await world.account()
+    payout_id = await world.new_payout(a, 1000)
+    old = await world.grant(a)
+    await world.store.claim(payout_id, old.token, world.ctx)
+    await world.locks.release(old)
+    new = await world.grant(a)
+    await world.store.mark_submitted(payout_id, old.token, world.ctx)  # lands: fence == old
+    await world.locks.release(new)
+
+    with capture_logs() as events:
+        report = await world.check()
+    assert violated(report) == {"INV-01"}
+    [only] = sample_of(report, "INV-01")
+    assert only.startswith(f"{payout_id} audit#")
+    assert only.endswith(f"token={old.token} while token={new.token} granted")
+    violations = [e for e in events if e["event"] == "invariants.violation"]
+    assert [(e["invariant"], e["count"]) for e in violations] == [("INV-01", 1)]
+
+
+async def test_inv02_second_rail_movement_for_one_payout(world: World) -> None:
+    """A second instruction for an already paid reference reaches the rail (bypassing the proxy)."""
+    a = await world.account()
+    payout_id = await world.pay(a, 1000)
+    await world.stub_payment(payout_id, a)
+    report = await world.check()
+    assert violated(report) == {"INV-02"}
+    assert sample_of(report, "INV-02") == [f"{payout_id}: 2 rail movements"]
+
+
+async def test_inv02_two_decided_attempts_for_one_payout(world: World) -> None:
+    """With the proxy's submission guard switched off, one payout gets two ACKED attempts (and,
+    the real evidence, two rail movements)."""
+    a = await world.account()
+    payout_id = await world.pay(a, 1000)
+    g = await world.grant(a)
+    unguarded = world.start_proxy(enforce_submission_guard=False)
+    try:
+        assert await world.submit(payout_id, a, 1000, g.token, proxy=unguarded) == "ACKED"
+    finally:
+        await unguarded.aclose()
+        await world.locks.release(g)
+    report = await world.check()
+    assert violated(report) == {"INV-02"}
+    assert sample_of(report, "INV-02") == [
+        f"{payout_id}: 2 decided attempts",
+        f"{payout_id}: 2 rail movements",
+    ]
+
+
+async def test_inv03_unbalanced_group(world: World) -> None:
+    """A ledger group whose entries do not sum to zero (the deferred balance trigger disabled)."""
+    a = await world.account()
+    await world.pay(a, 1000)
+    group_id = uuid.uuid4()
+    await world.execute(
+        # The deferred constraint triggers would refuse this COMMIT; switch them off to land it.
+        "ALTER TABLE paydb.ledger_entries DISABLE TRIGGER ledger_entries_balanced",
+        "ALTER TABLE paydb.ledger_groups DISABLE TRIGGER ledger_groups_balanced",
+        "INSERT INTO paydb.ledger_groups (group_id, kind, correlation_id)"
+        f" VALUES ('{group_id}', 'funding', 'broken')",
+        "INSERT INTO paydb.ledger_entries (group_id, account_id, amount)"
+        f" VALUES ('{group_id}', '{a}', 5), ('{group_id}', 'funding_source', -4)",
+        "ALTER TABLE paydb.ledger_entries ENABLE TRIGGER ledger_entries_balanced",
+        "ALTER TABLE paydb.ledger_groups ENABLE TRIGGER ledger_groups_balanced",
+    )
+    report = await world.check()
+    assert violated(report) == {"INV-03"}
+    assert f"group {group_id}" in sample_of(report, "INV-03")
+
+
+async def test_inv04_repeated_token(world: World) -> None:
+    """The lock history shows a token issued again after it was used (a restore without the
+    epoch bump): the unique index is dropped in this test database to let the row in."""
+    a = await world.account()
+    await world.pay(a, 1000)
+    token = (await world.locks.inspect(lock_key(a))).last_token
+    await world.execute(
+        "DROP INDEX lockservice.grant_history_key_token_idx",
+        "INSERT INTO lockservice.grant_history"
+        " (key, token, session_id, acquired_at, ended_at, end_reason)"
+        f" VALUES ('{lock_key(a)}', {token}, '{uuid.uuid4()}', clock_timestamp(),"
+        "         clock_timestamp() + interval '1 ms', 'released')",
+    )
+    report = await world.check()
+    assert violated(report) == {"INV-04"}
+    assert sample_of(report, "INV-04") == [
+        f"{lock_key(a)} token={token} issued after token={token}"
+    ]
+
+
+async def test_inv05_lower_token_attempt_at_the_proxy(world: World) -> None:
+    """A proxy with fencing switched off records an attempt under a token below one it has
+    already recorded for the account (the paydb rows are untouched: only INV-05)."""
+    a = await world.account()
+    first, second = await world.new_payout(a, 1000), await world.new_payout(a, 2000)
+    old = await world.grant(a)
+    await world.locks.release(old)
+    new = await world.grant(a)
+    await world.locks.release(new)
+    assert await world.submit(first, a, 1000, new.token) == "ACKED"
+    unfenced = world.start_proxy(enforce_fencing=False)
+    try:
+        assert await world.submit(second, a, 2000, old.token, proxy=unfenced) == "ACKED"
+    finally:
+        await unfenced.aclose()
+    report = await world.check()
+    assert violated(report) == {"INV-05"}
+    assert sample_of(report, "INV-05")[0].startswith(f"proxy {a} attempt#")
+
+
+async def test_inv05_balance_fence_lowered(world: World) -> None:
+    """A balance row's stored fence lowered below the highest token that wrote it."""
+    a = await world.account()
+    await world.pay(a, 1000)
+    await world.execute(f"UPDATE paydb.balances SET fence = 0 WHERE account_id = '{a}'")
+    report = await world.check()
+    assert violated(report) == {"INV-05"}
+    assert sample_of(report, "INV-05")[0].startswith(f"balance {a} fence=0 < highest write")
+
+
+async def test_inv05_and_inv01_write_under_a_lower_token(world: World) -> None:
+    """The UC-03 case with paydb fencing off: the stale holder's write lands after the newer
+    holder wrote. The same fact breaks INV-05 (the fence went back) and INV-01 (a write under a
+    token that was no longer the highest), so exactly those two are reported."""
+    a = await world.account()
+    payout_id = await world.new_payout(a, 1000)
+    old = await world.grant(a)
+    await world.store.claim(payout_id, old.token, world.ctx)
+    await world.locks.release(old)
+    new = await world.grant(a)
+    await world.store.mark_submitted(payout_id, new.token, world.ctx)
+    await world.locks.release(new)
+    unfenced = PayoutStore(world.pool, enforce_fencing=False)
+    await unfenced.mark_ambiguous(payout_id, old.token, world.ctx)  # lands, fence back to old
+    report = await world.check()
+    assert violated(report) == {"INV-01", "INV-05"}
+    inv05 = sample_of(report, "INV-05")
+    assert f"payout {payout_id} fence={old.token} != highest write {new.token}" in inv05
+
+
+async def test_inv06_overlapping_grants(world: World) -> None:
+    """A second grant for a key starts while the first is still valid."""
+    a = await world.account()
+    held = await world.grant(a)  # valid, open-ended
+    await world.execute(
+        "INSERT INTO lockservice.grant_history"
+        " (key, token, session_id, acquired_at, ended_at, end_reason)"
+        f" VALUES ('{lock_key(a)}', {held.token + 1}, '{uuid.uuid4()}', clock_timestamp(),"
+        "         clock_timestamp() + interval '1 s', 'released')",
+    )
+    report = await world.check()
+    await world.locks.release(held)
+    assert violated(report) == {"INV-06"}
+    assert sample_of(report, "INV-06") == [
+        f"{lock_key(a)} token={held.token + 1} overlaps token={held.token}"
+    ]
+
+
+async def test_inv07_side_effects_without_a_grant(world: World) -> None:
+    """A proxy attempt and a fenced paydb write present a token never issued for the account."""
+    a = await world.account()
+    submitted, claimed = await world.new_payout(a, 1000), await world.new_payout(a, 2000)
+    assert await world.submit(submitted, a, 1000, 999) == "ACKED"
+    await world.store.claim(claimed, 555, world.ctx)
+    report = await world.check()
+    assert violated(report) == {"INV-07"}
+    sample = sample_of(report, "INV-07")
+    assert len(sample) == 2
+    assert any(s.startswith("attempt#") and submitted in s and "token=999" in s for s in sample)
+    assert any(s.startswith("audit#") and "claim token=555" in s for s in sample)
+
+
+async def test_inv08_transition_out_of_a_terminal_state(world: World) -> None:
+    """A POSTED payout moved back to CLAIMED (the payouts trigger disabled in this database)."""
+    a = await world.account()
+    payout_id = await world.pay(a, 1000)
+    await world.execute(
+        # payouts_guard refuses any change of a terminal row; switch it off to land one.
+        "ALTER TABLE paydb.payouts DISABLE TRIGGER payouts_guard",
+        f"UPDATE paydb.payouts SET state = 'CLAIMED' WHERE payout_id = '{payout_id}'",
+        "ALTER TABLE paydb.payouts ENABLE TRIGGER payouts_guard",
+    )
+    report = await world.check()
+    assert violated(report) == {"INV-08"}
+    assert sample_of(report, "INV-08") == [f"{payout_id} is CLAIMED after terminal POSTED"]
