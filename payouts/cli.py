@@ -17,6 +17,9 @@ COMMAND_MODULES: tuple[str, ...] = (
     "payouts.commands",
     "ledger.reconcile_cli",
     "ledger.invariants_cli",
+    "payouts.stack_cli",
+    "payouts.experiments_cli",
+    "payouts.demo_cli",
 )
 
 

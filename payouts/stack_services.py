@@ -1,0 +1,289 @@
+"""The commands and environments of the stack's child processes (ARCHITECTURE §1).
+
+Owns: how each service is started (argv, settings variables, health check) from the stack's
+addresses. Must never: start anything itself, or weaken fencing unless `fencing` is False (FR-29).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from payouts.embedded import temporal_binary
+from payouts.stack_config import StackConfig
+from payouts.stack_process import (
+    HealthCheck,
+    ManagedProcess,
+    command_check,
+    http_check,
+)
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+WORKER_SCRIPT = PROJECT_ROOT / "worker_main.py"
+
+
+@dataclass(frozen=True)
+class Addresses:
+    """Where every service of a started stack answers."""
+
+    database_url: str
+    etcd_endpoints: tuple[str, ...]
+    temporal_address: str
+    ui_url: str
+    lock_url: str
+    railstub_url: str
+    railproxy_url: str
+    finledger_url: str
+
+
+def _flag(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def finledger_available() -> bool:
+    # Children run from the project root (`python -m` puts it on sys.path), so a package there
+    # counts even before the editable install learned about it.
+    if (PROJECT_ROOT / "finledger" / "__init__.py").exists():
+        return True
+    return importlib.util.find_spec("finledger") is not None
+
+
+def outbox_available() -> bool:
+    """True when the `payouts` CLI has an `outbox` command (its module registers it)."""
+    try:
+        from payouts.cli import build_parser
+
+        parser = build_parser()
+    except Exception:  # a command module still being written must not stop the stack
+        return False
+    # argparse exposes its subcommands only through these private names.
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return "outbox" in action.choices
+    return False
+
+
+def worker_available() -> bool:
+    return WORKER_SCRIPT.exists()
+
+
+class ServiceFactory:
+    """Builds each child process of one stack from its config and addresses."""
+
+    def __init__(
+        self, config: StackConfig, addresses: Addresses, base_env: Mapping[str, str]
+    ) -> None:
+        self.config = config
+        self.addr = addresses
+        self.base_env = base_env
+        self.logs = config.run_dir / "logs"
+
+    def _env(self, name: str, own: Mapping[str, str]) -> dict[str, str]:
+        env = dict(self.base_env)
+        env["PYTHONUNBUFFERED"] = "1"
+        # Shared by every component's settings (lockservice reads them without its prefix).
+        env["DATABASE_URL"] = self.addr.database_url
+        if self.addr.etcd_endpoints:
+            env["ETCD_ENDPOINTS"] = ",".join(self.addr.etcd_endpoints)
+        env.update(own)
+        env.update(self.config.service_env.get("*", {}))
+        env.update(self.config.service_env.get(name, {}))
+        return env
+
+    def _python(
+        self,
+        name: str,
+        args: list[str],
+        own: Mapping[str, str],
+        health: HealthCheck,
+        health_what: str,
+        *,
+        url: str | None = None,
+        port: int | None = None,
+    ) -> ManagedProcess:
+        return ManagedProcess(
+            name=name,
+            argv=[sys.executable, *args],
+            env=self._env(name, own),
+            log_path=self.logs / f"{name}.log",
+            health=health,
+            health_what=health_what,
+            cwd=PROJECT_ROOT,
+            url=url,
+            port=port,
+        )
+
+    def temporal(self) -> ManagedProcess:
+        p = self.config.ports
+        binary = temporal_binary()
+        health_cmd = [binary, "operator", "cluster", "health", "--address"]
+        server_ok = command_check([*health_cmd, self.addr.temporal_address])
+        ui_ok = http_check(self.addr.ui_url)
+
+        async def health() -> bool:
+            return await server_ok() and await ui_ok()
+
+        return ManagedProcess(
+            name="temporal",
+            argv=[
+                binary,
+                "server",
+                "start-dev",
+                "--ip",
+                "127.0.0.1",
+                "--port",
+                str(p.temporal),
+                "--ui-port",
+                str(p.temporal_ui),
+                "--db-filename",
+                str(self.config.run_dir / "temporal.db"),
+                "--log-level",
+                "warn",
+                "--ui-disable-news-fetch",  # no outbound call from a local stack
+            ],
+            env=self._env("temporal", {}),
+            log_path=self.logs / "temporal.log",
+            health=health,
+            health_what="`temporal operator cluster health` and the Web UI answering",
+            url=self.addr.temporal_address,
+            port=p.temporal,
+        )
+
+    def lock_server(self) -> ManagedProcess:
+        port = self.config.ports.lock
+        own = {
+            "LOCK_BACKEND": self.config.backend,
+            "LOCK_HOST": "127.0.0.1",
+            "LOCK_PORT": str(port),
+            "LOCK_DATABASE_URL": self.addr.database_url,
+        }
+        if self.addr.etcd_endpoints:
+            own["LOCK_ETCD_ENDPOINTS"] = ",".join(self.addr.etcd_endpoints)
+        url = f"{self.addr.lock_url}/healthz"
+        return self._python(
+            "lock-server",
+            ["-m", "lockservice", "serve"],
+            own,
+            http_check(url, json_status="ok"),
+            f"GET {url}",
+            url=self.addr.lock_url,
+            port=port,
+        )
+
+    def railstub(self) -> ManagedProcess:
+        port = self.config.ports.railstub
+        url = f"{self.addr.railstub_url}/health"
+        return self._python(
+            "railstub",
+            ["-m", "railstub"],
+            {"RAILSTUB_HOST": "127.0.0.1", "RAILSTUB_PORT": str(port)},
+            http_check(url),
+            f"GET {url}",
+            url=self.addr.railstub_url,
+            port=port,
+        )
+
+    def railproxy(self) -> ManagedProcess:
+        port = self.config.ports.railproxy
+        own = {
+            "RAILPROXY_HOST": "127.0.0.1",
+            "RAILPROXY_PORT": str(port),
+            "RAILPROXY_DATABASE_URL": self.addr.database_url,
+            "RAILPROXY_RAIL_URL": self.addr.railstub_url,
+            # FR-29: the proxy's fence and per-payout submission guard are what stop a second
+            # rail movement when a paused holder wakes up; only the experiment turns them off.
+            "RAILPROXY_ENFORCE_FENCING": _flag(self.config.fencing),
+            "RAILPROXY_ENFORCE_SUBMISSION_GUARD": _flag(self.config.fencing),
+        }
+        url = f"{self.addr.railproxy_url}/health"
+        return self._python(
+            "railproxy",
+            ["-m", "railproxy"],
+            own,
+            http_check(url),
+            f"GET {url}",
+            url=self.addr.railproxy_url,
+            port=port,
+        )
+
+    def finledger(self) -> ManagedProcess:
+        port = self.config.ports.finledger
+        own = {
+            "FINLEDGER_HOST": "127.0.0.1",
+            "FINLEDGER_PORT": str(port),
+            "FINLEDGER_DATABASE_URL": self.addr.database_url,
+        }
+        healthz = http_check(f"{self.addr.finledger_url}/healthz")
+        health_ = http_check(f"{self.addr.finledger_url}/health")
+
+        async def health() -> bool:
+            return await healthz() or await health_()
+
+        return self._python(
+            "finledger",
+            ["-m", "finledger"],
+            own,
+            health,
+            f"GET {self.addr.finledger_url}/healthz or /health",
+            url=self.addr.finledger_url,
+            port=port,
+        )
+
+    def outbox(self) -> ManagedProcess:
+        own = {
+            "OUTBOX_DATABASE_URL": self.addr.database_url,
+            "OUTBOX_FINLEDGER_URL": self.addr.finledger_url,
+            "FINLEDGER_URL": self.addr.finledger_url,
+        }
+        settle_s = 1.0
+        first_probe: float | None = None
+
+        async def settled() -> bool:
+            # No port to probe: healthy once it stayed up past its start-up (wait_healthy fails
+            # as soon as the process exits, e.g. on a bad setting).
+            nonlocal first_probe
+            now = time.monotonic()
+            if first_probe is None:
+                first_probe = now
+            return now - first_probe >= settle_s
+
+        return self._python(
+            "outbox",
+            ["-m", "payouts.cli", "outbox", "run"],
+            own,
+            settled,
+            f"still running after {settle_s:.0f}s",
+        )
+
+    def worker(
+        self, name: str, metrics_port: int, env_overrides: Mapping[str, str]
+    ) -> ManagedProcess:
+        own = {
+            "WORKER_TEMPORAL_ADDRESS": self.addr.temporal_address,
+            "WORKER_DATABASE_URL": self.addr.database_url,
+            "WORKER_LOCK_URL": self.addr.lock_url,
+            "WORKER_RAILPROXY_URL": self.addr.railproxy_url,
+            "WORKER_ID": name,
+            "WORKER_METRICS_PORT": str(metrics_port),
+            # FR-29: the worker's own fencing checks; off only for the negative-control experiment.
+            "WORKER_ENFORCE_FENCING": _flag(self.config.fencing),
+            "WORKER_TASK_QUEUE": self.config.task_queue,
+        }
+        url = f"http://127.0.0.1:{metrics_port}"
+        proc = self._python(
+            name,
+            [str(WORKER_SCRIPT)],
+            own,
+            http_check(f"{url}/healthz"),
+            f"GET {url}/healthz",
+            url=url,
+            port=metrics_port,
+        )
+        proc.env = {**proc.env, **env_overrides}
+        return proc

@@ -1,0 +1,159 @@
+"""The real local stack, started through the Python API: healthy, answering, and gone after exit."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+from pathlib import Path
+
+import asyncpg
+import httpx
+import pytest
+from structlog.testing import capture_logs
+from temporalio.client import Client
+
+from payouts.stack import Stack
+from payouts.stack_config import ServiceFailedError, StackConfig
+from payouts.stack_services import worker_available
+from tests.stack.conftest import assert_all_gone
+
+
+async def _acquire_token(lock_url: str, key: str) -> int:
+    async with httpx.AsyncClient(base_url=lock_url, timeout=10) as http:
+        session = (await http.post("/v1/sessions", json={})).json()["session_id"]
+        resp = await http.post("/v1/locks/acquire", json={"session_id": session, "key": key})
+        resp.raise_for_status()
+        return int(resp.json()["token"])
+
+
+@pytest.mark.slow
+async def test_stack_starts_every_service_and_leaves_nothing_behind(
+    stack_env: dict[str, str], stack_dir: Path, external_database_url: str | None
+) -> None:
+    """Every service answers on its address, a restart keeps it healthy, and exit kills all pids."""
+    workers = 1 if worker_available() else 0
+    config = StackConfig.from_env(
+        stack_env, run_dir=stack_dir, workers=workers, database_url=external_database_url
+    )
+    seen: dict[str, int] = {}
+    async with Stack(config) as stack:
+        if external_database_url is not None:
+            assert stack.database_url == external_database_url
+            assert "postgres" not in stack.processes
+        else:
+            assert "postgres" in stack.processes
+        assert {"temporal", "lock-server", "railstub", "railproxy"} <= set(stack.processes)
+        assert len(stack.workers) == workers
+        seen.update({name: info.pid for name, info in stack.processes.items()})
+
+        conn = await asyncpg.connect(stack.database_url)
+        try:
+            applied = await conn.fetchval("SELECT count(*) FROM paydb.schema_migrations")
+        finally:
+            await conn.close()
+        assert applied >= 1
+
+        client = await Client.connect(stack.temporal_address)
+        assert await client.service_client.check_health()
+        async with httpx.AsyncClient(timeout=10) as http:
+            assert (await http.get(stack.ui_url)).status_code == 200
+            assert (await http.get(f"{stack.railstub_url}/health")).json() == {"status": "ok"}
+            proxy = (await http.get(f"{stack.railproxy_url}/health")).json()
+            assert proxy["fencing_enforced"] is True
+            assert proxy["submission_guard_enforced"] is True
+        assert await _acquire_token(stack.lock_url, "stack-test:a") > 0
+
+        old_pid = stack.processes["lock-server"].pid
+        await stack.restart("lock-server")
+        new_pid = stack.processes["lock-server"].pid
+        seen["lock-server-old"] = old_pid
+        seen["lock-server"] = new_pid
+        assert new_pid != old_pid
+        assert await _acquire_token(stack.lock_url, "stack-test:b") > 0
+
+        if external_database_url is None:
+            seen["postgres-old"] = stack.processes["postgres"].pid
+            await stack.restart("postgres")
+            seen["postgres"] = stack.processes["postgres"].pid
+            conn = await asyncpg.connect(stack.database_url)
+            try:
+                assert await conn.fetchval("SELECT count(*) FROM paydb.schema_migrations") >= 1
+            finally:
+                await conn.close()
+
+        if workers:
+            extra = await stack.start_worker()
+            seen[extra.name] = extra.pid or 0
+            assert extra.name in stack.processes
+            await stack.stop_worker(extra.name)
+            assert extra.name not in stack.processes
+
+        state = json.loads((stack_dir / "stack.json").read_text())
+        assert state["processes"]["lock-server"]["pid"] == new_pid
+    assert_all_gone(seen)
+    assert not Stack(config).processes
+
+
+@pytest.mark.slow
+async def test_etcd_backend_with_fencing_off_is_wired_and_loud(
+    stack_env: dict[str, str], stack_dir: Path
+) -> None:
+    """backend=etcd starts etcd for the lock server; fencing off reaches the proxy and is logged."""
+    config = StackConfig.from_env(
+        stack_env, run_dir=stack_dir, workers=0, backend="etcd", fencing=False
+    )
+    lines: list[str] = []
+    with capture_logs() as events:
+        async with Stack(config, progress=lines.append) as stack:
+            pids = {name: info.pid for name, info in stack.processes.items()}
+            assert "etcd" in pids
+            assert stack.etcd_endpoints
+            async with httpx.AsyncClient(timeout=10) as http:
+                proxy = (await http.get(f"{stack.railproxy_url}/health")).json()
+            assert proxy["fencing_enforced"] is False
+            assert proxy["submission_guard_enforced"] is False
+            assert await _acquire_token(stack.lock_url, "stack-test:etcd") > 0
+            lock_env = stack._procs["lock-server"].env
+            assert lock_env["LOCK_BACKEND"] == "etcd"
+
+            # A real pause of one service's whole process group, then resumption.
+            stack.kill("railstub", signal.SIGSTOP)
+            stack.kill("railstub", signal.SIGCONT)
+            async with httpx.AsyncClient(timeout=10) as http:
+                assert (await http.get(f"{stack.railstub_url}/health")).status_code == 200
+    assert any("FENCING IS OFF" in line for line in lines)
+    assert any(e["event"] == "stack.fencing_disabled" for e in events)
+    assert_all_gone(pids)
+
+
+async def test_failed_start_stops_what_already_started(
+    stack_env: dict[str, str], stack_dir: Path
+) -> None:
+    """A service that dies at start-up fails with its name and log, and nothing stays running."""
+    config = StackConfig.from_env(
+        stack_env,
+        run_dir=stack_dir,
+        workers=0,
+        health_timeout_s=20,
+        # An invalid setting makes the rail stub exit at start-up.
+        service_env={"railstub": {"RAILSTUB_PORT": "not-a-port"}},
+    )
+    stack = Stack(config)
+    started: dict[str, int] = {}
+
+    async def watch() -> None:
+        while True:
+            started.update({n: i.pid for n, i in stack.processes.items()})
+            await asyncio.sleep(0.05)
+
+    watcher = asyncio.create_task(watch())
+    try:
+        with pytest.raises(
+            ServiceFailedError, match=r"railstub exited with code \d+.*railstub\.log"
+        ):
+            await stack.start()
+    finally:
+        watcher.cancel()
+    assert {"temporal", "lock-server"} <= set(started)
+    assert_all_gone(started)
