@@ -111,6 +111,7 @@ class PayoutActivities:
         lock_url: str,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
         pause_before_submit: bool = False,
+        crash_at: str = "",
     ) -> None:
         self._locks = locks
         self._store = store
@@ -119,10 +120,13 @@ class PayoutActivities:
         self._worker_id = worker_id
         self._lock_url = lock_url
         self._now = now
-        self._leases: dict[int, Lease] = {}
+        # Tokens are unique per key, not globally: one process holds many accounts' grants.
+        self._leases: dict[tuple[str, int], Lease] = {}
         # UC-03 experiment only: freeze this process (a real SIGSTOP, like a stop-the-world GC)
         # once, between the still_held() check and the rail call: the check-then-act gap.
         self._pause_before_submit = pause_before_submit
+        # UC-04 experiment only: SIGKILL this process right after a write reaches this state.
+        self._crash_at = crash_at
         if pause_before_submit:
             log.warning(
                 "experiment.pause_armed",
@@ -167,7 +171,7 @@ class PayoutActivities:
         A liveness aid only (FR-13): the resource's fence check is what keeps a stale holder
         out, because this process can pause right after the check returns True.
         """
-        lease = self._leases.get(req.token)
+        lease = self._leases.get((lock_key(req.account_id), req.token))
         if lease is None or not lease.still_held():
             reason = "no such grant in this process" if lease is None else lease.lost_reason
             log.warning(
@@ -181,6 +185,10 @@ class PayoutActivities:
                 f"grant {req.token} lost: {reason}", type=m.LOCK_LOST, non_retryable=True
             )
         return lease
+
+    def _held_quietly(self, req: m.StepRequest) -> bool:
+        lease = self._leases.get((lock_key(req.account_id), req.token))
+        return lease is not None and lease.still_held()
 
     async def _current(self, payout_id: str) -> Payout:
         try:
@@ -203,6 +211,15 @@ class PayoutActivities:
             # UC-01 alternate (a): another holder moved it on. Not an error: re-read and go on.
             return await self._current(req.payout_id)
         assert isinstance(result, Payout)
+        if self._crash_at and str(result.state) == self._crash_at:
+            log.warning(
+                "experiment.crashing",
+                worker_id=self._worker_id,
+                state=self._crash_at,
+                payout_id=req.payout_id,
+                token=req.token,
+            )
+            os.kill(os.getpid(), signal.SIGKILL)  # the process dies after the commit, mid-payout
         return result
 
     async def _attempt(self, payout_id: str) -> AttemptRecord | None:
@@ -226,7 +243,7 @@ class PayoutActivities:
                 error=str(exc),
             )
             return m.AcquireResult(acquired=False, reason="unavailable")
-        self._leases[lease.token] = lease
+        self._leases[(lease.key, lease.token)] = lease
         return m.AcquireResult(acquired=True, token=lease.token, worker_queue=self._worker_queue)
 
     @activity.defn(name=m.LOOKUP_RAIL)
@@ -361,22 +378,29 @@ class PayoutActivities:
                 "experiment.resumed",
                 worker_id=self._worker_id,
                 token=req.token,
-                still_held=self._leases.get(req.token) is not None
-                and self._leases[req.token].still_held(),
+                still_held=self._held_quietly(req),
             )
+        # Once sent, the exchange is not cut short by an activity cancellation: cancelling an
+        # HTTP call cannot un-send money, it only loses the answer. The proxy records the outcome
+        # either way; recovery reads it from there.
+        exchange = asyncio.create_task(self._submit_logged(submit, req.context.correlation_id))
         async with _heartbeating():
-            result = await self._proxy.submit(submit)
+            result = await asyncio.shield(exchange)
+        return await self._apply_submit_result(req, payout, result)
+
+    async def _submit_logged(self, submit: SubmitRequest, correlation_id: str) -> SubmitResult:
+        result = await self._proxy.submit(submit)
         log.info(
             "rail.submit",
-            payout_id=payout.payout_id,
-            account_id=payout.account_id,
-            token=req.token,
+            payout_id=submit.payout_id,
+            account_id=submit.account_id,
+            token=submit.token,
             handoff_certainty=result.handoff_certainty.value,
             outcome=result.outcome.value if result.outcome else None,
             code=result.code,
-            correlation_id=req.context.correlation_id,
+            correlation_id=correlation_id,
         )
-        return await self._apply_submit_result(req, payout, result)
+        return result
 
     async def _apply_submit_result(
         self, req: m.StepRequest, payout: Payout, result: SubmitResult
@@ -493,7 +517,7 @@ class PayoutActivities:
     @activity.defn(name=m.RELEASE_LOCK)
     async def release_lock(self, req: m.StepRequest) -> None:
         """UC-01 step 9. Best effort: a lost release only delays the next holder to expiry."""
-        lease = self._leases.pop(req.token, None)
+        lease = self._leases.pop((lock_key(req.account_id), req.token), None)
         if lease is None:
             return
         with contextlib.suppress(LockError, httpx.HTTPError):

@@ -179,21 +179,33 @@ def _backwards(ws: Sequence[Write]) -> Iterable[tuple[Write, int]]:
 
 
 def _inv01(ev: Evidence, grants: _GrantIndex) -> list[str]:
-    """Per payout: writes ordered by non-decreasing token, each under the then-highest token."""
+    """Per payout, writes ordered by non-decreasing token; per account, every write under the
+    highest token the account's enforcement point had seen when it committed.
+
+    "The currently-highest token" is read from the resource's side: the highest token already
+    presented to the account (A-15: the lock protects the account's payout stream). A holder
+    superseded at the lock service but not yet at the resource (the new holder has written
+    nothing) can still land a write; no resource can know about a token it has not seen, which
+    is why fencing exists. That write is still totally ordered before every write of the new
+    holder, so no two workers interleave on a payout. `grants` stays in the signature for the
+    grant-based rules (INV-07).
+    """
+    del grants
     out = []
     for payout_id, ws in _payout_writes(ev).items():
         for w, prev in _backwards(ws):
             out.append(f"{payout_id} audit#{w.audit_id} token={w.token} after token={prev}")
-        for w in ws:
-            if w.account_id is None:
-                continue
-            # The write's own grant may have been acquired at (or before) the write; a HIGHER
-            # token acquired before it means another worker held the account meanwhile.
-            newest = grants.highest_before(lock_key(w.account_id), w.at)
-            if newest is not None and newest > w.token:
-                out.append(
-                    f"{payout_id} audit#{w.audit_id} token={w.token} while token={newest} granted"
-                )
+    per_account: dict[str, list[Write]] = defaultdict(list)
+    for w in ev.writes:
+        if w.account_id is not None and w.to_state is not None:
+            per_account[w.account_id].append(w)
+    for account_id, ws in per_account.items():
+        ws.sort(key=lambda w: w.audit_id)
+        for w, prev in _backwards(ws):
+            out.append(
+                f"account {account_id} audit#{w.audit_id} ({w.payout_id}) token={w.token}"
+                f" after token={prev} on the account"
+            )
     return out
 
 

@@ -453,12 +453,17 @@ class PayoutStore:
         details: dict[str, Any] | None = None,
         audit_actor: str | None = None,
     ) -> Payout | AlreadyAdvanced:
-        """A transition that touches only the payout row (plus its audit and outbox rows)."""
+        """A transition of the payout row (plus its audit and outbox rows), fenced on the payout
+        row AND on the account's balance row: the lock protects the account's payout stream
+        (A-15), so a holder superseded on the account cannot advance any of its payouts, even
+        one the new holder has not touched yet (INV-01)."""
         check_payout_id(payout_id)
         check_token(token)
         async with self._pool.acquire() as conn:
             try:
                 async with conn.transaction():
+                    account_id, _ = await self._payout_account(conn, payout_id)
+                    await self._stamp_balance(conn, account_id, token, operation, payout_id)
                     return await self._transition(
                         conn,
                         operation,

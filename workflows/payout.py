@@ -53,6 +53,7 @@ class PayoutWorkflow:
         self._steps = 0
         self._input: m.PayoutInput | None = None
         self._resolution = ""  # "settled" or "absent", from the rail's lookup evidence
+        self._contended = False  # the last acquire found the key held by another grant
 
     # ------------------------------------------------------------------ entry point
 
@@ -67,9 +68,14 @@ class PayoutWorkflow:
             grant = await self._acquire(inp)
             if grant is None:
                 # Fail closed (UC-08, FR-27): no grant, no execution. The payout stays as it is
-                # and we try again after a jittered, capped backoff: no thundering herd.
-                backoff_round += 1
-                await workflow.sleep(self._backoff(inp, backoff_round))
+                # and we try again after a jittered backoff: no thundering herd. Contention (the
+                # account's other payout holds the lock) is normal: the acquire already waited
+                # its budget, so retry soon; an unavailable lock service backs off exponentially.
+                if self._contended:
+                    await workflow.sleep(self._backoff(inp, 0))
+                else:
+                    backoff_round += 1
+                    await workflow.sleep(self._backoff(inp, backoff_round))
                 continue
             progressed = await self._critical_section(inp, grant)
             if progressed:
@@ -185,8 +191,10 @@ class PayoutWorkflow:
                 retry_policy=RetryPolicy(maximum_attempts=1),
             )
         except ActivityError as err:
+            self._contended = False
             self._last_error = f"acquire failed: {_cause(err)}"
             return None
+        self._contended = result.reason in ("held", "timeout")
         if not result.acquired:
             self._last_error = f"lock not acquired: {result.reason}"
             return None

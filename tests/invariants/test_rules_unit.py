@@ -58,14 +58,26 @@ def test_tokens_are_checked_in_issue_order_not_token_order() -> None:
     assert broken(Evidence(grants=[grant(5, 0, 1), grant(3, 2, 3)])) == {"INV-04"}
 
 
-def test_a_write_at_the_instant_of_its_own_grant_is_allowed() -> None:
-    """The write's grant may be acquired at the write's instant; a newer one before it is not."""
+def test_inv01_is_judged_by_the_tokens_the_account_had_seen() -> None:
+    """A write under a token already superseded at the lock service but not yet at the account
+    is ordered and allowed; a write below a token the account had seen is INV-01."""
     payout = PayoutRow("p", "a", "CLAIMED", 1, "p")
     base = Evidence(writes=[write(1, 1, 1.0)], payouts=[payout], balance_fences={"a": 1})
-    base.grants = [grant(1, 1.0, None)]
-    assert broken(base) == set()
     base.grants = [grant(1, 0.0, 0.5), grant(2, 0.5, None)]
-    assert broken(base) == {"INV-01"}
+    assert broken(base) == set()
+    other = Write(
+        audit_id=2, at=at(1.5), token=2, action="claim", payout_id="q",
+        account_id="a", from_state="PENDING", to_state="CLAIMED",
+    )  # fmt: skip
+    late = Write(
+        audit_id=3, at=at(2.0), token=1, action="mark_submitted", payout_id="p",
+        account_id="a", from_state="CLAIMED", to_state="RAIL_SUBMITTED",
+    )  # fmt: skip
+    q = PayoutRow("q", "a", "CLAIMED", 2, "q")
+    p2 = PayoutRow("p", "a", "RAIL_SUBMITTED", 1, "p")
+    ev = Evidence(writes=[write(1, 1, 1.0), other, late], payouts=[p2, q], balance_fences={"a": 2})
+    ev.grants = [grant(1, 0.0, 0.5), grant(2, 0.5, None)]
+    assert broken(ev) == {"INV-01"}
 
 
 def test_an_audited_transition_out_of_a_terminal_state_is_inv08() -> None:

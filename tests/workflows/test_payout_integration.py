@@ -321,3 +321,23 @@ def test_worker_main_entry_point_is_importable() -> None:
         env={**os.environ, "WORKER_TASK_QUEUE": "q-smoke"},
     )
     assert out.stdout.strip() == "q-smoke"
+
+
+async def test_one_worker_holds_many_accounts_at_once(temporal_env: WorkflowEnvironment, system: System, workers: str) -> None:
+    """Tokens are per key: a worker holding token 1 of several accounts at the same time keeps
+    each grant apart, and every payout is paid once."""
+    accounts = [ids()[1] for _ in range(6)]
+    for a in accounts:
+        await fund(system.database_url, a, 50_000)
+    payouts = []
+    for a in accounts:
+        for _ in range(2):
+            pid = f"po-{uuid.uuid4().hex[:10]}"
+            await create_payout(system.database_url, pid, a, 1_000)
+            payouts.append((pid, a))
+    handles = [await start(temporal_env.client, workers, pid, a) for pid, a in payouts]
+    results = await asyncio.gather(*(h.result() for h in handles))
+    assert {r.state for r in results} == {"POSTED"}
+    assert [len(system.movements(pid)) for pid, _ in payouts] == [1] * len(payouts)
+    for a in accounts:
+        assert await balance_and_breaks(system.database_url, a) == (48_000, 0)
