@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test lint fmt typecheck bench-locks clean
+.PHONY: venv test lint fmt typecheck bench-locks demo clean
 
 venv: $(STAMP)
 
@@ -35,6 +35,11 @@ typecheck: venv
 # Uncontended acquire+release through SDK -> lock server -> backend, beside the raw-backend floor.
 bench-locks: venv
 	$(BIN)/python -m lockservice.bench
+
+# The main job on embedded defaults: stack, 200 payouts over 50 accounts, the pause experiment,
+# reconciliation, invariants, and a report. Exits 0 only if every check holds.
+demo: venv
+	$(BIN)/payouts demo
 
 clean:
 	rm -rf $(VENV) .run .pytest_cache .mypy_cache .ruff_cache

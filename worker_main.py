@@ -65,6 +65,8 @@ class WorkerSettings(BaseSettings):
     enforce_fencing: bool = True
     # UC-03 experiment only: SIGSTOP this process once, just before its first rail submission.
     experiment_pause_before_submit: bool = False
+    # UC-04 experiment only: SIGKILL this process right after a payout reaches this state.
+    experiment_crash_at: str = ""
     max_concurrent_activities: int = 50
 
 
@@ -93,6 +95,7 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
                 worker_id=settings.worker_id,
                 lock_url=settings.lock_url,
                 pause_before_submit=settings.experiment_pause_before_submit,
+                crash_at=settings.experiment_crash_at,
             )
             rec_settings = ReconcileSettings()
             reconciler = ReconcileActivities(

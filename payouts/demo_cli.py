@@ -1,0 +1,51 @@
+"""`payouts demo`: the main job (what `make demo` runs). See payouts/demo.py."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from payouts.demo import DemoOptions, render, run_demo
+
+
+def _progress(line: str) -> None:
+    print(f"  .. {line}", file=sys.stderr, flush=True)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    if args.payouts <= 0 or args.accounts <= 0 or args.workers <= 0:
+        print("error: --payouts, --accounts and --workers must be positive")
+        return 2
+    options = DemoOptions(
+        payouts=args.payouts,
+        accounts=args.accounts,
+        workers=args.workers,
+        backend=args.backend,
+        run_dir=Path(args.run_dir),
+        pause_experiment=not args.no_pause,
+    )
+    try:
+        report = asyncio.run(run_demo(options, _progress))
+    except KeyboardInterrupt:
+        print("interrupted; every process was stopped")
+        return 130
+    print(render(report))
+    if args.json:
+        print(json.dumps(report, default=str, sort_keys=True))
+    return 0 if report["ok"] else 1
+
+
+def register(sub: Any) -> None:
+    demo = sub.add_parser("demo", help="run the main job: stack, workload, experiment, report")
+    demo.add_argument("--payouts", type=int, default=200)
+    demo.add_argument("--accounts", type=int, default=50)
+    demo.add_argument("--workers", type=int, default=3)
+    demo.add_argument("--backend", choices=["postgres", "etcd"], default="postgres")
+    demo.add_argument("--run-dir", default=".run/demo", help="logs and evidence go here")
+    demo.add_argument("--no-pause", action="store_true", help="skip the pause experiment")
+    demo.add_argument("--json", action="store_true", help="also print the report as JSON")
+    demo.set_defaults(func=_cmd_demo)
