@@ -20,6 +20,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "payouts.stack_cli",
     "payouts.experiments_cli",
     "payouts.demo_cli",
+    "ledger.outbox_cli",
 )
 
 

@@ -1,0 +1,19 @@
+"""Finance ledger stand-in: the downstream general ledger the outbox publisher delivers to.
+
+Owns: an in-memory book of records keyed by correlation id (the idempotency key of seed 001), the
+write endpoint's answers -- created (201), duplicate (200: same id, same content), conflict (409:
+same id, different content), unknown account (404, permanent) -- injectable transient failures
+(503, dropped connections) and latency set at start-up, at run time through `/admin/faults`, or
+deterministically per request by rules, and a request history the tests read as evidence.
+
+Must never: record a second entry under a correlation id it already holds, overwrite a record
+with different content (that is the 409 the publisher holds for an operator), record anything
+for a request it answers with a failure (unless a rule says the reply is lost *after* recording,
+which is the crash window the publisher must survive), or talk to the payment database.
+"""
+
+from finledger.app import create_app
+from finledger.faults import Action, Faults, Rule
+from finledger.settings import FinledgerSettings
+
+__all__ = ["Action", "Faults", "FinledgerSettings", "Rule", "create_app"]

@@ -1,0 +1,19 @@
+"""`python -m finledger`: serve the finance ledger stand-in (settings from FINLEDGER_* env)."""
+
+from __future__ import annotations
+
+import uvicorn
+
+from finledger.app import create_app
+from finledger.settings import FinledgerSettings
+from payouts.logs import configure_logging
+
+
+def main() -> None:
+    settings = FinledgerSettings()
+    configure_logging("finledger", level=settings.log_level)
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()

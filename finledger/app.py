@@ -1,0 +1,202 @@
+"""HTTP API of the finance ledger stand-in (FastAPI app factory)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter as Tally
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Path, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+from pydantic import BaseModel, Field
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from finledger.book import Book
+from finledger.faults import Action, Faults, decide, is_unknown_account
+from finledger.settings import FinledgerSettings
+from payouts.logs import get_logger
+
+log = get_logger("finledger")
+
+_IDENT = r"^[\x21-\x7e]+$"  # visible ASCII
+_FLAGS = "finledger.flags"
+
+
+class RecordIn(BaseModel):
+    """One posting or payout event, as the outbox publisher sends it."""
+
+    event_id: str = Field(min_length=1, max_length=64)
+    event_type: str = Field(min_length=1, max_length=64, pattern=_IDENT)
+    account_id: str = Field(min_length=1, max_length=128, pattern=_IDENT)
+    occurred_at: str = Field(min_length=1, max_length=64)
+    contract_version: str = Field(min_length=1, max_length=32)
+    payload: dict[str, Any]
+
+
+class DropConnection:
+    """Pure ASGI middleware: when the endpoint flagged the request, the response start is sent
+    and the app returns without a body, so uvicorn closes the connection: the client sees a
+    dropped connection, not an HTTP status."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        flags: dict[str, bool] = {}
+        scope[_FLAGS] = flags
+
+        async def guarded_send(message: Message) -> None:
+            if flags.get("drop"):
+                if message["type"] == "http.response.start":
+                    await send(message)
+                return  # swallow the body: the response never completes
+            await send(message)
+
+        await self.app(scope, receive, guarded_send)
+
+
+class LedgerState:
+    """Everything the ledger knows; one per app, no module-level state."""
+
+    def __init__(self, settings: FinledgerSettings) -> None:
+        self.settings = settings
+        self.book = Book()
+        self.registry = CollectorRegistry()
+        self.writes = Counter(
+            "finledger_writes", "Write requests by answer", ["answer"], registry=self.registry
+        )
+        self.reset()
+
+    def reset(self) -> None:
+        self.set_faults(self.settings.faults())
+        self.book.clear()
+
+    def set_faults(self, faults: Faults) -> None:
+        self.faults = faults
+        self.rule_uses = [0] * len(faults.rules)
+
+
+async def _write(
+    ledger: LedgerState, flags: dict[str, bool], correlation_id: str, body: RecordIn
+) -> Response:
+    """One write: the fault decision, then the book (see `write_record`)."""
+    entry = ledger.book.begin(correlation_id)
+    decision = decide(ledger.faults, ledger.rule_uses, correlation_id, body.account_id)
+    answer = "aborted"  # overwritten on every path that answers
+    try:
+        if decision.latency_s:
+            await asyncio.sleep(decision.latency_s)
+        if decision.action is Action.FAIL:
+            answer = f"fail_{decision.status}"
+            return JSONResponse(status_code=decision.status, content={"code": "UNAVAILABLE"})
+        if decision.action is Action.DROP:
+            answer = "dropped"
+            flags["drop"] = True
+            return Response(status_code=500, content=b"x" * 64)
+        if is_unknown_account(ledger.faults, body.account_id):
+            answer = "unknown_account"
+            return JSONResponse(status_code=404, content={"code": "UNKNOWN_ACCOUNT"})
+        result, record = ledger.book.write(correlation_id, **body.model_dump())
+        answer = result
+        log.info("finledger.write", result=result, correlation_id=correlation_id)
+        if decision.action is Action.DROP_AFTER_RECORD:
+            answer = f"{result}_then_dropped"
+            flags["drop"] = True
+            return Response(status_code=500, content=b"x" * 64)
+        if result == "conflict":
+            return JSONResponse(
+                status_code=409,
+                content={"code": "CONFLICT", "existing_fingerprint": record.fingerprint},
+            )
+        content = {"status": result, "correlation_id": correlation_id, "seq": record.seq}
+        return JSONResponse(status_code=201 if result == "created" else 200, content=content)
+    finally:
+        ledger.book.end(entry, answer)
+        ledger.writes.labels(answer=answer).inc()
+
+
+def create_app(settings: FinledgerSettings | None = None) -> FastAPI:
+    settings = settings or FinledgerSettings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.ledger = LedgerState(settings)
+        log.info("finledger.started", port=settings.port)
+        yield
+
+    app = FastAPI(title="finance ledger stand-in", version="1", lifespan=lifespan)
+    app.add_middleware(DropConnection)
+
+    def state() -> LedgerState:
+        ledger: LedgerState = app.state.ledger
+        return ledger
+
+    @app.put(
+        "/v1/records/{correlation_id}",
+        status_code=201,
+        responses={200: {}, 404: {}, 409: {}, 503: {}},
+    )
+    async def write_record(
+        request: Request,
+        body: RecordIn,
+        correlation_id: str = Path(min_length=1, max_length=256, pattern=_IDENT),
+    ) -> Any:
+        """Record once per correlation id: 201 created, 200 duplicate, 409 conflict, 404 unknown
+        account (permanent), 503 unavailable (transient; nothing recorded)."""
+        return await _write(state(), request.scope[_FLAGS], correlation_id, body)
+
+    @app.get("/v1/records")
+    async def list_records(account_id: str | None = None) -> dict[str, Any]:
+        """What the ledger recorded, in arrival order, with the count."""
+        records = state().book.snapshot(account_id)
+        return {"records": records, "count": len(records)}
+
+    @app.get("/v1/count")
+    async def count() -> dict[str, int]:
+        return {"count": len(state().book.records)}
+
+    @app.get("/health")
+    async def health() -> Any:
+        if state().faults.down:
+            return JSONResponse(status_code=503, content={"code": "UNAVAILABLE"})
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(state().registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/admin/faults", response_model=Faults)
+    async def get_faults() -> Faults:
+        return state().faults
+
+    @app.put("/admin/faults", response_model=Faults)
+    async def put_faults(faults: Faults) -> Faults:
+        """Replace the behaviour as a whole (rule use counts restart at zero)."""
+        state().set_faults(faults)
+        log.info("finledger.faults_changed", down=faults.down, rules=len(faults.rules))
+        return faults
+
+    @app.post("/admin/reset")
+    async def reset() -> dict[str, str]:
+        """Empty the book and the history; restore the start-up behaviour."""
+        state().reset()
+        return {"status": "reset"}
+
+    @app.get("/admin/requests")
+    async def requests() -> dict[str, Any]:
+        """The evidence: every write request with logical start/finish ticks and its answer."""
+        book = state().book
+        history = book.requests()
+        return {
+            "requests": history,
+            "in_flight": sum(1 for e in history if e["finished"] is None),
+            "counts": dict(Tally(e["correlation_id"] for e in history)),
+        }
+
+    return app

@@ -1,0 +1,20 @@
+"""Start-up settings of the finance ledger stand-in (env prefix `FINLEDGER_`)."""
+
+from __future__ import annotations
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from finledger.faults import Faults
+
+
+class FinledgerSettings(BaseSettings, Faults):
+    """Every `Faults` field (e.g. `FINLEDGER_LATENCY_S`, `FINLEDGER_RULES` as JSON), plus:"""
+
+    model_config = SettingsConfigDict(env_prefix="FINLEDGER_", extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = 8730
+    log_level: str = "INFO"
+
+    def faults(self) -> Faults:
+        return Faults.model_validate(self.model_dump(include=set(Faults.model_fields)))

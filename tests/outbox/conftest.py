@@ -1,0 +1,239 @@
+"""Fixtures: a fresh migrated paydb per test, the real finance ledger as a uvicorn server, real
+publishers, and postings made through the real PayoutStore."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+import uvicorn
+
+from finledger import FinledgerSettings
+from finledger import create_app as create_finledger
+from ledger import PayoutStore, WorkContext
+from ledger.delivery import OutboxSettings
+from ledger.publisher import Publisher
+from payouts.embedded import free_port
+from payouts.migrate import migrate
+from payouts.pgutil import create_database, drop_database
+
+
+class ServerThread:
+    """A uvicorn server on a loopback port (free unless given), in a thread with its own loop."""
+
+    def __init__(self, app: Any, port: int | None = None) -> None:
+        self.port = port or free_port()
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=self.port, log_level="critical", lifespan="on"
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("server did not start")
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=15)
+
+
+@dataclass
+class FinLedger:
+    """The finance ledger's public and admin surface: the evidence the tests read."""
+
+    url: str
+
+    async def call(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        async with httpx.AsyncClient(base_url=self.url, timeout=10) as c:
+            return await c.request(method, path, **kw)
+
+    async def _json(self, method: str, path: str, **kw: Any) -> Any:
+        r = await self.call(method, path, **kw)
+        r.raise_for_status()
+        return r.json()
+
+    async def reset(self) -> None:
+        await self._json("POST", "/admin/reset")
+
+    async def set_faults(self, **faults: Any) -> None:
+        await self._json("PUT", "/admin/faults", json=faults)
+
+    async def records(self, account_id: str | None = None) -> list[dict[str, Any]]:
+        params = {"account_id": account_id} if account_id else {}
+        return list((await self._json("GET", "/v1/records", params=params))["records"])
+
+    async def count(self) -> int:
+        return int((await self._json("GET", "/v1/count"))["count"])
+
+    async def requests(self) -> dict[str, Any]:
+        return dict(await self._json("GET", "/admin/requests"))
+
+    async def write(self, correlation_id: str, body: dict[str, Any]) -> httpx.Response:
+        return await self.call("PUT", f"/v1/records/{correlation_id}", json=body)
+
+
+@pytest.fixture(scope="session")
+def finledger_server() -> Iterator[ServerThread]:
+    server = ServerThread(create_finledger(FinledgerSettings()))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+async def finledger(finledger_server: ServerThread) -> FinLedger:
+    """The session's ledger, emptied and back to its start-up behaviour."""
+    fl = FinLedger(finledger_server.url)
+    await fl.reset()
+    return fl
+
+
+@pytest.fixture
+async def outbox_db(pg_server_url: str) -> AsyncIterator[str]:
+    """A fresh database with the paydb schema migrated (the publisher scans the whole outbox,
+    so tests must not share one)."""
+    url = await create_database(pg_server_url, prefix="outbox_t")
+    await migrate(url, schemas={"paydb"})
+    yield url
+    await drop_database(pg_server_url, url)
+
+
+@pytest.fixture
+async def pool(outbox_db: str) -> AsyncIterator[asyncpg.Pool]:
+    p = await asyncpg.create_pool(outbox_db, min_size=1, max_size=20)
+    yield p
+    await p.close()
+
+
+@pytest.fixture
+def store(pool: asyncpg.Pool) -> PayoutStore:
+    return PayoutStore(pool)
+
+
+def outbox_settings(finledger_url: str, **overrides: Any) -> OutboxSettings:
+    base: dict[str, Any] = {
+        "finledger_url": finledger_url,
+        "base_delay_s": 0.01,
+        "max_delay_s": 0.05,
+        "max_attempts": 5,
+        "poll_interval_s": 0.05,
+        "http_timeout_s": 2.0,
+        "lease_s": 5.0,
+        "batch_size": 10,
+        "publisher_id": f"pub-{uuid.uuid4().hex[:8]}",
+    }
+    return OutboxSettings(**(base | overrides))
+
+
+MakePublisher = Callable[..., Publisher]
+
+
+@pytest.fixture
+async def make_publisher(pool: asyncpg.Pool, finledger: FinLedger) -> AsyncIterator[MakePublisher]:
+    made: list[Publisher] = []
+
+    def make(**overrides: Any) -> Publisher:
+        overrides.setdefault("finledger_url", finledger.url)
+        p = Publisher(pool, outbox_settings(**overrides), rng=random.Random(len(made) + 1))
+        made.append(p)
+        return p
+
+    yield make
+    for p in made:
+        await p.aclose()
+
+
+@pytest.fixture
+def ctx() -> WorkContext:
+    return WorkContext(correlation_id=f"corr-{uuid.uuid4().hex[:8]}", actor="test-worker")
+
+
+async def new_account(store: PayoutStore, ctx: WorkContext, amount: int = 1_000_000) -> str:
+    account_id = f"acct-{uuid.uuid4().hex[:10]}"
+    await store.create_account(account_id, ctx)
+    await store.fund_account(account_id, amount, ctx)
+    return account_id
+
+
+async def post_payout(
+    store: PayoutStore, ctx: WorkContext, account_id: str, amount: int = 1_000, token: int = 1
+) -> str:
+    """UC-01 through the real store: create, claim, submit, ack, post. Returns the payout id."""
+    payout_id = f"po-{uuid.uuid4().hex[:10]}"
+    await store.create_payout(payout_id, account_id, amount, ctx)
+    await store.claim(payout_id, token, ctx)
+    await store.mark_submitted(payout_id, token, ctx)
+    await store.mark_acked(payout_id, token, ctx)
+    await store.post(payout_id, token, ctx)
+    return payout_id
+
+
+async def outbox_rows(pool: asyncpg.Pool, where: str = "TRUE", *args: Any) -> list[asyncpg.Record]:
+    async with pool.acquire() as conn:
+        return list(
+            await conn.fetch(
+                "SELECT event_id, event_type, delivery_key, correlation_id, status, attempts,"
+                " last_outcome, last_error, next_retry_at, next_retry_at > now() AS backing_off,"
+                f" payload FROM paydb.outbox WHERE {where} ORDER BY occurred_at",
+                *args,
+            )
+        )
+
+
+async def posting_keys(pool: asyncpg.Pool) -> set[str]:
+    """Delivery keys of every ledger posting (funding and payout groups) in the outbox."""
+    rows = await outbox_rows(pool, "event_type = 'ledger.posted'")
+    return {r["delivery_key"] for r in rows}
+
+
+async def wait_for(predicate: Callable[[], Awaitable[bool]], timeout_s: float = 30.0) -> None:
+    """Poll a condition (a bound on how long we wait, never a timing assertion)."""
+    deadline = time.monotonic() + timeout_s
+    while not await predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.02)
+
+
+Running = Callable[[Publisher], Awaitable[Callable[[], Awaitable[None]]]]
+
+
+@pytest.fixture
+async def running() -> AsyncIterator[Running]:
+    """Start `publisher.run` as a task; returns an async `stop()`. Stopped at teardown anyway,
+    so a failing test never leaves a publisher holding pool connections."""
+    started: list[tuple[asyncio.Event, asyncio.Task[None]]] = []
+
+    async def start(publisher: Publisher) -> Callable[[], Awaitable[None]]:
+        stop = asyncio.Event()
+        task = asyncio.create_task(publisher.run(stop))
+        started.append((stop, task))
+
+        async def halt() -> None:
+            stop.set()
+            await task
+
+        return halt
+
+    yield start
+    for stop, task in started:
+        stop.set()
+        await asyncio.wait_for(task, timeout=30)
