@@ -72,16 +72,21 @@ async def _states(database_url: str, ids: list[str]) -> Counter[str]:
         await conn.close()
 
 
-async def _latencies(database_url: str, ids: list[str]) -> list[float]:
-    """End to end: payout created -> POSTED, in seconds, from the payment database's clock."""
+async def _latencies(database_url: str, ids: list[str]) -> tuple[list[float], list[float]]:
+    """Seconds per POSTED payout, from the payment database's clock: end to end (created ->
+    POSTED, which includes waiting behind the account's earlier payouts: one in flight per
+    account, A-15) and execution (claimed -> POSTED, the critical section NFR-04 is about)."""
     conn = await asyncpg.connect(database_url)
     try:
         rows = await conn.fetch(
-            "SELECT EXTRACT(EPOCH FROM (updated_at - created_at))::float8 AS s"
-            " FROM paydb.payouts WHERE payout_id = ANY($1::text[]) AND state = 'POSTED'",
+            "SELECT EXTRACT(EPOCH FROM (p.updated_at - p.created_at))::float8 AS e2e,"
+            " EXTRACT(EPOCH FROM (p.updated_at - c.at))::float8 AS exec"
+            " FROM paydb.payouts p JOIN LATERAL (SELECT max(at) AS at FROM paydb.audit_log a"
+            "  WHERE a.payout_id = p.payout_id AND a.to_state = 'CLAIMED') c ON true"
+            " WHERE p.payout_id = ANY($1::text[]) AND p.state = 'POSTED'",
             ids,
         )
-        return sorted(float(r["s"]) for r in rows)
+        return sorted(float(r["e2e"]) for r in rows), sorted(float(r["exec"]) for r in rows)
     finally:
         await conn.close()
 
@@ -120,11 +125,13 @@ async def run_demo(options: DemoOptions, progress: Callable[[str], None]) -> dic
         ids, window_start, states = await _workload(stack, config, options, progress)
         report["workload_s"] = round(time.monotonic() - started, 1)
         report["states"] = dict(states)
-        latencies = await _latencies(stack.database_url, ids)
+        e2e, execution = await _latencies(stack.database_url, ids)
         report["latency_s"] = {
-            "p50": round(_pct(latencies, 50), 3),
-            "p99": round(_pct(latencies, 99), 3),
-            "n": len(latencies),
+            "p50": round(_pct(e2e, 50), 3),
+            "p99": round(_pct(e2e, 99), 3),
+            "exec_p50": round(_pct(execution, 50), 3),
+            "exec_p99": round(_pct(execution, 99), 3),
+            "n": len(e2e),
         }
         counts = await _movement_counts(stack.railstub_url)
         per_payout = Counter(counts.get(pid, 0) for pid in ids)
@@ -240,11 +247,13 @@ async def _outbox(stack: Stack) -> dict[str, Any]:
         )
         # The publisher drains in the background: give it a bounded time to catch up.
         summary: dict[str, Any] = {}
-        downstream = -1
+        downstream = records = -1
         for _ in range(60):
             summary = await outbox_summary(pool)
-            async with httpx.AsyncClient(base_url=stack.finledger_url, timeout=5) as http:
-                downstream = int((await http.get("/v1/count")).json().get("postings", -1))
+            async with httpx.AsyncClient(base_url=stack.finledger_url, timeout=10) as http:
+                book = (await http.get("/v1/records")).json()["records"]
+            records = len(book)
+            downstream = sum(1 for r in book if r["event_type"] == "ledger.posted")
             if downstream >= postings and not summary.get("pending"):
                 break
             await asyncio.sleep(1.0)
@@ -253,6 +262,7 @@ async def _outbox(stack: Stack) -> dict[str, Any]:
             "summary": summary,
             "postings": postings,
             "downstream_postings": downstream,
+            "downstream_records": records,
         }
     finally:
         await pool.close()
@@ -287,13 +297,22 @@ def _checks(report: dict[str, Any], options: DemoOptions, ids: list[str]) -> lis
     ]
     outbox = report["outbox"]
     if outbox.get("available"):
-        checks.append(
+        summary = outbox["summary"]
+        drained = summary.get("pending") == 0 and summary.get("delivery_failed") == 0
+        checks += [
             Check(
                 "outbox delivered every posting once",
                 outbox["downstream_postings"] == outbox["postings"],
-                f"{outbox['downstream_postings']} downstream for {outbox['postings']} postings",
-            )
-        )
+                f"{outbox['downstream_postings']} downstream postings for {outbox['postings']}",
+            ),
+            Check(
+                "outbox drained, nothing dead-lettered",
+                drained and outbox["downstream_records"] == summary.get("delivered"),
+                f"delivered {summary.get('delivered')}, downstream records "
+                f"{outbox['downstream_records']}, pending {summary.get('pending')}, "
+                f"dead-lettered {summary.get('delivery_failed')}",
+            ),
+        ]
     if "pause_experiment" in report:
         p = report["pause_experiment"]
         checks.append(
@@ -315,15 +334,23 @@ def render(report: dict[str, Any]) -> str:
         "  (movements -> number of payouts)"
     )
     lat = report["latency_s"]
-    lines.append(f"end-to-end latency:      p50 {lat['p50']}s  p99 {lat['p99']}s  (n={lat['n']})")
+    lines.append(
+        f"end-to-end latency:      p50 {lat['p50']}s  p99 {lat['p99']}s  (n={lat['n']},"
+        " created -> POSTED, queued behind the account's earlier payouts)"
+    )
+    lines.append(
+        f"execution latency:       p50 {lat['exec_p50']}s  p99 {lat['exec_p99']}s"
+        "  (claimed -> POSTED, NFR-04)"
+    )
     lines.append(f"reconciliation:          {report['reconcile']}")
     lines.append(f"invariants:              {report['invariants']}")
     lines.append(f"fenced-out (workload):   {report['fenced_out_in_workload']}")
     ob = report["outbox"]
     if ob.get("available"):
+        lines.append(f"outbox:                  {ob['summary']}")
         lines.append(
-            f"outbox:                  {ob['summary']}  downstream postings "
-            f"{ob['downstream_postings']} / {ob['postings']}"
+            f"downstream ledger:       {ob['downstream_records']} records, "
+            f"{ob['downstream_postings']} postings for {ob['postings']} postings"
         )
     if "pause_experiment" in report:
         lines.append(f"pause experiment:        {report['pause_experiment']}")
