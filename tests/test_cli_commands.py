@@ -32,13 +32,32 @@ async def count_payouts(url: str) -> int:
         await conn.close()
 
 
-def test_seed_then_create_a_csv_batch(db: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_seed_then_create_a_csv_batch(
+    db: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Seeding funds accounts; a CSV batch creates every payout row."""
     prefix = f"a{uuid.uuid4().hex[:5]}-"
-    assert main(["seed", "--database-url", db, "--accounts", "2", "--balance", "5000", "--prefix", prefix]) == 0
+    assert (
+        main(
+            [
+                "seed",
+                "--database-url",
+                db,
+                "--accounts",
+                "2",
+                "--balance",
+                "5000",
+                "--prefix",
+                prefix,
+            ]
+        )
+        == 0
+    )
     before = asyncio.run(count_payouts(db))
     batch = tmp_path / "batch.csv"
-    batch.write_text(f"payout_id,account_id,amount\np-{prefix}1,{prefix}00000,100\np-{prefix}2,{prefix}00001,200\n")
+    batch.write_text(
+        f"payout_id,account_id,amount\np-{prefix}1,{prefix}00000,100\np-{prefix}2,{prefix}00001,200\n"
+    )
     assert main(["payout", "create", "--database-url", db, "--file", str(batch), "--no-start"]) == 0
     assert asyncio.run(count_payouts(db)) == before + 2
     assert "created 2 payout(s)" in capsys.readouterr().out
@@ -47,23 +66,61 @@ def test_seed_then_create_a_csv_batch(db: str, tmp_path: Path, capsys: pytest.Ca
 @pytest.mark.parametrize(
     ("content", "suffix", "message"),
     [
-        ('[{"payout_id": "x1", "account_id": "ACCOUNT", "amount": 10}, {"payout_id": "x2", "account_id": "nope", "amount": 10}]', ".json", "unknown account"),
-        ('[{"payout_id": "x1", "account_id": "ACCOUNT", "amount": -5}]', ".json", "amount must be positive"),
-        ('[{"payout_id": "x1", "account_id": "ACCOUNT", "amount": 10}, {"payout_id": "x1", "account_id": "ACCOUNT", "amount": 10}]', ".json", "appears twice"),
+        (
+            '[{"payout_id": "x1", "account_id": "ACCOUNT", "amount": 10}, {"payout_id": "x2", "account_id": "nope", "amount": 10}]',
+            ".json",
+            "unknown account",
+        ),
+        (
+            '[{"payout_id": "x1", "account_id": "ACCOUNT", "amount": -5}]',
+            ".json",
+            "amount must be positive",
+        ),
+        (
+            '[{"payout_id": "x1", "account_id": "ACCOUNT", "amount": 10}, {"payout_id": "x1", "account_id": "ACCOUNT", "amount": 10}]',
+            ".json",
+            "appears twice",
+        ),
         ("{not json", ".json", "invalid JSON"),
         ("payout_id,account_id,amount\nx1,ACCOUNT,ten\n", ".csv", "not an integer"),
         ("payout_id,account_id\nx1,ACCOUNT\n", ".csv", "missing field"),
         ("[]", ".json", "no payouts given"),
     ],
 )
-def test_bad_batches_create_nothing(db: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, suffix: str, message: str) -> None:
+def test_bad_batches_create_nothing(
+    db: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    content: str,
+    suffix: str,
+    message: str,
+) -> None:
     """Every malformed batch is refused whole with a clear message; no row is written."""
     prefix = f"b{uuid.uuid4().hex[:5]}-"
-    assert main(["seed", "--database-url", db, "--accounts", "1", "--balance", "100", "--prefix", prefix]) == 0
+    assert (
+        main(
+            [
+                "seed",
+                "--database-url",
+                db,
+                "--accounts",
+                "1",
+                "--balance",
+                "100",
+                "--prefix",
+                prefix,
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     before = asyncio.run(count_payouts(db))
     batch = tmp_path / f"bad{suffix}"
-    batch.write_text(content.replace("ACCOUNT", f"{prefix}00000").replace("x1", f"x1-{prefix}").replace("x2", f"x2-{prefix}"))
+    batch.write_text(
+        content.replace("ACCOUNT", f"{prefix}00000")
+        .replace("x1", f"x1-{prefix}")
+        .replace("x2", f"x2-{prefix}")
+    )
     assert main(["payout", "create", "--database-url", db, "--file", str(batch), "--no-start"]) == 2
     assert message in capsys.readouterr().out
     assert asyncio.run(count_payouts(db)) == before
@@ -78,7 +135,24 @@ def test_operator_signal_requires_a_reason(capsys: pytest.CaptureFixture[str]) -
 def test_json_batch_is_accepted(db: str, tmp_path: Path) -> None:
     """A JSON list batch is read with the same rules as CSV."""
     prefix = f"c{uuid.uuid4().hex[:5]}-"
-    assert main(["seed", "--database-url", db, "--accounts", "1", "--balance", "100", "--prefix", prefix]) == 0
+    assert (
+        main(
+            [
+                "seed",
+                "--database-url",
+                db,
+                "--accounts",
+                "1",
+                "--balance",
+                "100",
+                "--prefix",
+                prefix,
+            ]
+        )
+        == 0
+    )
     batch = tmp_path / "ok.json"
-    batch.write_text(json.dumps([{"payout_id": f"j-{prefix}", "account_id": f"{prefix}00000", "amount": 5}]))
+    batch.write_text(
+        json.dumps([{"payout_id": f"j-{prefix}", "account_id": f"{prefix}00000", "amount": 5}])
+    )
     assert main(["payout", "create", "--database-url", db, "--file", str(batch), "--no-start"]) == 0

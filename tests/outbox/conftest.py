@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -15,44 +14,15 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
-import uvicorn
 
 from finledger import FinledgerSettings
 from finledger import create_app as create_finledger
 from ledger import PayoutStore, WorkContext
 from ledger.delivery import OutboxSettings
 from ledger.publisher import Publisher
-from payouts.embedded import free_port
 from payouts.migrate import migrate
 from payouts.pgutil import create_database, drop_database
-
-
-class ServerThread:
-    """A uvicorn server on a loopback port (free unless given), in a thread with its own loop."""
-
-    def __init__(self, app: Any, port: int | None = None) -> None:
-        self.port = port or free_port()
-        config = uvicorn.Config(
-            app, host="127.0.0.1", port=self.port, log_level="critical", lifespan="on"
-        )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("server did not start")
-            time.sleep(0.01)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=15)
+from tests.servers import ServerThread
 
 
 @dataclass
@@ -92,7 +62,7 @@ class FinLedger:
 
 @pytest.fixture(scope="session")
 def finledger_server() -> Iterator[ServerThread]:
-    server = ServerThread(create_finledger(FinledgerSettings()))
+    server = ServerThread(create_finledger(FinledgerSettings()), log_level="critical")
     server.start()
     yield server
     server.stop()

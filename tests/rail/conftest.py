@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -19,7 +18,6 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
 from payouts.embedded import free_port
 from payouts.migrate import migrate
@@ -28,39 +26,7 @@ from railproxy import ProxySettings, RailProxyClient, SubmitContext, SubmitReque
 from railproxy import create_app as create_proxy
 from railstub import StubSettings
 from railstub import create_app as create_stub
-
-
-class ServerThread:
-    """A uvicorn server on a free loopback port, in a thread."""
-
-    def __init__(self, app: Any) -> None:
-        self.port = free_port()
-        config = uvicorn.Config(
-            app,
-            host="127.0.0.1",
-            port=self.port,
-            log_level="warning",
-            lifespan="on",
-            timeout_graceful_shutdown=2,
-        )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("server did not start")
-            time.sleep(0.01)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=15)
+from tests.servers import ServerThread
 
 
 @dataclass

@@ -286,7 +286,8 @@ async def test_worker_killed_mid_submit_recovers_by_state(
 
         async def in_flight() -> bool:
             # The proxy recorded the attempt and is waiting for the (slow) rail: no outcome yet.
-            attempts = httpx.get(f"{system.proxy_url}/v1/payouts/{payout_id}/attempts").json()
+            async with httpx.AsyncClient(base_url=system.proxy_url) as http:
+                attempts = (await http.get(f"/v1/payouts/{payout_id}/attempts")).json()
             return any(a["outcome"] is None for a in attempts["attempts"])
 
         await wait_for(in_flight, timeout_s=60)
@@ -323,7 +324,9 @@ def test_worker_main_entry_point_is_importable() -> None:
     assert out.stdout.strip() == "q-smoke"
 
 
-async def test_one_worker_holds_many_accounts_at_once(temporal_env: WorkflowEnvironment, system: System, workers: str) -> None:
+async def test_one_worker_holds_many_accounts_at_once(
+    temporal_env: WorkflowEnvironment, system: System, workers: str
+) -> None:
     """Tokens are per key: a worker holding token 1 of several accounts at the same time keeps
     each grant apart, and every payout is paid once."""
     accounts = [ids()[1] for _ in range(6)]
