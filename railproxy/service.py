@@ -26,6 +26,15 @@ from railproxy.models import CERTAINTY_OF, LookupResponse, Outcome, SubmitReques
 from railproxy.resilience import Bulkhead, CircuitBreaker, Evidence, TokenBucket, Transition
 from railproxy.settings import ProxySettings
 
+# A database restart can leave a pooled connection mid-protocol (InternalClientError): it is a
+# store failure like any other, never a 500.
+_STORE_ERRORS = (
+    asyncpg.PostgresError,
+    OSError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+)
+
 log = get_logger("railproxy")
 _OUTCOME_WRITE_ATTEMPTS = 3
 
@@ -90,7 +99,10 @@ class RailProxy:
     async def _record_and_forward(self, req: SubmitRequest) -> SubmitResponse:
         try:
             attempt_id = await store.record_attempt(self.pool, req, self.settings)
-        except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError) as exc:
+        except _STORE_ERRORS as exc:
+            # Nothing was forwarded: whether or not the record committed, no byte reached the
+            # rail, so this is NOT_SUBMITTED (an uncommitted-looking row that did commit is left
+            # in flight, which recovery treats as ambiguous, never as resubmittable).
             raise StoreUnavailable(f"could not record the attempt: {type(exc).__name__}") from exc
         budget = min(self.settings.rail_timeout_s, self._remaining_s(req))
         if budget < self.settings.min_useful_budget_s:
@@ -161,7 +173,7 @@ class RailProxy:
                     error_class=answer.error_class,
                 )
                 return
-            except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError) as exc:
+            except _STORE_ERRORS as exc:
                 log.warning(
                     "rail.outcome_write_failed",
                     attempt_id=attempt_id,
