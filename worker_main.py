@@ -108,6 +108,8 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
                 task_queue=settings.task_queue,
                 workflows=[PayoutWorkflow, ReconcileWorkflow],
                 activities=[*acts.shared_queue_activities(), reconciler.reconcile],
+                # A paused or dead worker's cached workflows move to a live worker quickly.
+                sticky_queue_schedule_to_start_timeout=timedelta(seconds=3),
                 max_concurrent_activities=settings.max_concurrent_activities,
             )
             holder = Worker(

@@ -344,6 +344,9 @@ class PayoutActivities:
         (FR-17) and any second attempt for this payout whatever the token (FR-18), and it records
         the attempt before forwarding (FR-19), so recovery can always see it.
         """
+        # Heartbeat from the start: if this process stalls anywhere in the step (a GC pause, a
+        # SIGSTOP), the heartbeat timeout hands the payout to recovery within seconds.
+        activity.heartbeat()
         payout = await self._current(req.payout_id)
         if payout.state != S.CLAIMED:
             return _view(payout, detail="not_claimed")

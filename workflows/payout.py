@@ -185,7 +185,7 @@ class PayoutWorkflow:
                     context=self._context(inp, "acquire"),
                 ),
                 result_type=m.AcquireResult,
-                start_to_close_timeout=timedelta(seconds=inp.acquire_wait_s + 10),
+                start_to_close_timeout=timedelta(seconds=inp.acquire_wait_s + 5),
                 # The SDK already retries transport errors a bounded number of times with
                 # jitter; the workflow's own backoff handles the rest. One attempt here.
                 retry_policy=RetryPolicy(maximum_attempts=1),
