@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test lint fmt typecheck bench-locks demo clean
+.PHONY: venv test lint fmt typecheck bench-locks demo chaos clean
 
 venv: $(STAMP)
 
@@ -40,6 +40,16 @@ bench-locks: venv
 # reconciliation, invariants, and a report. Exits 0 only if every check holds.
 demo: venv
 	$(BIN)/payouts demo
+
+# Seeded fault injection over the whole system, one run per lock backend (issue 7). The JSON
+# summary is the last line of each run. Sizes can be overridden: make chaos CHAOS_PAYOUTS=300
+CHAOS_PAYOUTS ?= 2000
+CHAOS_ACCOUNTS ?= 200
+CHAOS_WORKERS ?= 4
+CHAOS_SEED ?= 1
+chaos: venv
+	$(BIN)/payouts chaos --payouts $(CHAOS_PAYOUTS) --accounts $(CHAOS_ACCOUNTS) --workers $(CHAOS_WORKERS) --seed $(CHAOS_SEED) --backend postgres --json
+	$(BIN)/payouts chaos --payouts $(CHAOS_PAYOUTS) --accounts $(CHAOS_ACCOUNTS) --workers $(CHAOS_WORKERS) --seed $(CHAOS_SEED) --backend etcd --json
 
 clean:
 	rm -rf $(VENV) .run .pytest_cache .mypy_cache .ruff_cache

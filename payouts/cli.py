@@ -15,12 +15,13 @@ import sys
 #: Modules that define `register(subparsers: argparse._SubParsersAction) -> None`.
 COMMAND_MODULES: tuple[str, ...] = (
     "payouts.commands",
-    "ledger.reconcile_cli",
-    "ledger.invariants_cli",
-    "payouts.stack_cli",
     "payouts.experiments_cli",
     "payouts.demo_cli",
+    "payouts.stack_cli",
+    "ledger.reconcile_cli",
+    "ledger.invariants_cli",
     "ledger.outbox_cli",
+    "payouts.chaos_cli",
 )
 
 

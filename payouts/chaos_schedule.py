@@ -1,0 +1,160 @@
+"""The chaos runner's fault schedule: a pure function of the seed (issue 7, STD01-13).
+
+Owns: which faults a `payouts chaos` run injects, in which order, at which offsets and with which
+parameters. Every random draw comes from ONE `random.Random(seed)`, so the same seed (with the
+same run shape: backend, workers, payouts) always gives the same schedule, which the run prints
+and puts in its JSON summary. Must never: read a clock, the environment or any other source of
+randomness, or perform I/O.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+FaultKind = Literal[
+    "pause",
+    "kill",
+    "lock_server_restart",
+    "backend_restart",
+    "rail_outage",
+    "rail_ambiguity",
+    "slow_lookups",
+]
+
+#: Every kind, in report order. Both backends support all of them (etcd: a leader kill).
+FAULT_KINDS: tuple[FaultKind, ...] = (
+    "pause",
+    "kill",
+    "lock_server_restart",
+    "backend_restart",
+    "rail_outage",
+    "rail_ambiguity",
+    "slow_lookups",
+)
+
+#: Relative weights of the faults drawn after each kind has appeared once: worker faults are the
+#: ones that exercise fencing, so they come up most often.
+_WEIGHTS: dict[FaultKind, int] = {
+    "pause": 4,
+    "kill": 3,
+    "lock_server_restart": 1,
+    "backend_restart": 1,
+    "rail_outage": 1,
+    "rail_ambiguity": 2,
+    "slow_lookups": 1,
+}
+
+
+class ScheduleError(ValueError):
+    """The run shape cannot produce a schedule (e.g. no workers to pause)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """One fault: fired no earlier than `at_s` after the workload started, in schedule order."""
+
+    index: int
+    kind: FaultKind
+    at_s: float
+    #: pause: how long the worker stays stopped (longer than the lease); rail_*/slow_lookups:
+    #: how long the window lasts; kill/restarts: 0.
+    duration_s: float = 0.0
+    #: Which worker slot (0..workers-1) a pause or kill hits.
+    target: int = 0
+    #: pause only: restart the slot's worker armed with the UC-03 hook (it stops itself just
+    #: before its first rail submission), so the check-then-act gap is hit for sure.
+    armed: bool = False
+    #: rail_ambiguity: ambiguity_rate in the window; slow_lookups: visibility_delay_s.
+    level: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def describe(self) -> str:
+        extra = {
+            "pause": f"worker slot {self.target}"
+            + (" armed (UC-03 hook)" if self.armed else f" for {self.duration_s:.1f}s"),
+            "kill": f"worker slot {self.target}",
+            "rail_outage": f"for {self.duration_s:.1f}s",
+            "rail_ambiguity": f"rate {self.level:.2f} for {self.duration_s:.1f}s",
+            "slow_lookups": f"visibility delay {self.level:.1f}s for {self.duration_s:.1f}s",
+        }.get(self.kind, "")
+        return f"#{self.index} t+{self.at_s:.1f}s {self.kind} {extra}".rstrip()
+
+
+def fault_count(payouts: int) -> int:
+    """How many faults a run of this size gets: every kind once, plus one per 100 payouts."""
+    return len(FAULT_KINDS) + 1 + min(payouts // 100, 60)
+
+
+def horizon_s(payouts: int) -> float:
+    """The span over which faults are spread: roughly how long the workload runs."""
+    return min(max(20.0, payouts * 0.08), 900.0)
+
+
+def make_schedule(seed: int, *, workers: int, payouts: int, lease_s: float = 3.0) -> list[Fault]:
+    """The faults of one run, from `random.Random(seed)` only.
+
+    The first fault is always an armed pause at t+0 (the runner arms that worker before it starts
+    the workload), so every schedule hits the check-then-act gap at least once: with fencing off
+    that guarantees a duplicate movement (the negative control). Every other kind appears at
+    least once; the rest are drawn by weight.
+    """
+    if workers < 1:
+        raise ScheduleError("a chaos run needs at least one worker")
+    if payouts < 1:
+        raise ScheduleError("a chaos run needs at least one payout")
+    rng = random.Random(seed)
+    total = fault_count(payouts)
+    kinds: list[FaultKind] = list(FAULT_KINDS)
+    population = list(_WEIGHTS)
+    weights = [_WEIGHTS[k] for k in population]
+    kinds += rng.choices(population, weights=weights, k=total - 1 - len(kinds))
+    rng.shuffle(kinds)
+    span = horizon_s(payouts)
+    offsets = sorted(round(rng.uniform(1.0, span), 2) for _ in kinds)
+    faults = [Fault(index=0, kind="pause", at_s=0.0, target=rng.randrange(workers), armed=True)]
+    for i, (kind, at) in enumerate(zip(kinds, offsets, strict=True), start=1):
+        faults.append(_draw(rng, i, kind, at, workers=workers, lease_s=lease_s))
+    return faults
+
+
+def _draw(
+    rng: random.Random, index: int, kind: FaultKind, at_s: float, *, workers: int, lease_s: float
+) -> Fault:
+    if kind == "pause":
+        armed = rng.random() < 0.3
+        # Longer than the lease, so the server expires it and another worker takes over.
+        duration = 0.0 if armed else round(lease_s + rng.uniform(1.0, 4.0), 2)
+        return Fault(index, kind, at_s, duration, rng.randrange(workers), armed)
+    if kind == "kill":
+        return Fault(index, kind, at_s, target=rng.randrange(workers))
+    if kind == "rail_outage":
+        return Fault(index, kind, at_s, duration_s=round(rng.uniform(2.0, 6.0), 2))
+    if kind == "rail_ambiguity":
+        return Fault(
+            index,
+            kind,
+            at_s,
+            duration_s=round(rng.uniform(3.0, 8.0), 2),
+            level=round(rng.uniform(0.2, 0.6), 2),
+        )
+    if kind == "slow_lookups":
+        return Fault(
+            index,
+            kind,
+            at_s,
+            duration_s=round(rng.uniform(3.0, 8.0), 2),
+            level=round(rng.uniform(1.0, 4.0), 2),
+        )
+    return Fault(index, kind, at_s)  # lock_server_restart, backend_restart
+
+
+def kind_counts(faults: list[Fault]) -> dict[str, int]:
+    """Faults per kind, every kind present (zeros included)."""
+    counts: dict[str, int] = dict.fromkeys(FAULT_KINDS, 0)
+    for f in faults:
+        counts[f.kind] += 1
+    return counts

@@ -1,0 +1,66 @@
+"""Unit tests of the chaos schedule: a pure function of the seed (no stack, no I/O)."""
+
+from __future__ import annotations
+
+import pytest
+
+from payouts.chaos_schedule import (
+    FAULT_KINDS,
+    ScheduleError,
+    kind_counts,
+    make_schedule,
+)
+
+
+def test_same_seed_gives_the_same_schedule() -> None:
+    """Two schedules built from one seed (and one run shape) are equal, fault for fault."""
+    a = make_schedule(42, workers=3, payouts=500)
+    b = make_schedule(42, workers=3, payouts=500)
+    assert [f.as_dict() for f in a] == [f.as_dict() for f in b]
+
+
+def test_different_seeds_give_different_schedules() -> None:
+    """Two seeds give two different schedules (kinds, offsets or parameters differ)."""
+    a = make_schedule(1, workers=2, payouts=100)
+    b = make_schedule(2, workers=2, payouts=100)
+    assert [f.as_dict() for f in a] != [f.as_dict() for f in b]
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_every_schedule_starts_with_an_armed_pause_and_covers_every_kind(seed: int) -> None:
+    """Fault #0 is an armed pause at t+0 and every fault kind appears at least once."""
+    faults = make_schedule(seed, workers=2, payouts=25)
+    assert faults[0].kind == "pause" and faults[0].armed and faults[0].at_s == 0.0
+    counts = kind_counts(faults)
+    assert set(counts) == set(FAULT_KINDS)
+    assert all(n >= 1 for n in counts.values()), counts
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_faults_are_ordered_and_plain_pauses_outlast_the_lease(seed: int) -> None:
+    """Offsets never go back, targets name a worker slot, and a plain pause exceeds the lease."""
+    faults = make_schedule(seed, workers=3, payouts=300, lease_s=3.0)
+    offsets = [f.at_s for f in faults]
+    assert offsets == sorted(offsets)
+    assert [f.index for f in faults] == list(range(len(faults)))
+    for f in faults:
+        assert 0 <= f.target < 3
+        if f.kind == "pause" and not f.armed:
+            assert f.duration_s > 3.0
+        if f.kind in ("rail_outage", "rail_ambiguity", "slow_lookups"):
+            assert f.duration_s > 0
+
+
+def test_larger_runs_get_more_faults() -> None:
+    """The fault count grows with the workload (one more per 100 payouts)."""
+    assert len(make_schedule(1, workers=2, payouts=2000)) > len(
+        make_schedule(1, workers=2, payouts=25)
+    )
+
+
+def test_a_run_without_workers_or_payouts_is_refused() -> None:
+    """No worker to pause or no payout to run is a ScheduleError, not an empty schedule."""
+    with pytest.raises(ScheduleError):
+        make_schedule(1, workers=0, payouts=10)
+    with pytest.raises(ScheduleError):
+        make_schedule(1, workers=1, payouts=0)
