@@ -193,11 +193,14 @@ class LockClient:
 
     async def close(self) -> None:
         """Stop the heartbeat and close the session, which releases every lock it holds."""
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        # Cancel until they are done: on Python 3.11 `asyncio.wait_for` can swallow a
+        # cancellation that races with its inner call completing, so one cancel() may not stop
+        # a loop; re-cancel whatever is still running instead of waiting on it forever.
+        pending = set(self._tasks)
+        while pending:
+            for t in pending:
+                t.cancel()
+            _, pending = await asyncio.wait(pending, timeout=1.0)
         self._tasks = []
         sid, self.session_id = self.session_id, None
         self._session_lost("closed")
