@@ -231,18 +231,7 @@ class PayoutStore:
                     )
                     available = balance - int(in_flight)
                     details = {"available": available, "amount": amount}
-                    if available < amount:
-                        return await self._transition(
-                            conn,
-                            operation,
-                            payout_id=payout_id,
-                            token=token,
-                            ctx=ctx,
-                            from_state=S.PENDING,
-                            to_state=S.FAILED,
-                            reason=INSUFFICIENT_FUNDS,
-                            details=details,
-                        )
+                    funded = available >= amount
                     return await self._transition(
                         conn,
                         operation,
@@ -250,7 +239,8 @@ class PayoutStore:
                         token=token,
                         ctx=ctx,
                         from_state=S.PENDING,
-                        to_state=S.CLAIMED,
+                        to_state=S.CLAIMED if funded else S.FAILED,
+                        reason=None if funded else INSUFFICIENT_FUNDS,
                         details=details,
                     )
             except FencedOut as exc:

@@ -416,8 +416,8 @@ async def crash_experiment(
             return not w1.running()
 
         await _until(f"W1 to reach {at} and be SIGKILLed", w1_dead)
-        state_at_crash = str((await _payout_row(stack.database_url, payout_id))["state"])
-        t1 = int((await _payout_row(stack.database_url, payout_id))["fence"])
+        at_crash = await _payout_row(stack.database_url, payout_id)
+        state_at_crash, t1 = str(at_crash["state"]), int(at_crash["fence"])
         progress(f"W1 killed at {state_at_crash} (T1={t1}); starting W2 to recover")
         if at == "RAIL_SUBMITTED":
             async with httpx.AsyncClient(base_url=stack.railstub_url, timeout=5) as http:

@@ -32,27 +32,18 @@ async def count_payouts(url: str) -> int:
         await conn.close()
 
 
+def seed(db: str, prefix: str, *, accounts: int, balance: int) -> None:
+    """`payouts seed` must succeed: every test starts from accounts of its own."""
+    argv = ["seed", "--database-url", db, "--prefix", prefix]
+    assert main([*argv, "--accounts", str(accounts), "--balance", str(balance)]) == 0
+
+
 def test_seed_then_create_a_csv_batch(
     db: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Seeding funds accounts; a CSV batch creates every payout row."""
     prefix = f"a{uuid.uuid4().hex[:5]}-"
-    assert (
-        main(
-            [
-                "seed",
-                "--database-url",
-                db,
-                "--accounts",
-                "2",
-                "--balance",
-                "5000",
-                "--prefix",
-                prefix,
-            ]
-        )
-        == 0
-    )
+    seed(db, prefix, accounts=2, balance=5000)
     before = asyncio.run(count_payouts(db))
     batch = tmp_path / "batch.csv"
     batch.write_text(
@@ -97,22 +88,7 @@ def test_bad_batches_create_nothing(
 ) -> None:
     """Every malformed batch is refused whole with a clear message; no row is written."""
     prefix = f"b{uuid.uuid4().hex[:5]}-"
-    assert (
-        main(
-            [
-                "seed",
-                "--database-url",
-                db,
-                "--accounts",
-                "1",
-                "--balance",
-                "100",
-                "--prefix",
-                prefix,
-            ]
-        )
-        == 0
-    )
+    seed(db, prefix, accounts=1, balance=100)
     capsys.readouterr()
     before = asyncio.run(count_payouts(db))
     batch = tmp_path / f"bad{suffix}"
@@ -135,22 +111,7 @@ def test_operator_signal_requires_a_reason(capsys: pytest.CaptureFixture[str]) -
 def test_json_batch_is_accepted(db: str, tmp_path: Path) -> None:
     """A JSON list batch is read with the same rules as CSV."""
     prefix = f"c{uuid.uuid4().hex[:5]}-"
-    assert (
-        main(
-            [
-                "seed",
-                "--database-url",
-                db,
-                "--accounts",
-                "1",
-                "--balance",
-                "100",
-                "--prefix",
-                prefix,
-            ]
-        )
-        == 0
-    )
+    seed(db, prefix, accounts=1, balance=100)
     batch = tmp_path / "ok.json"
     batch.write_text(
         json.dumps([{"payout_id": f"j-{prefix}", "account_id": f"{prefix}00000", "amount": 5}])
