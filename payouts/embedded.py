@@ -12,6 +12,7 @@ import contextlib
 import importlib.util
 import os
 import pwd
+import random
 import shutil
 import signal
 import socket
@@ -27,9 +28,22 @@ class EmbeddedServerError(RuntimeError):
     """A real server could not be started or stopped; the message names what failed."""
 
 
+# Below Linux's default ephemeral range (32768-60999): a port picked there for a server could be
+# taken as the source port of an outgoing connection before the server binds it (seen in CI).
+_LISTEN_PORTS = range(20000, 32000)
+
+
 def free_port() -> int:
-    """A TCP port on loopback that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """A TCP port on loopback that nothing listens on right now, outside the ephemeral range."""
+    for _ in range(200):
+        port = random.choice(_LISTEN_PORTS)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # crowded: let the OS choose
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
