@@ -223,26 +223,38 @@ class LockClient:
         """
         api.validate_key(key)
         api.validate_wait(wait_s)
-        await self._ensure_session()
-        assert self.session_id is not None
-        body = {"session_id": self.session_id, "key": key, "wait_s": wait_s}
-        try:
-            data = await self._request(
-                "POST",
-                "/v1/locks/acquire",
-                json=body,
-                attempts=attempts,
-                timeout_s=wait_s + self.request_timeout_s,
-            )
-        except NotAcquiredError as exc:
-            raise NotAcquiredError(key, exc.reason) from None
-        except api.SessionNotFound:
-            # The session died under us (pause, partition): a new one on the next acquire.
-            self._session_lost("session_expired")
-            raise
-        lease = Lease(_grant_of(data), self)
-        self._leases.add(lease)
-        return lease
+        give_up_at = self.clock() + wait_s
+        for retry in (False, True):
+            await self._ensure_session()
+            sid = self.session_id
+            assert sid is not None
+            wait = max(0.0, give_up_at - self.clock()) if retry else wait_s
+            body = {"session_id": sid, "key": key, "wait_s": wait}
+            try:
+                data = await self._request(
+                    "POST",
+                    "/v1/locks/acquire",
+                    json=body,
+                    attempts=attempts,
+                    timeout_s=wait + self.request_timeout_s,
+                )
+            except NotAcquiredError as exc:
+                raise NotAcquiredError(key, exc.reason) from None
+            except api.SessionNotFound:
+                # The session died under us (pause, partition): its grants are lost. Only the
+                # first acquire to notice says so; others waiting concurrently under the same
+                # session must not mark the NEXT session's leases lost.
+                if self.session_id == sid:
+                    self._session_lost("session_expired")
+                if retry:
+                    raise
+                # This acquire held nothing yet, so one more try under a fresh session is safe
+                # and spares the caller a backoff (a paused worker's waiters all fail at once).
+                continue
+            lease = Lease(_grant_of(data), self)
+            self._leases.add(lease)
+            return lease
+        raise AssertionError("unreachable")  # the loop returns or raises
 
     async def renew(self, lease: Lease) -> Lease:
         """Extend a still-valid grant; NotHeld (and the lost signal) otherwise (FR-06)."""

@@ -27,6 +27,8 @@ class FakeBackend:
     epoch: int = 0
     issued: list[Grant] = field(default_factory=list)
     unavailable: bool = False
+    #: Every acquire first finds its session gone (a client that keeps losing its sessions).
+    drop_sessions_on_acquire: bool = False
     calls: list[str] = field(default_factory=list)
     _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
@@ -74,6 +76,8 @@ class FakeBackend:
     async def acquire(self, session_id: str, key: str, wait_s: float) -> Grant | NotAcquired:
         self._check("acquire")
         self._expire()
+        if self.drop_sessions_on_acquire:
+            self.sessions.pop(session_id, None)
         if session_id not in self.sessions:
             raise api.SessionNotFound(session_id)
         if key in self.held:

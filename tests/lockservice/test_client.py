@@ -108,6 +108,36 @@ async def test_unit_session_expiry_fires_lost_and_renew_fails(fake_backend: Fake
             await c.renew(lease)
 
 
+async def test_unit_acquire_after_session_loss_retries_once_under_a_new_session(
+    fake_backend: FakeBackend,
+) -> None:
+    """An acquire that finds its session gone marks the old leases lost and succeeds under a
+    fresh session; the new lease is not caught up in the old session's loss."""
+    clock = FakeClock(start=0.0)
+    async with _client(fake_backend, clock) as c:
+        old = await c.acquire("payout:a")
+        first_session = c.session_id
+        fake_backend.sessions.clear()  # the server-side session is gone (a long pause)
+        new = await c.acquire("payout:b")
+        assert c.session_id != first_session
+        assert old.lost.is_set() and old.lost_reason == "session_expired"
+        assert new.still_held() and not new.lost.is_set()
+        assert fake_backend.calls.count("open_session") == 2
+
+
+async def test_unit_acquire_gives_up_when_the_fresh_session_is_lost_too(
+    fake_backend: FakeBackend,
+) -> None:
+    """Negative control: the retry happens once; a second session loss reaches the caller."""
+    clock = FakeClock(start=0.0)
+    async with _client(fake_backend, clock) as c:
+        await c.acquire("payout:a")
+        fake_backend.drop_sessions_on_acquire = True
+        with pytest.raises(api.SessionNotFound):
+            await c.acquire("payout:b")
+        assert fake_backend.calls.count("open_session") == 2
+
+
 async def test_unit_not_acquired_raises_never_a_lease(fake_backend: FakeBackend) -> None:
     """A key held by another session gives NotAcquiredError, never a Lease."""
     clock = FakeClock()
