@@ -20,7 +20,6 @@ import socket
 import uuid
 from datetime import timedelta
 
-import asyncpg
 from prometheus_client import start_http_server
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -33,6 +32,7 @@ from ledger import PayoutStore
 from ledger.reconcile import ReconcileSettings, stub_movement_source
 from lockservice.client import LockClient
 from payouts.logs import configure_logging, get_logger
+from payouts.pgutil import create_pool
 from railproxy.client import RailProxyClient
 from workflows.payout import PayoutWorkflow
 from workflows.reconcile import ReconcileWorkflow
@@ -67,7 +67,12 @@ class WorkerSettings(BaseSettings):
     experiment_pause_before_submit: bool = False
     # UC-04 experiment only: SIGKILL this process right after a payout reaches this state.
     experiment_crash_at: str = ""
+    # The holder queue's steps each hold a database connection or a rail call: keep them few.
     max_concurrent_activities: int = 50
+    # The shared queue's activities are mostly acquires blocked on an account's lock (a socket
+    # and a coroutine each, no CPU). Too few slots and the waiters of busy accounts fill them
+    # while acquires for idle accounts queue behind them in Temporal.
+    shared_max_concurrent_activities: int = 1000
 
 
 async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
@@ -75,7 +80,7 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
     if settings.metrics_port:
         start_http_server(settings.metrics_port, addr="127.0.0.1")
     client = await Client.connect(settings.temporal_address, namespace=settings.namespace)
-    pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=10)
+    pool = await create_pool(settings.database_url, min_size=1, max_size=10)
     try:
         store = PayoutStore(pool, enforce_fencing=settings.enforce_fencing)
         async with (
@@ -110,7 +115,7 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
                 activities=[*acts.shared_queue_activities(), reconciler.reconcile],
                 # A paused or dead worker's cached workflows move to a live worker quickly.
                 sticky_queue_schedule_to_start_timeout=timedelta(seconds=3),
-                max_concurrent_activities=settings.max_concurrent_activities,
+                max_concurrent_activities=settings.shared_max_concurrent_activities,
             )
             holder = Worker(
                 client,

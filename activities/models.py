@@ -36,7 +36,10 @@ class PayoutInput:
     payout_id: str
     account_id: str
     correlation_id: str = ""
-    acquire_wait_s: float = 5.0
+    # How long one acquire waits for the account's previous payout to release its lock. Long,
+    # so a queue of payouts on one account hands the lock on by NOTIFY instead of by retries
+    # (each retry costs Temporal an activity, a timer and two workflow tasks).
+    acquire_wait_s: float = 30.0
     base_backoff_s: float = 1.0
     max_backoff_s: float = 60.0
     submit_deadline_s: float = 30.0

@@ -24,6 +24,7 @@ from ledger.delivery_ops import list_rows, operator_action, outbox_summary
 from ledger.publisher import Publisher
 from payouts.cli import database_url
 from payouts.logs import configure_logging
+from payouts.pgutil import create_pool
 
 
 def _out(text: str) -> None:
@@ -32,9 +33,7 @@ def _out(text: str) -> None:
 
 async def _run(url: str) -> int:
     settings = OutboxSettings()
-    publisher_pool = await asyncpg.create_pool(
-        url, min_size=1, max_size=min(settings.batch_size, 10) + 2
-    )
+    publisher_pool = await create_pool(url, min_size=1, max_size=min(settings.batch_size, 10) + 2)
     publisher = Publisher(publisher_pool, settings)
     if settings.metrics_port:
         start_http_server(settings.metrics_port, registry=publisher.metrics.registry)

@@ -37,7 +37,7 @@ log = get_logger("payouts.experiments")
 LOCK_TTL_S = 3.0  # short leases so the experiment runs in seconds, not in A-04's 15 s
 WORKER_ENV = {"WORKER_LOCK_TTL_S": str(LOCK_TTL_S), "WORKER_LOCK_HEARTBEAT_S": "0.75"}
 FAST_WORKFLOW = {
-    "acquire_wait_s": 5.0,
+    "acquire_wait_s": 30.0,
     "base_backoff_s": 0.2,
     "max_backoff_s": 1.0,
     "lookup_interval_s": 0.5,

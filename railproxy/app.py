@@ -9,7 +9,6 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
-import asyncpg
 from fastapi import FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -17,6 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from payouts.logs import get_logger
 from payouts.migrate import migrate
+from payouts.pgutil import create_pool
 from railproxy import store
 from railproxy.errors import LookupUnavailable, Rejected, StaleToken
 from railproxy.metrics import ProxyMetrics
@@ -51,9 +51,7 @@ def create_app(settings: ProxySettings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await migrate(settings.database_url, schemas={"railproxy"})
-        pool = await asyncpg.create_pool(
-            settings.database_url, min_size=1, max_size=settings.db_pool_max
-        )
+        pool = await create_pool(settings.database_url, min_size=1, max_size=settings.db_pool_max)
         proxy = RailProxy(settings, pool, app.state.metrics)
         app.state.proxy = proxy
         _announce(settings)
