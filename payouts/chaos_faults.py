@@ -1,8 +1,9 @@
 """The chaos runner's fault injector: applies scheduled faults to a running local stack.
 
-Owns: the worker fleet of a chaos run (one worker per slot, replaced after a kill or an armed
-pause), every fault's mechanics (SIGSTOP/SIGCONT, SIGKILL, service restarts, an etcd leader kill
-with its unavailability window measured by lock acquires, rail stub behaviour windows) and
+Owns: the worker fleet of a chaos run (one worker per slot, replaced after a kill; an armed
+pause runs its own extra worker, so it never takes a slot's worker away), every fault's mechanics
+(SIGSTOP/SIGCONT, SIGKILL, service restarts, an etcd leader kill with its unavailability window
+measured by lock acquires, rail stub behaviour windows) and
 restoring normal behaviour at the end. Must never: touch a process the stack did not start, or
 leave a worker stopped or the rail in a fault mode once `restore()` returned.
 """
@@ -10,6 +11,7 @@ leave a worker stopped or the rail in a fault mode once `restore()` returned.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import time
 import uuid
@@ -44,6 +46,8 @@ ARMED_TRIGGER_WAIT_S = 90.0
 #: start-to-close; the bound stays inside the run's submit deadline (payouts.chaos), so the thawed
 #: request reaches the fence checks instead of expiring first.
 ARMED_MAX_FREEZE_S = 75.0
+#: After the thaw, how long the armed worker gets to make its stale attempt before it is stopped.
+ARMED_ATTEMPT_WAIT_S = 30.0
 
 
 class ChaosError(RuntimeError):
@@ -69,6 +73,9 @@ class FaultInjector:
         self.workload_done = workload_done
         self.slots: list[str] = []
         self.records: list[dict[str, Any]] = []
+        #: Armed pauses in progress: each runs in the background with its own extra worker, so
+        #: its long freeze (up to ARMED_MAX_FREEZE_S) does not hold up the rest of the schedule.
+        self._armed: list[asyncio.Task[None]] = []
         self.leader_changes: list[dict[str, Any]] = []
         self._probe_seq = 0
 
@@ -79,25 +86,33 @@ class FaultInjector:
             proc = await self.stack.start_worker(None, self.worker_env)
             self.slots.append(proc.name)
 
-    async def _replace(self, slot: int, env: dict[str, str]) -> ManagedProcess:
-        """Start the new worker first, then stop the old one: the fleet never drops to zero."""
-        proc = await self.stack.start_worker(None, {**self.worker_env, **env})
-        old, self.slots[slot] = self.slots[slot], proc.name
-        await self.stack.stop_worker(old)
-        return proc
-
     # ------------------------------------------------------------------ running a schedule
 
     async def run(self, faults: list[Fault], t0: float) -> None:
         """Fire each fault in order, no earlier than t0 + at_s (later if the previous one ran
-        long), so the order and parameters are the seed's even when timing slips."""
-        for fault in faults:
-            delay = t0 + fault.at_s - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            await self.fire(fault, t0)
+        long), so the order and parameters are the seed's even when timing slips. Armed pauses
+        go on in the background; this returns once they have all finished too."""
+        try:
+            for fault in faults:
+                delay = t0 + fault.at_s - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                await self.fire(fault, t0)
+            await asyncio.gather(*self._armed)
+        finally:
+            for task in self._armed:
+                task.cancel()
+            await asyncio.gather(*self._armed, return_exceptions=True)
+            self.records.sort(key=lambda r: int(r["index"]))
 
     async def fire(self, fault: Fault, t0: float, armed: ManagedProcess | None = None) -> None:
+        """Fire one fault; an armed pause is started here and finishes in the background."""
+        if fault.kind == "pause" and fault.armed:
+            self._armed.append(asyncio.create_task(self._fire(fault, t0, armed)))
+            return
+        await self._fire(fault, t0, None)
+
+    async def _fire(self, fault: Fault, t0: float, armed: ManagedProcess | None) -> None:
         started = time.monotonic()
         self.progress(f"fault {fault.describe()} (fired at t+{started - t0:.1f}s)")
         record: dict[str, Any] = {
@@ -134,14 +149,23 @@ class FaultInjector:
         return {"worker": name, "stopped_s": fault.duration_s}
 
     async def arm(self, fault: Fault) -> ManagedProcess:
-        """Restart the slot's worker with the UC-03 hook armed (it SIGSTOPs itself just before
-        its first rail submission). Separate from `fire` so fault #0 is armed before the
-        workload starts."""
-        return await self._replace(fault.target, ARMED_ENV)
+        """Start an extra worker with the UC-03 hook armed (it SIGSTOPs itself just before its
+        first rail submission). It is not a slot's worker, so the slot faults (pause, kill) never
+        touch it. Separate from `fire` so fault #0 is armed before the workload starts."""
+        return await self.stack.start_worker(None, {**self.worker_env, **ARMED_ENV})
 
     async def _armed_pause(self, fault: Fault, proc: ManagedProcess | None) -> dict[str, Any]:
         if proc is None:
             proc = await self.arm(fault)
+        try:
+            return await self._armed_freeze(proc)
+        finally:
+            # Its one stale attempt is made (or it never froze): the fleet is the slots again.
+            with contextlib.suppress(Exception):
+                self.stack.kill(proc.name, signal.SIGCONT)
+                await self.stack.stop_worker(proc.name)
+
+    async def _armed_freeze(self, proc: ManagedProcess) -> dict[str, Any]:
         pid = proc.pid or 0
         deadline = time.monotonic() + ARMED_TRIGGER_WAIT_S
         while process_state(pid) != "T":
@@ -167,7 +191,9 @@ class FaultInjector:
                 if taken_over:
                     break
             await asyncio.sleep(0.25)
+        stopped_s = round(time.monotonic() - frozen_at, 2)
         self.stack.kill(proc.name, signal.SIGCONT)
+        attempted = await self._stale_attempt_made(proc)
         return {
             "worker": proc.name,
             "armed": True,
@@ -175,17 +201,34 @@ class FaultInjector:
             "payout_id": payout_id,
             "token": token,
             "taken_over": taken_over,
-            "stopped_s": round(time.monotonic() - frozen_at, 2),
+            "stopped_s": stopped_s,
+            "stale_attempt": attempted,
         }
 
+    async def _stale_attempt_made(self, proc: ManagedProcess) -> bool:
+        """Wait (bounded) until the thawed worker's submission has had its answer: the proxy's
+        refusal (fencing on) or the rail's reply (fencing off, the duplicate)."""
+        deadline = time.monotonic() + ARMED_ATTEMPT_WAIT_S
+        while time.monotonic() < deadline and proc.running():
+            events = json_events(proc.log_path)
+            resumed = [i for i, e in enumerate(events) if e.get("event") == "experiment.resumed"]
+            if resumed and any(e.get("event") == "rail.submit" for e in events[resumed[0] :]):
+                return True
+            await asyncio.sleep(0.25)
+        return False
+
     async def _superseded(self, payout_id: str, token: int) -> bool:
-        conn = await asyncpg.connect(self.stack.database_url)
+        # Armed pauses run beside the other faults: PostgreSQL may be restarting right now.
         try:
-            row = await conn.fetchrow(
-                "SELECT state, fence FROM paydb.payouts WHERE payout_id = $1", payout_id
-            )
-        finally:
-            await conn.close()
+            conn = await asyncpg.connect(self.stack.database_url, timeout=5)
+            try:
+                row = await conn.fetchrow(
+                    "SELECT state, fence FROM paydb.payouts WHERE payout_id = $1", payout_id
+                )
+            finally:
+                await conn.close()
+        except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            return False
         if row is None:
             return False
         state = str(row["state"])
