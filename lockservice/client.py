@@ -39,11 +39,13 @@ import importlib.util
 import random
 import sys
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import TracebackType
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -171,6 +173,12 @@ class LockClient:
         self.deadline = float("-inf")  # no session: nothing is held
         self._leases: set[Lease] = set()
         self._tasks: list[asyncio.Task[None]] = []
+        # Orphan reaping (see `_reap`): acquires in flight per key, the token last handed to a
+        # caller per key (until the caller releases it), and the reaper tasks running.
+        self._acquiring: Counter[str] = Counter()
+        self._issued: dict[str, int] = {}
+        self._reapers: set[asyncio.Task[None]] = set()
+        self.orphans_released = 0  # for tests and diagnostics
         self.http_attempts = 0  # requests sent, for tests and diagnostics
 
     # ------------------------------------------------------------------ lifecycle
@@ -196,7 +204,7 @@ class LockClient:
         # Cancel until they are done: on Python 3.11 `asyncio.wait_for` can swallow a
         # cancellation that races with its inner call completing, so one cancel() may not stop
         # a loop; re-cancel whatever is still running instead of waiting on it forever.
-        pending = set(self._tasks)
+        pending = set(self._tasks) | self._reapers
         while pending:
             for t in pending:
                 t.cancel()
@@ -223,6 +231,22 @@ class LockClient:
         """
         api.validate_key(key)
         api.validate_wait(wait_s)
+        self._acquiring[key] += 1
+        lease: Lease | None = None
+        try:
+            lease = await self._acquire(key, wait_s, attempts)
+            self._issued[key] = lease.token
+            return lease
+        finally:
+            self._acquiring[key] -= 1
+            if not self._acquiring[key]:
+                del self._acquiring[key]
+            if lease is None:
+                # A timeout, a lost connection or a cancellation may hide a grant the server
+                # made to this session after all; see `_reap`.
+                self._reap_later(key)
+
+    async def _acquire(self, key: str, wait_s: float, attempts: int | None) -> Lease:
         give_up_at = self.clock() + wait_s
         for retry in (False, True):
             await self._ensure_session()
@@ -270,11 +294,74 @@ class LockClient:
         """Compare-and-delete of this lease's own grant. NotHeld if it was no longer valid."""
         self._leases.discard(lease)
         lease.released = True
+        if self._issued.get(lease.key) == lease.token:
+            del self._issued[lease.key]  # the caller gave it up: a reaper may release it now
         try:
             await self._request("POST", "/v1/locks/release", json=_grant_body(lease.grant))
         except api.NotHeld:
             self._mark_lost(lease, "release_refused")
             raise
+        except BaseException:
+            # The release may not have happened, and this session stays alive (other leases
+            # keep it heartbeating), so the grant would never expire: reap it.
+            self._reap_later(lease.key)
+            raise
+
+    # ------------------------------------------------------------------ orphaned grants
+
+    @property
+    def reaping(self) -> int:
+        """Reapers still running (for tests and diagnostics)."""
+        return len(self._reapers)
+
+    def _reap_later(self, key: str) -> None:
+        task = asyncio.create_task(self._reap(key), name=f"lock-reap:{key}")
+        self._reapers.add(task)
+        task.add_done_callback(self._reapers.discard)
+
+    async def _reap(self, key: str) -> None:
+        """Release a grant the server holds for this session that no caller knows about.
+
+        Why this exists: the session is process-wide and kept alive by the heartbeat, so a grant
+        nobody will release never expires. One appears when an acquire's answer is lost (a
+        timeout, a reset connection, a lock-server restart, the caller cancelled) after the
+        server granted it, or when a release's outcome is unknown; the account's payouts would
+        then wait forever (seen in a load run). Safety never depends on this: a grant no caller
+        holds protects nothing, and the release is the server's compare-and-delete on (key,
+        session, token). It is skipped while an acquire of the key is in flight here (that
+        acquire may be about to own the grant) or when the holder's token is one a caller holds.
+        """
+        for attempt in range(self.attempts):
+            if attempt:
+                await self._sleep(self._backoff(attempt))
+            sid = self.session_id
+            if sid is None or self._acquiring.get(key):
+                return  # no session: its grants ended with it; an acquire in flight reaps later
+            try:
+                info = await self._request("GET", f"/v1/locks?key={quote(key)}", attempts=1)
+            except LockError:
+                continue
+            token = info.get("token")
+            if info.get("holder_session") != sid or token is None:
+                return
+            if self._issued.get(key) == token or self._acquiring.get(key):
+                return
+            grant = {
+                "key": key,
+                "token": token,
+                "session_id": sid,
+                "acquired_at": info["acquired_at"],
+                "expires_at": info["expires_at"],
+            }
+            try:
+                await self._request("POST", "/v1/locks/release", json=grant, attempts=1)
+            except api.NotHeld:
+                return
+            except LockError:
+                continue
+            self.orphans_released += 1
+            _log.warning("lock.orphan_released", key=key, token=token, session_id=sid)
+            return
 
     # ------------------------------------------------------------------ session and deadline
 

@@ -206,6 +206,72 @@ async def test_unit_503_is_retried_then_fails_closed(fake_backend: FakeBackend) 
         assert fake_backend.calls.count("acquire") == 3
 
 
+class _LoseAnswers(httpx.AsyncBaseTransport):
+    """The first request to `path` times out on the client's side. With `forward`, the server
+    received and acted on it (its answer was lost: a reset connection, a restart); without,
+    it never arrived. The client cannot tell the two apart."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport, path: str, forward: bool) -> None:
+        self.inner, self.path, self.forward, self.lose = inner, path, forward, 1
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == self.path and self.lose > 0:
+            self.lose -= 1
+            if self.forward:
+                await self.inner.handle_async_request(request)
+            raise httpx.ReadTimeout("answer lost", request=request)
+        return await self.inner.handle_async_request(request)
+
+
+def _lossy_client(
+    backend: FakeBackend, clock: FakeClock, path: str, *, forward: bool
+) -> LockClient:
+    backend.clock = clock
+    transport = _LoseAnswers(httpx.ASGITransport(app=create_app(backend)), path, forward)
+    return LockClient(
+        "http://lock", clock=clock, sleep=clock.sleep, transport=transport, attempts=1
+    )
+
+
+async def test_unit_grant_whose_answer_was_lost_is_released(fake_backend: FakeBackend) -> None:
+    """The server granted, the answer never arrived: the caller gets an error and no lease, and
+    the SDK releases the orphaned grant, which its live session would otherwise keep forever."""
+    clock = FakeClock()
+    async with _lossy_client(fake_backend, clock, "/v1/locks/acquire", forward=True) as c:
+        with pytest.raises(api.BackendUnavailable):
+            await c.acquire("payout:orphan")
+        await eventually(lambda: c.reaping == 0)
+        assert "payout:orphan" not in fake_backend.held
+        assert c.orphans_released == 1
+        lease = await c.acquire("payout:orphan")  # the account is not blocked
+        assert lease.still_held()
+
+
+async def test_unit_release_whose_answer_was_lost_is_completed(fake_backend: FakeBackend) -> None:
+    """A release with an unknown outcome is finished by the reaper (the session stays alive)."""
+    clock = FakeClock()
+    async with _lossy_client(fake_backend, clock, "/v1/locks/release", forward=False) as c:
+        lease = await c.acquire("payout:r")
+        with pytest.raises(api.BackendUnavailable):
+            await c.release(lease)
+        await eventually(lambda: c.reaping == 0)
+        assert "payout:r" not in fake_backend.held
+        assert c.orphans_released == 1
+
+
+async def test_unit_reaper_never_releases_a_grant_a_caller_holds(fake_backend: FakeBackend) -> None:
+    """Negative control: a failed acquire of a key this process legitimately holds (own session,
+    the caller's token) triggers a reaper that must leave the caller's grant alone."""
+    clock = FakeClock()
+    async with _client(fake_backend, clock) as c:
+        lease = await c.acquire("payout:mine")
+        with pytest.raises(NotAcquiredError):
+            await c.acquire("payout:mine", wait_s=0)  # no re-entrancy: held, by ourselves
+        await eventually(lambda: c.reaping == 0)
+        assert fake_backend.held["payout:mine"].token == lease.token
+        assert c.orphans_released == 0 and lease.still_held()
+
+
 async def test_unit_no_fail_open_option() -> None:
     """The SDK exposes no parameter that would let a caller proceed without a grant (FR-27)."""
     import inspect
