@@ -6,8 +6,12 @@ decide expiry with the client's clock (expiry is `clock_timestamp()` on the serv
 
 Token = compose_token(epoch, counter): `key_counters.counter` is bumped with
 `counter = counter + 1` under the row lock, so concurrent acquirers of one key are serialised by
-PostgreSQL and every grant gets a fresh, higher counter. Waiting acquirers are woken by
-LISTEN/NOTIFY on release/revoke/close and poll with jitter to notice silent session expiry.
+PostgreSQL and every grant gets a fresh, higher counter.
+
+A blocked acquirer sleeps until the first of: a NOTIFY for its key (release, revoke, close, epoch
+bump), the holder's session expiry as the server reported it (a silent expiry sends no NOTIFY)
+plus a little jitter, its deadline, or a safety cap. Finding a key held takes no row lock and
+writes nothing (003_cheap_waiters.sql), so thousands of waiters stay cheap.
 """
 
 from __future__ import annotations
@@ -44,9 +48,14 @@ from lockservice.api import (
 
 _BACKEND = "postgres"
 _CHANNEL = "lockservice_release"
-#: Polling period of a blocked acquirer; NOTIFY wakes it earlier on release, revoke and close.
-_POLL_S = 0.2
-_POLL_JITTER_S = 0.1
+#: Longest a blocked acquirer sleeps between attempts. NOTIFY wakes it on release, revoke, close
+#: and epoch bump, and the holder's reported expiry wakes it for a silent expiry; this cap bounds
+#: how late it notices a release whose NOTIFY was lost, e.g. one sent while the listener
+#: connection was down and reconnecting after a database restart.
+_WAIT_CAP_S = 5.0
+#: Spread over a key's waiters, so they do not all call the database the instant its holder's
+#: lease runs out.
+_EXPIRY_JITTER_S = 0.05
 #: epoch * TOKEN_EPOCH_STRIDE must fit in a bigint.
 MAX_EPOCH = (1 << 63) // TOKEN_EPOCH_STRIDE - 1
 
@@ -84,17 +93,20 @@ class PostgresBackend:
         self._url = database_url
         self._prefix = prefix
         self._listener: asyncpg.Connection | None = None
+        # One reconnect at a time: concurrent waiters would otherwise each open a listener
+        # connection and all but the last would leak.
+        self._reconnecting = asyncio.Lock()
+        self._closed = False
         self._wakeups: dict[str, set[asyncio.Event]] = {}
 
     @classmethod
     async def start(cls, database_url: str, prefix: str = "") -> PostgresBackend:
         from payouts.migrate import migrate
+        from payouts.pgutil import create_pool
 
         with _unavailable_on_connection_error():
             await migrate(database_url, schemas={"lockservice"})
-            pool = await asyncpg.create_pool(
-                database_url, min_size=1, max_size=10, command_timeout=10
-            )
+            pool = await create_pool(database_url, min_size=1, max_size=10, command_timeout=10)
             await pool.execute(
                 "INSERT INTO lockservice.epochs (prefix) VALUES ($1) ON CONFLICT DO NOTHING",
                 prefix,
@@ -108,16 +120,32 @@ class PostgresBackend:
     def _full(self, key: str) -> str:
         return self._prefix + key
 
+    def _listening(self) -> bool:
+        return self._listener is not None and not self._listener.is_closed()
+
     async def _ensure_listener(self) -> None:
-        """Best effort: without a listener, blocked acquirers still poll."""
-        if self._listener is not None and not self._listener.is_closed():
+        """Best effort: without a listener, blocked acquirers still retry at the holder's expiry
+        or after _WAIT_CAP_S. Returns at once while another caller is reconnecting, so that
+        waiters never queue behind a slow connect."""
+        if self._listening() or self._closed or self._reconnecting.locked():
             return
-        try:
-            conn = await asyncpg.connect(self._url, timeout=5)
-            await conn.add_listener(_CHANNEL, self._on_notify)
-            self._listener = conn
-        except _CONNECTION_ERRORS:
+        async with self._reconnecting:
+            if self._listening() or self._closed:
+                return
             self._listener = None
+            try:
+                conn = await asyncpg.connect(self._url, timeout=5)
+            except _CONNECTION_ERRORS:
+                return
+            try:
+                await conn.add_listener(_CHANNEL, self._on_notify)
+            except _CONNECTION_ERRORS:
+                conn.terminate()
+                return
+            if self._closed:  # close() ran while we connected: nobody would close this one
+                conn.terminate()
+                return
+            self._listener = conn
 
     def _on_notify(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
         for event in self._wakeups.get(payload, ()):
@@ -174,11 +202,31 @@ class PostgresBackend:
         if sid is None:
             raise SessionNotFound(f"unknown session {session_id!r}")
         full = self._full(key)
+        if wait == 0:
+            return (await self._try_acquire(sid, key, full))[0]
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
         wake = asyncio.Event()
-        result = await self._try_acquire(sid, key, full)
-        if isinstance(result, Grant) or wait == 0:
+        # Registered and listening BEFORE the first attempt: a release that commits after that
+        # attempt read the holder always sets `wake`, even though we then sleep for seconds.
+        self._wakeups.setdefault(full, set()).add(wake)
+        try:
+            await self._ensure_listener()
+            return await self._wait_for_grant(sid, key, full, deadline, wake)
+        finally:
+            waiting = self._wakeups.get(full)
+            if waiting is not None:
+                waiting.discard(wake)
+                if not waiting:
+                    del self._wakeups[full]
+
+    async def _wait_for_grant(
+        self, sid: uuid.UUID, key: str, full: str, deadline: float, wake: asyncio.Event
+    ) -> Grant | NotAcquired:
+        """Attempt; while held, sleep until a wake-up (see the module docstring) and retry."""
+        loop = asyncio.get_running_loop()
+        result, holder_expires_in = await self._try_acquire(sid, key, full)
+        if isinstance(result, Grant):
             return result
         # Blocked: count as a waiter of the key until we return (inspect().waiters).
         waiter_id = uuid.uuid4()
@@ -189,38 +237,40 @@ class PostgresBackend:
                 sid,
                 waiter_id,
             )
-        self._wakeups.setdefault(full, set()).add(wake)
         try:
-            await self._ensure_listener()
             while True:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     return NotAcquired(key=key, reason="timeout")
+                nap = min(remaining, _WAIT_CAP_S)
+                if holder_expires_in is not None:
+                    nap = min(nap, holder_expires_in + random.uniform(0, _EXPIRY_JITTER_S))
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(
-                        wake.wait(), min(remaining, _POLL_S + random.uniform(0, _POLL_JITTER_S))
-                    )
+                    await asyncio.wait_for(wake.wait(), nap)
+                # After a database restart the listener is gone; NOTIFYs sent before it is back
+                # are lost, which the attempt below (made after it listens again) makes up for.
+                await self._ensure_listener()
                 # Cleared before the attempt, so a NOTIFY arriving during it is not lost.
                 wake.clear()
-                result = await self._try_acquire(sid, key, full)
+                result, holder_expires_in = await self._try_acquire(sid, key, full)
                 if isinstance(result, Grant):
                     return result
         finally:
-            waiting = self._wakeups.get(full)
-            if waiting is not None:
-                waiting.discard(wake)
-                if not waiting:
-                    del self._wakeups[full]
             with contextlib.suppress(*_CONNECTION_ERRORS):
                 await self._pool.execute(
                     "DELETE FROM lockservice.waiters WHERE waiter_id = $1", waiter_id
                 )
 
-    async def _try_acquire(self, sid: uuid.UUID, key: str, full: str) -> Grant | NotAcquired:
+    async def _try_acquire(
+        self, sid: uuid.UUID, key: str, full: str
+    ) -> tuple[Grant | NotAcquired, float | None]:
+        """One attempt; when the key is held, also the seconds until its holder's session
+        expires on the server's clock (unless kept alive)."""
         with _unavailable_on_connection_error():
             # One round trip: the whole grant decision is one plpgsql function, one transaction
-            # (002_grant_functions.sql): epoch FOR SHARE, counter row FOR UPDATE (serialises the
-            # key's acquirers and revokers), holder check, counter + 1, holder and history rows.
+            # (003_cheap_waiters.sql): a lock-free read answers 'held'; otherwise epoch FOR SHARE,
+            # counter row FOR UPDATE (serialises the key's acquirers and revokers), holder
+            # re-check, counter + 1, holder and history rows.
             row = await self._pool.fetchrow(
                 "SELECT * FROM lockservice.acquire_grant($1, $2, $3, $4)",
                 self._prefix,
@@ -231,18 +281,20 @@ class PostgresBackend:
         if row["status"] == "no_session":
             raise SessionNotFound(f"session {sid} is unknown or expired")
         if row["status"] == "held":
-            return NotAcquired(key=key, reason="held")
+            expires_in: float = row["holder_expires_in"]
+            return NotAcquired(key=key, reason="held"), expires_in
         if row["expired_token"] is not None:
             events.expired(_BACKEND, key, row["expired_token"], str(row["expired_session"]))
         token: int = row["token"]
         events.acquired(_BACKEND, key, token, str(sid))
-        return Grant(
+        grant = Grant(
             key=key,
             token=token,
             session_id=str(sid),
             acquired_at=row["acquired_at"],
             expires_at=row["expires_at"],
         )
+        return grant, None
 
     @staticmethod
     async def _end_history(
@@ -460,6 +512,7 @@ class PostgresBackend:
         return [{**dict(r), "detail": json.loads(r["detail"])} for r in rows]
 
     async def close(self) -> None:
+        self._closed = True
         if self._listener is not None:
             with contextlib.suppress(*_CONNECTION_ERRORS):
                 await self._listener.close(timeout=2)

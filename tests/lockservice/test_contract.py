@@ -11,6 +11,7 @@ import itertools
 import random
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 
 import pytest
 from structlog.testing import capture_logs
@@ -54,6 +55,17 @@ async def _acquire(backend: LockBackend, sid: str, key: str, wait_s: float = 10)
     got = await backend.acquire(sid, key, wait_s)
     assert isinstance(got, Grant), got
     return got
+
+
+async def _wait_until_waiting(
+    backend: LockBackend, key: str, blocked: asyncio.Task[Grant | NotAcquired]
+) -> None:
+    """Until `blocked` (an acquire of `key`) has found the key held and counts as its waiter."""
+    deadline = time.monotonic() + 10
+    while (await backend.inspect(key)).waiters != 1:
+        assert time.monotonic() < deadline, "the blocked acquirer never showed up as a waiter"
+        assert not blocked.done(), blocked.result()
+        await asyncio.sleep(0.02)
 
 
 async def _wait_until_free(backend: LockBackend, key: str, budget_s: float = 15) -> None:
@@ -173,12 +185,27 @@ async def test_concurrent_acquirers_are_mutually_exclusive(backend: LockBackend)
 
 
 async def test_expiry_after_missed_heartbeats(backend: LockBackend) -> None:
-    """A session that stops heartbeating expires on the server; its grant can be neither renewed
-    nor released, and a waiter then acquires with a higher token."""
-    dead = await backend.open_session(1)
+    """A blocked waiter stays blocked while the holder heartbeats, also past the expiry it saw
+    when it blocked; once the holder stops heartbeating (no release, no close: nothing notifies
+    the waiter) its session expires on the server, the waiter acquires with a higher token, and
+    the old grant can be neither renewed nor released."""
+    dead = await backend.open_session(2)
     g = await _acquire(backend, dead.session_id, "k", 0)
     live = await backend.open_session(30)
-    g2 = await _acquire(backend, live.session_id, "k", 30)  # returns once the lease has expired
+    waiter = asyncio.create_task(backend.acquire(live.session_id, "k", 30))
+    try:
+        await _wait_until_waiting(backend, "k", waiter)
+        # Heartbeat until the holder's expiry, as of when the waiter blocked, lies in the past
+        # (on the backend's own clock): a waiter that trusted that expiry would now be wrong.
+        renewed = g
+        while renewed.expires_at < g.expires_at + timedelta(seconds=dead.ttl_s):
+            await asyncio.sleep(dead.ttl_s / 5)
+            renewed = await backend.renew(renewed)  # NotHeld here: the waiter took it too early
+            assert not waiter.done(), f"granted while the holder is alive: {waiter.result()}"
+        g2 = await waiter  # returns once the lease has expired
+    finally:
+        waiter.cancel()
+    assert isinstance(g2, Grant), g2
     assert g2.token > g.token
     with pytest.raises(NotHeld):
         await backend.renew(g)
@@ -248,11 +275,7 @@ async def test_waiter_count(backend: LockBackend) -> None:
     g = await _acquire(backend, a.session_id, "k", 0)
     assert (await backend.inspect("k")).waiters == 0
     blocked = asyncio.create_task(backend.acquire(b.session_id, "k", 30))
-    deadline = time.monotonic() + 10
-    while (await backend.inspect("k")).waiters != 1:
-        assert time.monotonic() < deadline, "the blocked acquirer never showed up as a waiter"
-        assert not blocked.done()
-        await asyncio.sleep(0.02)
+    await _wait_until_waiting(backend, "k", blocked)
     await backend.release(g)
     g2 = await blocked
     assert isinstance(g2, Grant) and g2.token > g.token
