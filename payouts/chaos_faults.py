@@ -24,6 +24,7 @@ import httpx
 from payouts.chaos_schedule import Fault
 from payouts.experiments import json_events, process_state
 from payouts.logs import get_logger
+from payouts.pgutil import create_pool
 from payouts.stack import Stack
 from payouts.stack_process import ManagedProcess
 
@@ -70,6 +71,11 @@ class FaultInjector:
         self.worker_env = worker_env
         self.lease_s = lease_s
         self.progress = progress
+        # One HTTP client and one small pool for the whole run: building an httpx client costs an
+        # SSL context and a PostgreSQL connection costs a backend process, and the armed pauses
+        # and leader-kill probes ask many times a second (they were a fifth of a core).
+        self._http = httpx.AsyncClient(timeout=5.0)
+        self._pool: asyncpg.Pool | None = None
         self.workload_done = workload_done
         self.slots: list[str] = []
         self.records: list[dict[str, Any]] = []
@@ -190,7 +196,7 @@ class FaultInjector:
                 taken_over = await self._superseded(payout_id, token)
                 if taken_over:
                     break
-            await asyncio.sleep(0.25)
+            await asyncio.sleep(1.0)
         stopped_s = round(time.monotonic() - frozen_at, 2)
         self.stack.kill(proc.name, signal.SIGCONT)
         attempted = await self._stale_attempt_made(proc)
@@ -220,13 +226,13 @@ class FaultInjector:
     async def _superseded(self, payout_id: str, token: int) -> bool:
         # Armed pauses run beside the other faults: PostgreSQL may be restarting right now.
         try:
-            conn = await asyncpg.connect(self.stack.database_url, timeout=5)
-            try:
-                row = await conn.fetchrow(
-                    "SELECT state, fence FROM paydb.payouts WHERE payout_id = $1", payout_id
+            if self._pool is None:
+                self._pool = await create_pool(
+                    self.stack.database_url, min_size=0, max_size=2, timeout=5
                 )
-            finally:
-                await conn.close()
+            row = await self._pool.fetchrow(
+                "SELECT state, fence FROM paydb.payouts WHERE payout_id = $1", payout_id
+            )
         except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
             return False
         if row is None:
@@ -300,24 +306,24 @@ class FaultInjector:
         self._probe_seq += 1
         key = f"chaos:probe-{uuid.uuid4().hex[:8]}-{self._probe_seq}"
         try:
-            async with httpx.AsyncClient(base_url=self.stack.lock_url, timeout=1.0) as http:
-                s = await http.post("/v1/sessions", json={"ttl_s": 2.0})
-                if s.status_code != 200:
-                    return False
-                r = await http.post(
-                    "/v1/locks/acquire",
-                    json={"session_id": s.json()["session_id"], "key": key, "wait_s": 0},
-                )
-                return r.status_code == 200
+            base, http = self.stack.lock_url, self._http
+            s = await http.post(f"{base}/v1/sessions", json={"ttl_s": 2.0}, timeout=1.0)
+            if s.status_code != 200:
+                return False
+            r = await http.post(
+                f"{base}/v1/locks/acquire",
+                json={"session_id": s.json()["session_id"], "key": key, "wait_s": 0},
+                timeout=1.0,
+            )
+            return r.status_code == 200
         except httpx.HTTPError:
             return False
 
     # ------------------------------------------------------------------ rail windows
 
     async def rail(self, patch: dict[str, Any]) -> None:
-        async with httpx.AsyncClient(base_url=self.stack.railstub_url, timeout=5.0) as http:
-            r = await http.post("/admin/behaviour", json=patch)
-            r.raise_for_status()
+        r = await self._http.post(f"{self.stack.railstub_url}/admin/behaviour", json=patch)
+        r.raise_for_status()
 
     async def _rail_window(self, fault: Fault) -> dict[str, Any]:
         windows: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
@@ -334,6 +340,13 @@ class FaultInjector:
         return {"window_s": fault.duration_s, **on}
 
     # ------------------------------------------------------------------ the end
+
+    async def close(self) -> None:
+        """Release the injector's client and pool (the run's end)."""
+        await self._http.aclose()
+        if self._pool is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._pool.close(), 5)
 
     async def restore(self) -> None:
         """Normal behaviour again: the rail's baseline, every worker running, etcd whole."""

@@ -19,9 +19,10 @@ from payouts.chaos_schedule import FAULT_KINDS
 pytestmark = pytest.mark.slow
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
-# A generous settle budget: a loaded 2-core CI machine drains the last payouts slowly; the
-# run still has to settle completely (asserted below), it is only given the time to.
-SMALL = {"payouts": 25, "accounts": 5, "workers": 2, "settle_timeout_s": 300.0}
+# Settling is judged on progress (no payout may go 120 s without any state change); a loaded
+# 2-core CI machine drains the last payouts slowly, and the run still has to settle completely
+# (asserted below). The cap only bounds a run that keeps changing state forever.
+SMALL = {"payouts": 25, "accounts": 5, "workers": 2, "settle_timeout_s": 600.0}
 
 
 def _assert_ran_every_fault(summary: dict[str, object]) -> None:
