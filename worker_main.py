@@ -113,8 +113,12 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
                 task_queue=settings.task_queue,
                 workflows=[PayoutWorkflow, ReconcileWorkflow],
                 activities=[*acts.shared_queue_activities(), reconciler.reconcile],
-                # A paused or dead worker's cached workflows move to a live worker quickly.
-                sticky_queue_schedule_to_start_timeout=timedelta(seconds=3),
+                # How long a workflow task waits for the worker that has the workflow cached
+                # before any worker may take it (and replay the whole history). Not shorter: on
+                # a busy machine a 3 s timeout fired for healthy workers, and every timeout was
+                # a replay, which made the machine busier still (a 2,000-payout run fell to
+                # 1 payout/s). A paused or dead worker's workflows move on after this.
+                sticky_queue_schedule_to_start_timeout=timedelta(seconds=10),
                 max_concurrent_activities=settings.shared_max_concurrent_activities,
             )
             holder = Worker(
