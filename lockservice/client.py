@@ -39,8 +39,7 @@ import importlib.util
 import random
 import sys
 import time
-from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import TracebackType
@@ -66,6 +65,14 @@ if importlib.util.find_spec("sniffio") is None:
 Clock = Callable[[], float]
 Sleep = Callable[[float], Awaitable[None]]
 LostCallback = Callable[["Lease", str], None]
+
+
+@dataclass
+class _Turn:
+    """One key's exclusive turn in this process, and how many are using or waiting for it."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    users: int = 0
 
 
 class NotAcquiredError(LockError):
@@ -173,9 +180,9 @@ class LockClient:
         self.deadline = float("-inf")  # no session: nothing is held
         self._leases: set[Lease] = set()
         self._tasks: list[asyncio.Task[None]] = []
-        # Orphan reaping (see `_reap`): acquires in flight per key, the token last handed to a
-        # caller per key (until the caller releases it), and the reaper tasks running.
-        self._acquiring: Counter[str] = Counter()
+        # Orphan reaping (see `_reap`): one turn per key (an acquire in flight or a reaper), the
+        # token last handed to a caller per key (until the caller releases it), the reapers.
+        self._turns: dict[str, _Turn] = {}
         self._issued: dict[str, int] = {}
         self._reapers: set[asyncio.Task[None]] = set()
         self.orphans_released = 0  # for tests and diagnostics
@@ -231,28 +238,56 @@ class LockClient:
         """
         api.validate_key(key)
         api.validate_wait(wait_s)
-        self._acquiring[key] += 1
+        give_up_at = self.clock() + wait_s
+        requested = False
         lease: Lease | None = None
         try:
-            lease = await self._acquire(key, wait_s, attempts)
-            self._issued[key] = lease.token
-            return lease
+            # One acquire of a key at a time in this process: the others wait here, not on the
+            # server. That keeps the lock server's waiters few, and it lets a reaper know that
+            # no acquire of the key is in flight while it holds the key's turn.
+            async with self._turn(key, wait_s):
+                requested = True
+                lease = await self._acquire(key, give_up_at, attempts)
+                self._issued[key] = lease.token
+                return lease
         finally:
-            self._acquiring[key] -= 1
-            if not self._acquiring[key]:
-                del self._acquiring[key]
-            if lease is None:
+            if requested and lease is None:
                 # A timeout, a lost connection or a cancellation may hide a grant the server
-                # made to this session after all; see `_reap`.
-                self._reap_later(key)
+                # made to this session, possibly later still, when the server-side wait of a
+                # request we gave up on ends: reap after that (see `_reap`).
+                late = max(0.0, give_up_at - self.clock()) + self.request_timeout_s
+                self._reap_later(key, late)
 
-    async def _acquire(self, key: str, wait_s: float, attempts: int | None) -> Lease:
-        give_up_at = self.clock() + wait_s
+    @contextlib.asynccontextmanager
+    async def _turn(self, key: str, wait_s: float | None) -> AsyncIterator[None]:
+        """Exclusive use of `key` in this process (FIFO); NotAcquiredError after `wait_s`."""
+        turn = self._turns.setdefault(key, _Turn())
+        turn.users += 1
+        try:
+            try:
+                if wait_s is None or turn.users == 1:
+                    await turn.lock.acquire()  # nobody else: at once (wait_for(.., 0) would not)
+                elif wait_s > 0:
+                    await asyncio.wait_for(turn.lock.acquire(), wait_s)
+                else:
+                    raise TimeoutError
+            except TimeoutError:
+                raise NotAcquiredError(key, "timeout") from None
+            try:
+                yield
+            finally:
+                turn.lock.release()
+        finally:
+            turn.users -= 1
+            if not turn.users:
+                del self._turns[key]
+
+    async def _acquire(self, key: str, give_up_at: float, attempts: int | None) -> Lease:
         for retry in (False, True):
             await self._ensure_session()
             sid = self.session_id
             assert sid is not None
-            wait = max(0.0, give_up_at - self.clock()) if retry else wait_s
+            wait = max(0.0, give_up_at - self.clock())
             body = {"session_id": sid, "key": key, "wait_s": wait}
             try:
                 data = await self._request(
@@ -304,7 +339,7 @@ class LockClient:
         except BaseException:
             # The release may not have happened, and this session stays alive (other leases
             # keep it heartbeating), so the grant would never expire: reap it.
-            self._reap_later(lease.key)
+            self._reap_later(lease.key, self.request_timeout_s)
             raise
 
     # ------------------------------------------------------------------ orphaned grants
@@ -314,29 +349,36 @@ class LockClient:
         """Reapers still running (for tests and diagnostics)."""
         return len(self._reapers)
 
-    def _reap_later(self, key: str) -> None:
-        task = asyncio.create_task(self._reap(key), name=f"lock-reap:{key}")
+    def _reap_later(self, key: str, delay_s: float) -> None:
+        task = asyncio.create_task(self._reap(key, delay_s), name=f"lock-reap:{key}")
         self._reapers.add(task)
         task.add_done_callback(self._reapers.discard)
 
-    async def _reap(self, key: str) -> None:
+    async def _reap(self, key: str, delay_s: float) -> None:
         """Release a grant the server holds for this session that no caller knows about.
 
         Why this exists: the session is process-wide and kept alive by the heartbeat, so a grant
-        nobody will release never expires. One appears when an acquire's answer is lost (a
-        timeout, a reset connection, a lock-server restart, the caller cancelled) after the
-        server granted it, or when a release's outcome is unknown; the account's payouts would
-        then wait forever (seen in a load run). Safety never depends on this: a grant no caller
-        holds protects nothing, and the release is the server's compare-and-delete on (key,
-        session, token). It is skipped while an acquire of the key is in flight here (that
-        acquire may be about to own the grant) or when the holder's token is one a caller holds.
+        nobody will release never expires, and the account's payouts would wait forever (seen
+        in load runs). One appears when an acquire's answer is lost after the server granted it
+        (a timeout, a reset connection, a lock-server restart, a cancelled caller; the server
+        may even grant after the client gave up, until its own wait ends), or when a release's
+        outcome is unknown. So the reaper first waits out the failed request's server-side
+        wait (`delay_s`), then takes the key's turn, so no acquire of the key is in flight in
+        this process, and releases a grant whose holder is this session under a token no caller
+        holds. Safety never depends on this: a grant no caller holds protects nothing, and the
+        release is the server's compare-and-delete on (key, session, token).
         """
+        await self._sleep(delay_s)
+        async with self._turn(key, None):
+            await self._release_orphan(key)
+
+    async def _release_orphan(self, key: str) -> None:
         for attempt in range(self.attempts):
             if attempt:
                 await self._sleep(self._backoff(attempt))
             sid = self.session_id
-            if sid is None or self._acquiring.get(key):
-                return  # no session: its grants ended with it; an acquire in flight reaps later
+            if sid is None:
+                return  # no session: its grants ended with it
             try:
                 info = await self._request("GET", f"/v1/locks?key={quote(key)}", attempts=1)
             except LockError:
@@ -344,8 +386,8 @@ class LockClient:
             token = info.get("token")
             if info.get("holder_session") != sid or token is None:
                 return
-            if self._issued.get(key) == token or self._acquiring.get(key):
-                return
+            if self._issued.get(key) == token:
+                return  # a caller holds it
             grant = {
                 "key": key,
                 "token": token,

@@ -240,11 +240,33 @@ async def test_unit_grant_whose_answer_was_lost_is_released(fake_backend: FakeBa
     async with _lossy_client(fake_backend, clock, "/v1/locks/acquire", forward=True) as c:
         with pytest.raises(api.BackendUnavailable):
             await c.acquire("payout:orphan")
+        assert "payout:orphan" in fake_backend.held  # the orphan: granted, known to nobody
+        await clock.advance(c.request_timeout_s + 1)  # the reaper waits out the server's wait
         await eventually(lambda: c.reaping == 0)
         assert "payout:orphan" not in fake_backend.held
         assert c.orphans_released == 1
         lease = await c.acquire("payout:orphan")  # the account is not blocked
         assert lease.still_held()
+
+
+async def test_unit_grant_made_after_the_client_gave_up_is_released(
+    fake_backend: FakeBackend,
+) -> None:
+    """The server may grant after the client gave up on the request (its own wait had not
+    ended): the reaper waits that out before it looks, so the late grant is released too."""
+    clock = FakeClock()
+    async with _lossy_client(fake_backend, clock, "/v1/locks/acquire", forward=False) as c:
+        with pytest.raises(api.BackendUnavailable):
+            await c.acquire("payout:late", wait_s=2.0)
+        await clock.advance(1.0)
+        # The server's wait ends now and grants the request nobody is waiting for any more.
+        assert c.session_id is not None
+        late = await fake_backend.acquire(c.session_id, "payout:late", 0)
+        assert isinstance(late, api.Grant)
+        await clock.advance(2.0 + c.request_timeout_s)
+        await eventually(lambda: c.reaping == 0)
+        assert "payout:late" not in fake_backend.held
+        assert c.orphans_released == 1
 
 
 async def test_unit_release_whose_answer_was_lost_is_completed(fake_backend: FakeBackend) -> None:
@@ -254,6 +276,7 @@ async def test_unit_release_whose_answer_was_lost_is_completed(fake_backend: Fak
         lease = await c.acquire("payout:r")
         with pytest.raises(api.BackendUnavailable):
             await c.release(lease)
+        await clock.advance(c.request_timeout_s + 1)
         await eventually(lambda: c.reaping == 0)
         assert "payout:r" not in fake_backend.held
         assert c.orphans_released == 1
@@ -267,6 +290,8 @@ async def test_unit_reaper_never_releases_a_grant_a_caller_holds(fake_backend: F
         lease = await c.acquire("payout:mine")
         with pytest.raises(NotAcquiredError):
             await c.acquire("payout:mine", wait_s=0)  # no re-entrancy: held, by ourselves
+        assert c.reaping == 1
+        await clock.advance(c.request_timeout_s + 1)
         await eventually(lambda: c.reaping == 0)
         assert fake_backend.held["payout:mine"].token == lease.token
         assert c.orphans_released == 0 and lease.still_held()
