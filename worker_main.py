@@ -60,6 +60,10 @@ class WorkerSettings(BaseSettings):
     lock_ttl_s: float = 15.0
     lock_heartbeat_s: float = 5.0
     lock_safety_margin: float = 0.3
+    # A grant no step has used for this long is released (a workflow that moved on leaked it).
+    # Comfortably longer than the longest gap between two steps of one critical section, which
+    # the workflow bounds by holder_pickup_s (10 s by default).
+    lease_idle_s: float = 60.0
     # FR-29: experiment only. Off removes the fence condition from the payment database's writes;
     # it is logged loudly by the store at start-up.
     enforce_fencing: bool = True
@@ -127,6 +131,7 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
                 activities=acts.holder_queue_activities(),
                 max_concurrent_activities=settings.max_concurrent_activities,
             )
+            sweeper = asyncio.create_task(acts.sweep_idle_leases(settings.lease_idle_s))
             async with shared, holder:
                 log.info(
                     "worker.started",
@@ -136,6 +141,9 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
                     enforce_fencing=settings.enforce_fencing,
                 )
                 await stop.wait()
+            sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sweeper
             log.info("worker.stopped", worker_id=settings.worker_id)
     finally:
         await pool.close()

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import signal
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -97,6 +100,35 @@ async def _heartbeating(interval_s: float = 1.0) -> AsyncIterator[None]:
             await task
 
 
+@dataclass
+class _LeaseUse:
+    """How a grant held by this process is being used by the critical-section steps."""
+
+    active: int = 0  # steps running under it now
+    idle_since: float = field(default_factory=time.monotonic)
+
+
+_Step = Callable[["PayoutActivities", m.StepRequest], Awaitable[Any]]
+
+
+def _holder_step(fn: _Step) -> _Step:
+    """Marks the step's grant in use while the step runs (see `sweep_idle_leases`)."""
+
+    @functools.wraps(fn)
+    async def run(self: PayoutActivities, req: m.StepRequest) -> Any:
+        use = self._use.get((lock_key(req.account_id), req.token))
+        if use is not None:
+            use.active += 1
+        try:
+            return await fn(self, req)
+        finally:
+            if use is not None:
+                use.active -= 1
+                use.idle_since = time.monotonic()
+
+    return run
+
+
 class PayoutActivities:
     """Bound methods registered on the worker; one instance per worker process."""
 
@@ -122,6 +154,7 @@ class PayoutActivities:
         self._now = now
         # Tokens are unique per key, not globally: one process holds many accounts' grants.
         self._leases: dict[tuple[str, int], Lease] = {}
+        self._use: dict[tuple[str, int], _LeaseUse] = {}
         # UC-03 experiment only: freeze this process (a real SIGSTOP, like a stop-the-world GC)
         # once, between the still_held() check and the rail call: the check-then-act gap.
         self._pause_before_submit = pause_before_submit
@@ -244,6 +277,7 @@ class PayoutActivities:
             )
             return m.AcquireResult(acquired=False, reason="unavailable")
         self._leases[(lease.key, lease.token)] = lease
+        self._use[(lease.key, lease.token)] = _LeaseUse()
         return m.AcquireResult(acquired=True, token=lease.token, worker_queue=self._worker_queue)
 
     @activity.defn(name=m.LOOKUP_RAIL)
@@ -323,6 +357,7 @@ class PayoutActivities:
     # ------------------------------------------------------------------ holder queue
 
     @activity.defn(name=m.REREAD_AND_CLAIM)
+    @_holder_step
     async def reread_and_claim(self, req: m.StepRequest) -> m.PayoutView:
         """UC-01 steps 3-4: re-read inside the lease; claim only a PENDING payout (FR-14)."""
         payout = await self._current(req.payout_id)
@@ -337,6 +372,7 @@ class PayoutActivities:
         return _view(payout, attempt)
 
     @activity.defn(name=m.SUBMIT_TO_RAIL)
+    @_holder_step
     async def submit_to_rail(self, req: m.StepRequest) -> m.PayoutView:
         """UC-01 steps 5-7. Scheduled with maximum_attempts=1 and never retried here either.
 
@@ -460,6 +496,7 @@ class PayoutActivities:
         )
 
     @activity.defn(name=m.RECOVER_FROM_ATTEMPT)
+    @_holder_step
     async def recover_from_attempt(self, req: m.StepRequest) -> m.PayoutView:
         """UC-04: a payout left CLAIMED or RAIL_SUBMITTED by a holder that died or was fenced.
 
@@ -482,6 +519,7 @@ class PayoutActivities:
         return _view(payout, attempt)
 
     @activity.defn(name=m.POST_TO_LEDGER)
+    @_holder_step
     async def post_to_ledger(self, req: m.StepRequest) -> m.PayoutView:
         """UC-01 step 8: ledger rows, balance and POSTED in one fenced transaction."""
         payout = await self._write(
@@ -490,6 +528,7 @@ class PayoutActivities:
         return _view(payout)
 
     @activity.defn(name=m.RESOLVE_AMBIGUOUS)
+    @_holder_step
     async def resolve_ambiguous(self, req: m.StepRequest) -> m.PayoutView:
         ctx = self._ctx(req.context)
         if req.resolution == "settled":
@@ -505,6 +544,7 @@ class PayoutActivities:
         return _view(await self._write(req, write))
 
     @activity.defn(name=m.ABANDON_PAYOUT)
+    @_holder_step
     async def abandon_payout(self, req: m.StepRequest) -> m.PayoutView:
         """Break-glass RAIL_AMBIGUOUS -> ABANDONED, with the operator as the audited actor."""
         ctx = self._ctx(req.context, actor=req.operator)
@@ -520,8 +560,42 @@ class PayoutActivities:
     @activity.defn(name=m.RELEASE_LOCK)
     async def release_lock(self, req: m.StepRequest) -> None:
         """UC-01 step 9. Best effort: a lost release only delays the next holder to expiry."""
+        self._use.pop((lock_key(req.account_id), req.token), None)
         lease = self._leases.pop((lock_key(req.account_id), req.token), None)
         if lease is None:
             return
         with contextlib.suppress(LockError, httpx.HTTPError):
             await self._locks.release(lease)
+
+    # ------------------------------------------------------------------ leaked grants
+
+    async def sweep_idle_leases(self, idle_s: float, every_s: float = 5.0) -> None:
+        """Release grants this process holds that no step has used for `idle_s`; runs until
+        cancelled (worker_main starts it).
+
+        Why: a grant whose workflow moved on is never released by that workflow, and this
+        process's session, kept alive by the heartbeat, would hold it forever, stopping every
+        later payout of the account (seen in a 2,000-payout chaos run: an acquire activity that
+        finished after Temporal had timed it out handed its lease to nobody). A workflow's next
+        step always comes within its `holder_pickup_s` or is abandoned, so `idle_s` must only be
+        comfortably longer than that. Safety never depends on this: a step that comes later
+        finds no grant (LOCK_LOST), and the resources fence whatever it would have done.
+        """
+        while True:
+            await asyncio.sleep(every_s)
+            now = time.monotonic()
+            for k, use in list(self._use.items()):
+                if use.active or now - use.idle_since < idle_s:
+                    continue
+                self._use.pop(k, None)
+                lease = self._leases.pop(k, None)
+                if lease is None:
+                    continue
+                log.warning(
+                    "lock.idle_lease_released",
+                    key=lease.key,
+                    token=lease.token,
+                    idle_s=round(now - use.idle_since, 1),
+                )
+                with contextlib.suppress(LockError, httpx.HTTPError):
+                    await self._locks.release(lease)
