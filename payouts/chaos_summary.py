@@ -137,6 +137,12 @@ def summarize(ev: Evidence) -> dict[str, Any]:
         "violations_total": total,
         "violation_samples": {k: list(v) for k, v in ev.invariant_samples.items() if v},
         "fenced_out": count_events(ev.events, FENCED_OUT_EVENT),
+        # Grants released because nobody was going to (liveness aids, see the README): how
+        # often an acquire's answer was lost, or a workflow moved on from its grant.
+        "leaked_grants_released": {
+            "orphan": count_events(ev.events, "lock.orphan_released"),
+            "idle": count_events(ev.events, "lock.idle_lease_released"),
+        },
         "duplicate_movements": duplicate_movements(ev.movement_references),
         "reconcile": dict(ev.reconcile_counts),
         "availability": avail,

@@ -33,6 +33,7 @@ def _evidence(**overrides: Any) -> Evidence:
             "worker-1": [
                 {"event": "lock.acquire_unavailable", "key": "payout:a1"},
                 {"event": "lock.fenced_out", "presented_token": 1},
+                {"event": "lock.idle_lease_released", "key": "payout:a2", "token": 1},
             ],
             "railproxy": [{"event": "lock.fenced_out", "presented_token": 1}],
         },
@@ -84,6 +85,7 @@ def test_summary_has_every_required_field() -> None:
     assert s["faults"]["rail_outage"] == 0
     assert list(s["violations"]) == [f"INV-0{i}" for i in range(1, 9)]
     assert s["fenced_out"] == 2
+    assert s["leaked_grants_released"] == {"orphan": 0, "idle": 1}
     assert s["duplicate_movements"] == 0
     assert s["reconcile"] == {"duplicate_submission": 0}
     assert s["elapsed_s"] == 12.3
