@@ -100,6 +100,14 @@ async def _heartbeating(interval_s: float = 1.0) -> AsyncIterator[None]:
             await task
 
 
+def _past_start_to_close(info: activity.Info, margin_s: float = 1.0) -> bool:
+    """Whether Temporal has (nearly) timed out this activity attempt, on this host's clock."""
+    limit = info.start_to_close_timeout
+    if limit is None:
+        return False
+    return datetime.now(UTC) >= info.started_time + limit - timedelta(seconds=margin_s)
+
+
 @dataclass
 class _LeaseUse:
     """How a grant held by this process is being used by the critical-section steps."""
@@ -276,6 +284,13 @@ class PayoutActivities:
                 error=str(exc),
             )
             return m.AcquireResult(acquired=False, reason="unavailable")
+        if _past_start_to_close(activity.info()):
+            # Temporal has timed this activity out already, so this answer would go nowhere and
+            # the grant with it: give it back now instead of leaving it to the idle sweeper.
+            log.warning("lock.acquired_too_late", key=lease.key, token=lease.token)
+            with contextlib.suppress(LockError, httpx.HTTPError):
+                await self._locks.release(lease)
+            return m.AcquireResult(acquired=False, reason="late")
         self._leases[(lease.key, lease.token)] = lease
         self._use[(lease.key, lease.token)] = _LeaseUse()
         return m.AcquireResult(acquired=True, token=lease.token, worker_queue=self._worker_queue)

@@ -287,15 +287,26 @@ class LockClient:
             await self._ensure_session()
             sid = self.session_id
             assert sid is not None
-            wait = max(0.0, give_up_at - self.clock())
-            body = {"session_id": sid, "key": key, "wait_s": wait}
+
+            def body(sid: str = sid) -> dict[str, Any]:
+                # Recomputed for every transport retry: a retry after a reset connection must
+                # not start the whole wait over (four full waits outlived the caller's own
+                # timeout, and the grant that came at the end went to nobody).
+                return {
+                    "session_id": sid,
+                    "key": key,
+                    "wait_s": max(0.0, give_up_at - self.clock()),
+                }
+
             try:
                 data = await self._request(
                     "POST",
                     "/v1/locks/acquire",
                     json=body,
                     attempts=attempts,
-                    timeout_s=wait + self.request_timeout_s,
+                    timeout_s=self.request_timeout_s,
+                    wait_in_body=True,
+                    deadline=give_up_at + self.request_timeout_s,
                 )
             except NotAcquiredError as exc:
                 raise NotAcquiredError(key, exc.reason) from None
@@ -494,10 +505,15 @@ class LockClient:
         method: str,
         path: str,
         *,
-        json: dict[str, Any] | None = None,
+        json: dict[str, Any] | Callable[[], dict[str, Any]] | None = None,
         attempts: int | None = None,
         timeout_s: float | None = None,
+        wait_in_body: bool = False,
+        deadline: float | None = None,
     ) -> dict[str, Any]:
+        """Bounded, jittered retries on transport errors and 503. `json` may be a callable,
+        evaluated per attempt. With `wait_in_body`, each attempt's timeout adds the body's
+        `wait_s`. With `deadline` (on `clock`), no attempt starts or runs past it."""
         tries = attempts if attempts is not None else self.attempts
         if tries < 1:
             raise api.InvalidRequest("attempts must be at least 1")
@@ -505,11 +521,18 @@ class LockClient:
         for attempt in range(tries):
             if attempt:
                 await self._sleep(self._backoff(attempt))
+            body = json() if callable(json) else json
+            timeout = timeout_s or self.request_timeout_s
+            if wait_in_body and body is not None:
+                timeout += float(body["wait_s"])
+            if deadline is not None:
+                remaining = deadline - self.clock()
+                if remaining <= 0:
+                    break
+                timeout = min(timeout, remaining)
             self.http_attempts += 1
             try:
-                resp = await self._http.request(
-                    method, path, json=json, timeout=timeout_s or self.request_timeout_s
-                )
+                resp = await self._http.request(method, path, json=body, timeout=timeout)
             except httpx.TransportError as exc:
                 last = f"{type(exc).__name__}: {exc}"
                 continue

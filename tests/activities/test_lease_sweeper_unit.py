@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 import httpx
+from temporalio.testing import ActivityEnvironment
 
 from activities import models as m
 from activities.payout_activities import PayoutActivities, _holder_step, lock_key
@@ -38,11 +41,40 @@ async def _activities() -> AsyncIterator[tuple[PayoutActivities, FakeBackend]]:
         yield acts, backend
 
 
-async def _grant(acts: PayoutActivities, account: str) -> m.StepRequest:
+def _activity_env(started_s_ago: float = 0.0) -> ActivityEnvironment:
+    """An activity context whose attempt started `started_s_ago` with a 35 s start-to-close."""
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(
+        ActivityEnvironment.default_info(),
+        started_time=datetime.now(UTC) - timedelta(seconds=started_s_ago),
+        start_to_close_timeout=timedelta(seconds=35),
+    )
+    return env
+
+
+async def _acquire(acts: PayoutActivities, account: str, started_s_ago: float = 0.0) -> Any:
     ctx = m.WorkContext(correlation_id="c")
-    got = await acts.acquire_lock(m.AcquireRequest("p1", account, 0.0, ctx))
+    req = m.AcquireRequest("p1", account, 0.0, ctx)
+    return await _activity_env(started_s_ago).run(acts.acquire_lock, req)
+
+
+async def _grant(acts: PayoutActivities, account: str) -> m.StepRequest:
+    got = await _acquire(acts, account)
     assert got.acquired
+    ctx = m.WorkContext(correlation_id="c")
     return m.StepRequest(payout_id="p1", account_id=account, token=got.token, context=ctx)
+
+
+async def test_unit_a_grant_won_after_temporal_timed_the_acquire_out_is_given_back() -> None:
+    """An acquire that returns after its start-to-close (the worker was starved, the lock
+    server slow) would hand its grant to nobody: it releases it and answers 'late'. The same
+    acquire within its time is the negative control."""
+    async with _activities() as (acts, backend):
+        late = await _acquire(acts, "acct-late", started_s_ago=60.0)
+        assert not late.acquired and late.reason == "late"
+        assert lock_key("acct-late") not in backend.held and not acts._leases
+        in_time = await _acquire(acts, "acct-late", started_s_ago=1.0)
+        assert in_time.acquired and lock_key("acct-late") in backend.held
 
 
 async def _until(pred: Any, timeout_s: float = 10.0) -> None:

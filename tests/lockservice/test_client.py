@@ -4,6 +4,7 @@ failures). The last test runs the SDK against a real lock server over both real 
 
 from __future__ import annotations
 
+import json
 import random
 
 import httpx
@@ -188,6 +189,39 @@ async def test_unit_retries_are_bounded_and_jittered() -> None:
     assert len(waits) == 4
     assert all(0 <= w <= 0.1 * 2**i for i, w in enumerate(waits, start=1))
     assert len(set(waits)) == 4  # jittered: not a fixed schedule
+
+
+async def test_unit_a_retried_acquire_waits_only_what_is_left() -> None:
+    """A retry after a reset connection asks the server for the REMAINING wait, and no attempt
+    runs past wait + request timeout: four full waits outlived the caller's own timeout, and
+    the grant that came at the end went to nobody."""
+    clock = FakeClock(start=0.0)
+    waits: list[float] = []
+    timeouts: list[float] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/sessions":
+            return httpx.Response(200, json={"session_id": "s1", "ttl_s": TTL, "expires_at": "x"})
+        if request.url.path != "/v1/locks/acquire":
+            return httpx.Response(200, json={})  # keepalive, session close
+        waits.append(float(json.loads(request.content)["wait_s"]))
+        timeouts.append(float(request.extensions["timeout"]["read"]))
+        clock.now += 20.0  # the server waited 20 s, then the connection was reset
+        raise httpx.ReadError("reset", request=request)
+
+    async def no_wait(_: float) -> None:
+        return None
+
+    c = LockClient(
+        "http://lock", clock=clock, sleep=clock.sleep, transport=httpx.MockTransport(handler)
+    )
+    async with c:
+        c._sleep = no_wait
+        with pytest.raises(api.BackendUnavailable):
+            await c.acquire("payout:w", wait_s=30.0)
+    assert waits == [30.0, 10.0]  # then the budget (30 s + request timeout) was spent
+    assert timeouts[0] == 30.0 + c.request_timeout_s
+    assert timeouts[1] == pytest.approx(15.0)  # capped by what is left of the budget
 
 
 async def test_unit_503_is_retried_then_fails_closed(fake_backend: FakeBackend) -> None:
