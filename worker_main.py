@@ -61,8 +61,10 @@ class WorkerSettings(BaseSettings):
     lock_heartbeat_s: float = 5.0
     lock_safety_margin: float = 0.3
     # A grant no step has used for this long is released (a workflow that moved on leaked it).
-    # Comfortably longer than the longest gap between two steps of one critical section, which
-    # the workflow bounds by holder_pickup_s (10 s by default).
+    # Comfortably longer than the gap between two steps of one critical section: the step's
+    # pickup is bounded by holder_pickup_s (10 s by default), but the workflow task that
+    # schedules it is not, and on a saturated machine it can wait tens of seconds (30 s
+    # released grants that were about to be used, in a 2,000-payout chaos run).
     lease_idle_s: float = 60.0
     # FR-29: experiment only. Off removes the fence condition from the payment database's writes;
     # it is logged loudly by the store at start-up.

@@ -35,12 +35,7 @@ from payouts.stack_config import Ports, StackConfig
 log = get_logger("payouts.experiments")
 
 LOCK_TTL_S = 3.0  # short leases so the experiment runs in seconds, not in A-04's 15 s
-WORKER_ENV = {
-    "WORKER_LOCK_TTL_S": str(LOCK_TTL_S),
-    "WORKER_LOCK_HEARTBEAT_S": "0.75",
-    # FAST_WORKFLOW gives a step 3 s to start, so a grant idle for 30 s is surely leaked.
-    "WORKER_LEASE_IDLE_S": "30",
-}
+WORKER_ENV = {"WORKER_LOCK_TTL_S": str(LOCK_TTL_S), "WORKER_LOCK_HEARTBEAT_S": "0.75"}
 FAST_WORKFLOW = {
     "acquire_wait_s": 30.0,
     "base_backoff_s": 0.2,
