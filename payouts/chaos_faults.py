@@ -233,7 +233,14 @@ class FaultInjector:
             row = await self._pool.fetchrow(
                 "SELECT state, fence FROM paydb.payouts WHERE payout_id = $1", payout_id
             )
-        except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+        except (
+            TimeoutError,
+            OSError,
+            asyncpg.PostgresError,
+            asyncpg.InterfaceError,
+            # A restart can leave a pooled connection mid-protocol (as in railproxy.service).
+            asyncpg.InternalClientError,
+        ):
             return False
         if row is None:
             return False
