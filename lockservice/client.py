@@ -399,13 +399,7 @@ class LockClient:
                 return
             if self._issued.get(key) == token:
                 return  # a caller holds it
-            grant = {
-                "key": key,
-                "token": token,
-                "session_id": sid,
-                "acquired_at": info["acquired_at"],
-                "expires_at": info["expires_at"],
-            }
+            grant = _grant_body(_grant_of({**info, "session_id": sid}))
             try:
                 await self._request("POST", "/v1/locks/release", json=grant, attempts=1)
             except api.NotHeld:

@@ -22,7 +22,7 @@ import asyncpg
 import httpx
 
 from payouts.chaos_schedule import Fault
-from payouts.experiments import json_events, process_state
+from payouts.experiments import json_events, process_state, resumed_then_submitted
 from payouts.logs import get_logger
 from payouts.pgutil import create_pool
 from payouts.stack import Stack
@@ -216,9 +216,7 @@ class FaultInjector:
         refusal (fencing on) or the rail's reply (fencing off, the duplicate)."""
         deadline = time.monotonic() + ARMED_ATTEMPT_WAIT_S
         while time.monotonic() < deadline and proc.running():
-            events = json_events(proc.log_path)
-            resumed = [i for i, e in enumerate(events) if e.get("event") == "experiment.resumed"]
-            if resumed and any(e.get("event") == "rail.submit" for e in events[resumed[0] :]):
+            if resumed_then_submitted(json_events(proc.log_path)):
                 return True
             await asyncio.sleep(0.25)
         return False

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 FaultKind = Literal[
     "pause",
@@ -24,15 +24,7 @@ FaultKind = Literal[
 ]
 
 #: Every kind, in report order. Both backends support all of them (etcd: a leader kill).
-FAULT_KINDS: tuple[FaultKind, ...] = (
-    "pause",
-    "kill",
-    "lock_server_restart",
-    "backend_restart",
-    "rail_outage",
-    "rail_ambiguity",
-    "slow_lookups",
-)
+FAULT_KINDS: tuple[FaultKind, ...] = get_args(FaultKind)
 
 #: Relative weights of the faults drawn after each kind has appeared once: worker faults are the
 #: ones that exercise fencing, so they come up most often.

@@ -71,6 +71,12 @@ def process_state(pid: int) -> str:
     return stat.rsplit(")", 1)[1].split()[0]
 
 
+def resumed_then_submitted(events: list[dict[str, Any]]) -> bool:
+    """Whether a worker frozen by the UC-03 hook made its rail submission after it resumed."""
+    resumed = [i for i, e in enumerate(events) if e.get("event") == "experiment.resumed"]
+    return bool(resumed) and any(e.get("event") == "rail.submit" for e in events[resumed[0] :])
+
+
 def json_events(path: Path) -> list[dict[str, Any]]:
     """The structured JSON events in a service log (other lines are skipped)."""
     events: list[dict[str, Any]] = []
@@ -233,11 +239,7 @@ async def pause_experiment(
         w1_log = w1.log_path
 
         async def w1_attempted() -> bool:
-            events = json_events(w1_log)
-            resumed = [i for i, e in enumerate(events) if e.get("event") == "experiment.resumed"]
-            return bool(resumed) and any(
-                e.get("event") == "rail.submit" for e in events[resumed[0] :]
-            )
+            return resumed_then_submitted(json_events(w1_log))
 
         await _until("W1 to attempt its next step (the rail submission)", w1_attempted)
         # Let the proxy record W1's attempt's outcome (fencing off: the rail's answer).
