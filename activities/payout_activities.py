@@ -109,9 +109,10 @@ def _past_start_to_close(info: activity.Info, margin_s: float = 1.0) -> bool:
 
 
 @dataclass
-class _LeaseUse:
-    """How a grant held by this process is being used by the critical-section steps."""
+class _HeldGrant:
+    """A grant this process holds, and how the critical-section steps are using it."""
 
+    lease: Lease
     active: int = 0  # steps running under it now
     idle_since: float = field(default_factory=time.monotonic)
 
@@ -124,15 +125,15 @@ def _holder_step(fn: _Step) -> _Step:
 
     @functools.wraps(fn)
     async def run(self: PayoutActivities, req: m.StepRequest) -> Any:
-        use = self._use.get((lock_key(req.account_id), req.token))
-        if use is not None:
-            use.active += 1
+        held = self._leases.get((lock_key(req.account_id), req.token))
+        if held is not None:
+            held.active += 1
         try:
             return await fn(self, req)
         finally:
-            if use is not None:
-                use.active -= 1
-                use.idle_since = time.monotonic()
+            if held is not None:
+                held.active -= 1
+                held.idle_since = time.monotonic()
 
     return run
 
@@ -161,8 +162,7 @@ class PayoutActivities:
         self._lock_url = lock_url
         self._now = now
         # Tokens are unique per key, not globally: one process holds many accounts' grants.
-        self._leases: dict[tuple[str, int], Lease] = {}
-        self._use: dict[tuple[str, int], _LeaseUse] = {}
+        self._leases: dict[tuple[str, int], _HeldGrant] = {}
         # UC-03 experiment only: freeze this process (a real SIGSTOP, like a stop-the-world GC)
         # once, between the still_held() check and the rail call: the check-then-act gap.
         self._pause_before_submit = pause_before_submit
@@ -212,7 +212,8 @@ class PayoutActivities:
         A liveness aid only (FR-13): the resource's fence check is what keeps a stale holder
         out, because this process can pause right after the check returns True.
         """
-        lease = self._leases.get((lock_key(req.account_id), req.token))
+        held = self._leases.get((lock_key(req.account_id), req.token))
+        lease = held.lease if held is not None else None
         if lease is None or not lease.still_held():
             reason = "no such grant in this process" if lease is None else lease.lost_reason
             log.warning(
@@ -228,8 +229,8 @@ class PayoutActivities:
         return lease
 
     def _held_quietly(self, req: m.StepRequest) -> bool:
-        lease = self._leases.get((lock_key(req.account_id), req.token))
-        return lease is not None and lease.still_held()
+        held = self._leases.get((lock_key(req.account_id), req.token))
+        return held is not None and held.lease.still_held()
 
     async def _current(self, payout_id: str) -> Payout:
         try:
@@ -291,8 +292,7 @@ class PayoutActivities:
             with contextlib.suppress(LockError, httpx.HTTPError):
                 await self._locks.release(lease)
             return m.AcquireResult(acquired=False, reason="late")
-        self._leases[(lease.key, lease.token)] = lease
-        self._use[(lease.key, lease.token)] = _LeaseUse()
+        self._leases[(lease.key, lease.token)] = _HeldGrant(lease)
         return m.AcquireResult(acquired=True, token=lease.token, worker_queue=self._worker_queue)
 
     @activity.defn(name=m.LOOKUP_RAIL)
@@ -575,12 +575,11 @@ class PayoutActivities:
     @activity.defn(name=m.RELEASE_LOCK)
     async def release_lock(self, req: m.StepRequest) -> None:
         """UC-01 step 9. Best effort: a lost release only delays the next holder to expiry."""
-        self._use.pop((lock_key(req.account_id), req.token), None)
-        lease = self._leases.pop((lock_key(req.account_id), req.token), None)
-        if lease is None:
+        held = self._leases.pop((lock_key(req.account_id), req.token), None)
+        if held is None:
             return
         with contextlib.suppress(LockError, httpx.HTTPError):
-            await self._locks.release(lease)
+            await self._locks.release(held.lease)
 
     # ------------------------------------------------------------------ leaked grants
 
@@ -591,26 +590,26 @@ class PayoutActivities:
         Why: a grant whose workflow moved on is never released by that workflow, and this
         process's session, kept alive by the heartbeat, would hold it forever, stopping every
         later payout of the account (seen in a 2,000-payout chaos run: an acquire activity that
-        finished after Temporal had timed it out handed its lease to nobody). A workflow's next
-        step always comes within its `holder_pickup_s` or is abandoned, so `idle_s` must only be
-        comfortably longer than that. Safety never depends on this: a step that comes later
-        finds no grant (LOCK_LOST), and the resources fence whatever it would have done.
+        finished after Temporal had timed it out handed its lease to nobody). `idle_s` must be
+        comfortably longer than the gap between two steps of one critical section, which on a
+        saturated machine includes a workflow task's wait (see WORKER_LEASE_IDLE_S). Safety
+        never depends on this: a step that comes later finds no grant (LOCK_LOST), and the
+        resources fence whatever it would have done.
         """
         while True:
             await asyncio.sleep(every_s)
             now = time.monotonic()
-            for k, use in list(self._use.items()):
-                if use.active or now - use.idle_since < idle_s:
+            for k, held in list(self._leases.items()):
+                if held.active or now - held.idle_since < idle_s:
                     continue
-                self._use.pop(k, None)
-                lease = self._leases.pop(k, None)
-                if lease is None:
-                    continue
+                if self._leases.pop(k, None) is None:
+                    continue  # released by its workflow while we released another one
+                lease = held.lease
                 log.warning(
                     "lock.idle_lease_released",
                     key=lease.key,
                     token=lease.token,
-                    idle_s=round(now - use.idle_since, 1),
+                    idle_s=round(now - held.idle_since, 1),
                 )
                 with contextlib.suppress(LockError, httpx.HTTPError):
                     await self._locks.release(lease)

@@ -110,7 +110,7 @@ async def test_unit_a_grant_with_a_step_running_is_kept() -> None:
             await step_may_end.wait()
 
         step = asyncio.create_task(_holder_step(long_step)(acts, req))
-        await eventually(lambda: acts._use[(lock_key("acct-2"), req.token)].active == 1)
+        await eventually(lambda: acts._leases[(lock_key("acct-2"), req.token)].active == 1)
         await _grant(acts, "acct-2-idle")  # a witness with no step: proves sweeps happened
         sweeper = asyncio.create_task(acts.sweep_idle_leases(idle_s=0.05, every_s=0.01))
         try:
@@ -129,4 +129,4 @@ async def test_unit_a_released_grant_is_forgotten() -> None:
         req = await _grant(acts, "acct-3")
         await acts.release_lock(req)
         assert lock_key("acct-3") not in backend.held
-        assert not acts._use and not acts._leases
+        assert not acts._leases
