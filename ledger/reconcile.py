@@ -114,7 +114,7 @@ class MovementSourceUnavailable(ReconcileError):
 @dataclass(frozen=True, slots=True)
 class ReconcileReport:
     window: Window
-    counts: dict[str, int]  # all six classes, always
+    counts: dict[str, int]  # all seven classes, always
     samples: dict[str, list[str]]  # at most `sample_size` ids per class, sorted
     checked_payouts: int
     ok: bool

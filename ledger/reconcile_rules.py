@@ -1,7 +1,7 @@
 """The reconciler's classification rules (UC-07, FR-26): pure functions over a snapshot.
 
-Owns: the six discrepancy classes and the decision of which evidence makes which break. Must
-never: do I/O, repair anything, or drop a class from the report (all six are always present, a
+Owns: the seven discrepancy classes and the decision of which evidence makes which break. Must
+never: do I/O, repair anything, or drop a class from the report (all seven are always present, a
 zero is reported as a zero).
 
 The evidence of one closed window, gathered by `ledger.reconcile`:
@@ -26,8 +26,11 @@ LEDGER_WITHOUT_SUBMISSION = "ledger_without_submission"
 BALANCE_MISMATCH = "balance_mismatch"
 AMBIGUOUS_BEYOND_SLA = "ambiguous_beyond_sla"
 MOVEMENT_WITHOUT_ATTEMPT = "movement_without_attempt"
+#: An operator abandoned an ambiguous payout (after its SLA escalated) and the rail did move the
+#: money: a known, accepted risk of abandoning, not a system fault, but finance must book it.
+ABANDONED_BUT_SETTLED = "abandoned_but_settled"
 
-#: Every class, in report order. The report always carries all six keys.
+#: Every class, in report order. The report always carries all seven keys.
 CLASSES: tuple[str, ...] = (
     DUPLICATE_SUBMISSION,
     SUBMISSION_WITHOUT_LEDGER,
@@ -35,6 +38,7 @@ CLASSES: tuple[str, ...] = (
     BALANCE_MISMATCH,
     AMBIGUOUS_BEYOND_SLA,
     MOVEMENT_WITHOUT_ATTEMPT,
+    ABANDONED_BUT_SETTLED,
 )
 
 #: Attempt outcomes that may have reached the rail. NULL (in flight, or the outcome write was
@@ -138,7 +142,7 @@ class _Index:
 
 
 def classify(ev: Evidence, *, ambiguity_sla: timedelta, rail_clearing: str) -> Findings:
-    """Apply the six rules. Pure: the same evidence always gives the same findings."""
+    """Apply the seven rules. Pure: the same evidence always gives the same findings."""
     found: dict[str, set[str]] = {c: set() for c in CLASSES}
     ix = _Index.of(ev)
     found[DUPLICATE_SUBMISSION] = _duplicates(ev, ix)
@@ -185,7 +189,11 @@ def _payout_breaks(p: PayoutFact, window: Window, ix: _Index, rail_clearing: str
     # (e.g. between RAIL_ACKED and POSTED): not a break yet. RAIL_AMBIGUOUS has its own rule (the
     # resolution SLA), so it is never a submission-without-ledger break either.
     in_flight = p.state in IN_FLIGHT_STATES and p.updated_at >= window.end
-    if moved and p.state not in ("POSTED", "RAIL_AMBIGUOUS") and not in_flight:
+    if on_rail and p.state == "ABANDONED":
+        # Its own class: the operator accepted this risk when abandoning (UC-06), so it is not
+        # reported as a system's submission-without-ledger, but the money did leave.
+        breaks.append(ABANDONED_BUT_SETTLED)
+    elif moved and p.state not in ("POSTED", "RAIL_AMBIGUOUS") and not in_flight:
         breaks.append(SUBMISSION_WITHOUT_LEDGER)
     # A posting needs both halves of the evidence: an attempt that may have reached the rail
     # (ambiguous-then-settled has UNKNOWN, not ACKED) and the rail's own record of the money.

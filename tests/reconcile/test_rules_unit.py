@@ -129,3 +129,18 @@ def test_ambiguity_sla_is_measured_at_the_window_end() -> None:
     beyond = payout("RAIL_AMBIGUOUS", pid="po-b", updated=WINDOW.end - SLA - timedelta(seconds=1))
     ev = Evidence(WINDOW, ambiguous=[at_sla, beyond])
     assert found(ev) == {"ambiguous_beyond_sla": ["po-b"]}
+
+
+def test_abandoned_payout_the_rail_settled_is_its_own_class() -> None:
+    """ABANDONED by an operator while the rail moved the money: `abandoned_but_settled`, not a
+    system's submission-without-ledger; an abandoned payout the rail never moved is clean."""
+    settled = Evidence(
+        WINDOW,
+        payouts=[payout("ABANDONED")],
+        attempts=[attempt("UNKNOWN")],
+        movements=[movement("settled")],
+        references_with_attempt={"po-1"},
+    )
+    assert found(settled) == {"abandoned_but_settled": ["po-1"]}
+    never_moved = Evidence(WINDOW, payouts=[payout("ABANDONED")], attempts=[attempt("UNKNOWN")])
+    assert found(never_moved) == {}
