@@ -32,7 +32,7 @@ def last_json_line(capsys: pytest.CaptureFixture[str]) -> dict[str, object]:
 async def test_run_prints_json_report_and_exit_status(
     world: World, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A clean window exits 0 with six zeros; a window with a stray movement exits 1."""
+    """A clean window exits 0 with seven zeros; a window with a stray movement exits 1."""
     start = await world.db_now() - timedelta(milliseconds=1)
     await world.pay(1000)
     end = await world.db_now()

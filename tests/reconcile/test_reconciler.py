@@ -1,5 +1,5 @@
 """Integration tests of the reconciler against real PostgreSQL, a real rail proxy and the real rail
-stub: a clean scenario reports six explicit zeros, and one negative control per class shows that
+stub: a clean scenario reports seven explicit zeros, and one negative control per class shows that
 class (and only it) is detected, with the offending id in its sample."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def only(report_counts: dict[str, int], cls: str) -> dict[str, int]:
 
 async def test_clean_scenario_reports_every_class_as_zero(world: World) -> None:
     """Payouts acked and posted, declined, ambiguous-then-settled, unfunded and fresh-ambiguous
-    give zero discrepancies, with all six classes present and one event per class."""
+    give zero discrepancies, with all seven classes present and one event per class."""
     start = await start_of(world)
     for amount in (1000, 2500, 4200):
         await world.pay(amount)
@@ -175,3 +175,16 @@ async def test_open_or_invalid_window_is_refused(world: World) -> None:
         await world.reconcile(Window(start=now, end=now + timedelta(hours=1)))
     with pytest.raises(InvalidWindow):
         await world.reconcile(Window(start=now, end=now))
+
+
+async def test_abandoned_payout_the_rail_settled_is_abandoned_but_settled(world: World) -> None:
+    """An operator abandons an ambiguous payout whose instruction the real stub did record (its
+    500 came after the movement): the money left, the ledger says nothing moved. That is the
+    operator's accepted risk, reported as its own class and not as a submission without ledger."""
+    start = await start_of(world)
+    payout_id = await world.pay(2077)  # the stub records the movement, then answers 500
+    token = world.next_token()
+    await world.store.abandon(payout_id, token, world.ctx, operator="ops-1", reason="SLA passed")
+    report = await world.reconcile(await window_until_now(world, start))
+    assert report.counts == only(report.counts, "abandoned_but_settled")
+    assert report.samples["abandoned_but_settled"] == [payout_id]
