@@ -1,8 +1,8 @@
-"""The invariant checker's rules (seed 000 §1.7, INV-01..INV-08): pure functions over one body of
-evidence, gathered read-only by `ledger.invariants`.
+"""The invariant checker's rules (seed 000 §1.7 INV-01..INV-08, and INV-09/INV-10 of issue 12):
+pure functions over one body of evidence, gathered read-only by `ledger.invariants`.
 
 Owns: what counts as a violation of each invariant, and the wording of each violation. Must never:
-do I/O, or drop an invariant from the result (all eight are always present, zeros included).
+do I/O, or drop an invariant from the result (all ten are always present, zeros included).
 
 Evidence, and what it stands for:
 * `writes`: audit rows carrying a token (FR-30). Rows with a `to_state` are the fenced payout
@@ -12,6 +12,10 @@ Evidence, and what it stands for:
 * `movements`: the rail's own log, the evidence of money moving (one per accepted instruction).
 * `grants`: the lock service's grant history, keys without the backend's namespace prefix.
 * `ledger_subjects`: what the ledger proof query found (INV-03).
+* `escalated`: payouts with an `ambiguity_escalated` audit row (INV-10).
+* `workflows`: payout workflows whose latest run closed without completing (failed, terminated,
+  timed out, canceled), from Temporal (INV-10); `workflows_checked` False when Temporal was not
+  asked, `settled` True only when the caller knows the system has settled (INV-10's first rule).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from ledger.reconcile_rules import RailMovement
+from ledger.reconcile_rules import MONEY_MOVED, RailMovement
 
 INVARIANTS: dict[str, str] = {
     "INV-01": "at most one worker mutates a payout at a time",
@@ -33,12 +37,16 @@ INVARIANTS: dict[str, str] = {
     "INV-06": "mutual exclusion of grants",
     "INV-07": "no side effect without a grant",
     "INV-08": "terminal states are terminal",
+    "INV-09": "payout state agrees with the rail's evidence",
+    "INV-10": "no payout is stranded",
 }
 TERMINAL = frozenset({"POSTED", "FAILED", "ABANDONED"})
 #: Proxy outcomes that count as a submission that succeeded in reaching a decision (INV-02).
 DECIDED = frozenset({"ACKED", "DECLINED"})
 #: Store operations that stamp the account's balance row as well as the payout row.
 BALANCE_STAMPING = frozenset({"claim", "post"})
+#: A payout workflow's id (commands.start_workflows): one workflow per payout, ever.
+WORKFLOW_ID_PREFIX = "payout-"
 
 
 def lock_key(account_id: str) -> str:
@@ -101,6 +109,14 @@ class GrantFact:
     seq: int  # issue order among grants with the same acquired_at (history id, or list position)
 
 
+@dataclass(frozen=True, slots=True)
+class WorkflowFact:
+    """A payout workflow whose latest run closed without completing (INV-10)."""
+
+    workflow_id: str  # payout-{payout_id}
+    status: str  # FAILED, TERMINATED, TIMED_OUT, CANCELED
+
+
 @dataclass(slots=True)
 class Evidence:
     writes: list[Write] = field(default_factory=list)  # ordered by audit_id
@@ -112,10 +128,14 @@ class Evidence:
     movements: list[RailMovement] = field(default_factory=list)
     grants: list[GrantFact] = field(default_factory=list)
     ledger_subjects: list[str] = field(default_factory=list)
+    escalated: set[str] = field(default_factory=set)  # payout ids
+    workflows: list[WorkflowFact] = field(default_factory=list)
+    workflows_checked: bool = False
+    settled: bool = False
 
 
 def check(ev: Evidence) -> dict[str, list[str]]:
-    """Every violation per invariant, sorted; all eight keys always present. Pure."""
+    """Every violation per invariant, sorted; all ten keys always present. Pure."""
     grants = _GrantIndex(ev.grants)
     found = {
         "INV-01": _inv01(ev, grants),
@@ -126,6 +146,8 @@ def check(ev: Evidence) -> dict[str, list[str]]:
         "INV-06": _inv06(ev.grants),
         "INV-07": _inv07(ev, grants),
         "INV-08": _inv08(ev),
+        "INV-09": _inv09(ev),
+        "INV-10": _inv10(ev),
     }
     return {inv: sorted(set(found[inv])) for inv in INVARIANTS}
 
@@ -335,4 +357,52 @@ def _inv08(ev: Evidence) -> list[str]:
         # An unaudited change (no audit row at all) out of the last audited terminal state.
         if final is not None and final.to_state in TERMINAL and p.state != final.to_state:
             out.append(f"{p.payout_id} is {p.state} after terminal {final.to_state}")
+    return out
+
+
+def _inv09(ev: Evidence) -> list[str]:
+    """A FAILED payout has no movement under which money moved; a POSTED payout has exactly one.
+
+    The rail's movement log is the evidence (matched by client reference, which the proxy
+    forwards unchanged). FAILED while the rail moved the money is the finance break of an
+    unsound "absent"; POSTED without a movement is a ledger entry for money that never left.
+    ABANDONED is an operator's accepted risk (the reconciler's `abandoned_but_settled`), and
+    non-terminal payouts are still being worked on: neither is judged here.
+    """
+    moved: dict[str, int] = defaultdict(int)
+    for mv in ev.movements:
+        if mv.status in MONEY_MOVED:
+            moved[mv.client_reference] += 1
+    out = []
+    for p in ev.payouts:
+        n = moved.get(p.client_reference, 0)
+        if p.state == "FAILED" and n:
+            out.append(f"{p.payout_id} is FAILED but the rail moved money {n} time(s)")
+        elif p.state == "POSTED" and n != 1:
+            out.append(f"{p.payout_id} is POSTED with {n} rail movement(s) that moved money")
+    return out
+
+
+def _inv10(ev: Evidence) -> list[str]:
+    """No payout is stranded: once settled, each is terminal or RAIL_AMBIGUOUS and escalated;
+    and no payout workflow closed (failed, terminated, timed out, canceled) while its payout is
+    not terminal, since nothing would ever move it again (one workflow per payout, ever).
+
+    The first rule needs a settled system (mid-run, payouts are legitimately in between), so it
+    applies only when the caller says so (`settled`)."""
+    state = {p.payout_id: p.state for p in ev.payouts}
+    out = []
+    if ev.settled:
+        for p in ev.payouts:
+            if p.state in TERMINAL:
+                continue
+            if p.state == "RAIL_AMBIGUOUS" and p.payout_id in ev.escalated:
+                continue
+            what = "not escalated" if p.state == "RAIL_AMBIGUOUS" else "not terminal"
+            out.append(f"{p.payout_id} is {p.state} after settling ({what})")
+    for w in ev.workflows:
+        payout_id = w.workflow_id.removeprefix(WORKFLOW_ID_PREFIX)
+        current = state.get(payout_id)
+        if current is not None and current not in TERMINAL:
+            out.append(f"workflow {w.workflow_id} is {w.status} while the payout is {current}")
     return out

@@ -1,21 +1,25 @@
-"""The invariant checker (seed 000 §1.7 INV-01..INV-08, NFR-06, NFR-07, issue 7).
+"""The invariant checker (seed 000 §1.7 INV-01..INV-08, issue 12 INV-09/INV-10, NFR-06, NFR-07).
 
-Computes the eight correctness invariants from four sources of evidence: the payment database
+Computes the ten correctness invariants from five sources of evidence: the payment database
 (`paydb`: payouts, balances, audit log, ledger), the rail proxy's records (`railproxy`: attempts,
-per-account high-water tokens), the rail's movement log, and the lock service's grant history.
+per-account high-water tokens), the rail's movement log, the lock service's grant history, and
+Temporal's record of payout workflows that closed without completing (INV-10; optional).
 Each invariant is reported with a count of violations and a bounded sample.
 
-Owns: the evidence queries, the grant-history sources, the `invariants.checked` and
+Owns: the evidence queries, the grant-history and workflow sources, the `invariants.checked` and
 `invariants.violation` events and the `invariants_*` metrics. The rules are in
 `ledger.invariant_rules` (pure).
 
-Must never: write anything, anywhere. The database evidence is read in ONE read-only REPEATABLE
-READ transaction (one snapshot; PostgreSQL itself refuses a write in it), and the PostgreSQL grant
-source reads in a read-only transaction of its own. It never repairs, resubmits or revokes.
+Must never: write anything, anywhere (in Temporal it only lists and describes workflows). The
+database evidence is read in ONE read-only REPEATABLE READ transaction (one snapshot; PostgreSQL
+itself refuses a write in it), and the PostgreSQL grant source reads in a read-only transaction of
+its own. It never repairs, resubmits, revokes, or terminates a workflow.
 
 Evidence order matters:
 1. the movement log first (as the reconciler does): the proxy commits an attempt before it
    forwards (FR-19), so every movement we see has its attempt in the later snapshot;
+   then the closed payout workflows: a closed run is final, so a payout the later snapshot
+   still shows non-terminal was truly left behind by it (INV-10);
 2. then the database snapshot;
 3. then the grant history: a write in the snapshot was made under a grant acquired before it, so a
    history read AFTER the snapshot contains every grant any write in it presented (no false
@@ -29,7 +33,7 @@ its lock server's clock). INV-01 and INV-07 compare the two, so run them on one 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
@@ -41,11 +45,13 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from ledger.errors import PaydbError
 from ledger.invariant_rules import (
     INVARIANTS,
+    WORKFLOW_ID_PREFIX,
     AttemptRow,
     Evidence,
     GrantFact,
     PayoutRow,
     Transition,
+    WorkflowFact,
     Write,
     check,
 )
@@ -62,16 +68,22 @@ __all__ = [
     "InvariantReport",
     "InvariantResult",
     "InvariantSettings",
+    "WorkflowFact",
+    "WorkflowSource",
+    "WorkflowSourceUnavailable",
     "check_invariants",
     "lock_server_grant_source",
     "postgres_grant_source",
     "stub_movement_source",
+    "temporal_workflow_source",
 ]
 
 log = get_logger("ledger.invariants")
 
 #: The lock service's grant history, injected (PostgreSQL table, or the lock server over HTTP).
 GrantSource = Callable[[], Awaitable[Sequence[GrantFact]]]
+#: Payout workflows whose latest run closed without completing (Temporal, or a test's list).
+WorkflowSource = Callable[[], Awaitable[Sequence[WorkflowFact]]]
 
 VIOLATIONS = Gauge(
     "invariants_violations", "Violations found by the last invariant check.", ["invariant"]
@@ -104,9 +116,15 @@ class GrantSourceUnavailable(InvariantError):
     code = "grant_source_unavailable"
 
 
+class WorkflowSourceUnavailable(InvariantError):
+    """Temporal could not be asked about the payout workflows; nothing is reported."""
+
+    code = "workflow_source_unavailable"
+
+
 @dataclass(frozen=True, slots=True)
 class InvariantResult:
-    invariant: str  # INV-01 .. INV-08
+    invariant: str  # INV-01 .. INV-10
     title: str
     count: int
     sample: list[str]  # at most `sample_size`, sorted
@@ -114,9 +132,11 @@ class InvariantResult:
 
 @dataclass(frozen=True, slots=True)
 class InvariantReport:
-    results: list[InvariantResult]  # all eight, in order
+    results: list[InvariantResult]  # all ten, in order
     checked: dict[str, int]  # how much evidence was looked at, per source
     ok: bool
+    #: Rules that had no evidence this run (INV-10 without Temporal, or before settling).
+    not_checked: list[str] = field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
         return {r.invariant: r.count for r in self.results}
@@ -130,6 +150,7 @@ class InvariantReport:
                 for r in self.results
             },
             "checked": dict(self.checked),
+            "not_checked": list(self.not_checked),
         }
 
 
@@ -220,6 +241,54 @@ def _grant(seq: int, g: dict[str, Any]) -> GrantFact:
     )
 
 
+# ---------------------------------------------------------------------- workflow source
+
+#: Closed without completing: nothing will run this payout's workflow again (INV-10).
+STOPPED_STATUSES = ("Failed", "Terminated", "TimedOut", "Canceled")
+_STOPPED_QUERY = (
+    'WorkflowType="PayoutWorkflow" AND ('
+    + " OR ".join(f'ExecutionStatus="{s}"' for s in STOPPED_STATUSES)
+    + ")"
+)
+
+
+def temporal_workflow_source(
+    address: str, *, namespace: str = "default", id_prefix: str = WORKFLOW_ID_PREFIX
+) -> WorkflowSource:
+    """Payout workflows whose LATEST run is failed, terminated, timed out or canceled.
+
+    Visibility lists every closed run; each listed id is then described, which answers for its
+    latest run, so a run that continued as new (or was reset) and goes on is not counted."""
+
+    async def fetch() -> Sequence[WorkflowFact]:
+        from temporalio.client import Client, WorkflowExecutionStatus
+        from temporalio.service import RPCError
+
+        stopped = {
+            WorkflowExecutionStatus.FAILED,
+            WorkflowExecutionStatus.TERMINATED,
+            WorkflowExecutionStatus.TIMED_OUT,
+            WorkflowExecutionStatus.CANCELED,
+        }
+        try:
+            client = await Client.connect(address, namespace=namespace)
+            ids = {
+                wf.id
+                async for wf in client.list_workflows(_STOPPED_QUERY)
+                if wf.id.startswith(id_prefix)
+            }
+            out = []
+            for wid in sorted(ids):
+                desc = await client.get_workflow_handle(wid).describe()
+                if desc.status in stopped:
+                    out.append(WorkflowFact(workflow_id=wid, status=desc.status.name))
+            return out
+        except (RPCError, RuntimeError, OSError) as exc:
+            raise WorkflowSourceUnavailable(f"Temporal unavailable at {address}: {exc}") from exc
+
+    return fetch
+
+
 # ---------------------------------------------------------------------- the check
 
 
@@ -228,15 +297,24 @@ async def check_invariants(
     movement_source: MovementSource,
     grant_source: GrantSource,
     *,
+    workflow_source: WorkflowSource | None = None,
+    settled: bool = False,
     sample_size: int = 10,
 ) -> InvariantReport:
-    """Check INV-01..INV-08 once; emit `invariants.checked` and one `invariants.violation` per
-    violated invariant. Raises an InvariantError/ReconcileError when a source is unreadable."""
+    """Check INV-01..INV-10 once; emit `invariants.checked` and one `invariants.violation` per
+    violated invariant. Raises an InvariantError/ReconcileError when a source is unreadable.
+
+    `workflow_source` None: INV-10's workflow rule is not evaluated (reported in
+    `not_checked`). `settled`: the caller knows the system has settled (every payout had its
+    chance to finish), so INV-10's "terminal or escalated" rule applies; mid-run it must not."""
     try:
         movements = await movement_source()  # first: see the module docstring
+        workflows = None if workflow_source is None else list(await workflow_source())
         async with conn.transaction(isolation="repeatable_read", readonly=True):
             ev = await _gather(conn)
         ev.movements = list(movements)
+        ev.workflows, ev.workflows_checked = workflows or [], workflows is not None
+        ev.settled = settled
         ev.grants = list(await grant_source())  # last: see the module docstring
     except PaydbError:
         RUNS.labels(result="error").inc()
@@ -259,11 +337,22 @@ async def check_invariants(
             "attempts": len(ev.attempts),
             "movements": len(ev.movements),
             "grants": len(ev.grants),
+            "closed_workflows": len(ev.workflows),
         },
         ok=not any(r.count for r in results),
+        not_checked=_not_checked(ev),
     )
     _emit(report)
     return report
+
+
+def _not_checked(ev: Evidence) -> list[str]:
+    out = []
+    if not ev.workflows_checked:
+        out.append("INV-10 closed workflows (no Temporal address given)")
+    if not ev.settled:
+        out.append("INV-10 terminal-or-escalated (the system was not declared settled)")
+    return out
 
 
 def _emit(report: InvariantReport) -> None:
@@ -279,7 +368,13 @@ def _emit(report: InvariantReport) -> None:
                 sample=r.sample,
             )
     RUNS.labels(result="ok" if report.ok else "violations").inc()
-    log.info("invariants.checked", counts=report.counts(), checked=report.checked, ok=report.ok)
+    log.info(
+        "invariants.checked",
+        counts=report.counts(),
+        checked=report.checked,
+        not_checked=report.not_checked,
+        ok=report.ok,
+    )
 
 
 _WRITES = """
@@ -297,6 +392,10 @@ SELECT attempt_id, payout_id, account_id, client_reference, token, outcome, reco
   FROM railproxy.attempts ORDER BY attempt_id
 """
 _PROXY_FENCES = "SELECT account_id, high_token FROM railproxy.account_fences"
+_ESCALATED = """
+SELECT DISTINCT payout_id FROM paydb.audit_log
+ WHERE action = 'ambiguity_escalated' AND payout_id IS NOT NULL
+"""
 
 
 async def _gather(conn: asyncpg.Connection) -> Evidence:
@@ -310,4 +409,5 @@ async def _gather(conn: asyncpg.Connection) -> Evidence:
         r["account_id"]: int(r["high_token"]) for r in await conn.fetch(_PROXY_FENCES)
     }
     ev.ledger_subjects = [f"{d.kind} {d.subject}" for d in await ledger_discrepancies(conn)]
+    ev.escalated = {str(r["payout_id"]) for r in await conn.fetch(_ESCALATED)}
     return ev

@@ -1,4 +1,7 @@
-"""`payouts check-invariants` (issue 7, NFR-06/NFR-07): INV-01..INV-08 over the whole system.
+"""`payouts check-invariants` (issues 7 and 12, NFR-06/NFR-07): INV-01..INV-10 over the whole
+system. INV-10 asks Temporal (`--temporal`, default $TEMPORAL_ADDRESS as for every command) about
+payout workflows that closed without completing, and applies its "terminal or escalated" rule only
+with `--settled` (mid-run, payouts are legitimately in between).
 
 Prints each invariant with its count of violations and a bounded sample (or one JSON object with
 `--json`). Exit status 0 when every count is zero, 1 on any violation, 2 when a source could not be
@@ -20,12 +23,15 @@ from ledger.invariants import (
     GrantSource,
     InvariantReport,
     InvariantSettings,
+    WorkflowSource,
     check_invariants,
     lock_server_grant_source,
     postgres_grant_source,
     stub_movement_source,
+    temporal_workflow_source,
 )
 from payouts.cli import database_url
+from payouts.commands import DEFAULT_TEMPORAL, temporal_address
 from payouts.logs import configure_logging
 
 HISTORY_KINDS = ("postgres", "http")
@@ -44,6 +50,10 @@ def grant_source(args: argparse.Namespace, settings: InvariantSettings, db_url: 
     )
 
 
+def workflow_source(args: argparse.Namespace) -> WorkflowSource | None:
+    return None if args.no_workflows else temporal_workflow_source(temporal_address(args))
+
+
 async def _run(args: argparse.Namespace, settings: InvariantSettings) -> InvariantReport:
     url = database_url(args)
     grants = grant_source(args, settings, url)
@@ -53,6 +63,8 @@ async def _run(args: argparse.Namespace, settings: InvariantSettings) -> Invaria
             conn,
             stub_movement_source(args.rail_admin_url or settings.rail_admin_url),
             grants,
+            workflow_source=workflow_source(args),
+            settled=args.settled,
             sample_size=settings.sample_size,
         )
     finally:
@@ -76,6 +88,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
             )
         checked = ", ".join(f"{k} {v}" for k, v in report.checked.items())
         _out(f"checked: {checked}")
+        for rule in report.not_checked:
+            _out(f"not checked: {rule}")
         _out("OK: all invariants hold" if report.ok else "VIOLATIONS FOUND")
     return 0 if report.ok else 1
 
@@ -83,7 +97,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 def register(subparsers: Any) -> None:
     """Add `payouts check-invariants`."""
     p = subparsers.add_parser(
-        "check-invariants", help="check INV-01..INV-08 read-only (exit 0 clean, 1 violations)"
+        "check-invariants", help="check INV-01..INV-10 read-only (exit 0 clean, 1 violations)"
     )
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.add_argument("--database-url", help="defaults to $DATABASE_URL")
@@ -93,5 +107,19 @@ def register(subparsers: Any) -> None:
         "--history",
         choices=HISTORY_KINDS,
         help="where the grant history is read ($INVARIANTS_HISTORY, default postgres)",
+    )
+    p.add_argument(
+        "--temporal",
+        help=f"Temporal address for INV-10 (default $TEMPORAL_ADDRESS or {DEFAULT_TEMPORAL})",
+    )
+    p.add_argument(
+        "--no-workflows",
+        action="store_true",
+        help="do not ask Temporal: INV-10's closed-workflow rule is reported as not checked",
+    )
+    p.add_argument(
+        "--settled",
+        action="store_true",
+        help="the system has settled: every payout must be terminal or escalated (INV-10)",
     )
     p.set_defaults(func=_cmd_check)

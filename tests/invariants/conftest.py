@@ -20,6 +20,7 @@ from ledger import Payout, PayoutStore, WorkContext
 from ledger.invariants import (
     GrantSource,
     InvariantReport,
+    WorkflowSource,
     check_invariants,
     postgres_grant_source,
     stub_movement_source,
@@ -77,10 +78,20 @@ class World:
     def grants(self) -> GrantSource:
         return postgres_grant_source(self.url)
 
-    async def check(self, grants: GrantSource | None = None) -> InvariantReport:
+    async def check(
+        self,
+        grants: GrantSource | None = None,
+        *,
+        workflows: WorkflowSource | None = None,
+        settled: bool = False,
+    ) -> InvariantReport:
         async with self.pool.acquire() as conn:
             return await check_invariants(
-                conn, stub_movement_source(self.stub.url), grants or self.grants()
+                conn,
+                stub_movement_source(self.stub.url),
+                grants or self.grants(),
+                workflow_source=workflows,
+                settled=settled,
             )
 
     async def account(self, funds: int = 1_000_000) -> str:

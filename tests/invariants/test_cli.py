@@ -7,6 +7,7 @@ import asyncio
 import json
 
 import pytest
+from temporalio.testing import WorkflowEnvironment
 
 from ledger import invariants_cli
 from lockservice.server import create_app
@@ -30,17 +31,20 @@ def last_json_line(capsys: pytest.CaptureFixture[str]) -> dict[str, object]:
 
 
 async def test_check_prints_json_and_exit_status(
-    world: World, capsys: pytest.CaptureFixture[str]
+    world: World, capsys: pytest.CaptureFixture[str], temporal_env: WorkflowEnvironment
 ) -> None:
-    """Clean: exit 0 and eight zeros; after a duplicate movement: exit 1 and INV-02 = 1."""
+    """Clean: exit 0 and ten zeros, every rule checked (Temporal asked, --settled); after a
+    duplicate movement: exit 1 and INV-02 = 1."""
     a = await world.account()
     payout_id = await world.pay(a, 1000)
+    temporal = temporal_env.client.service_client.config.target_host
     argv = ["check-invariants", "--json", "--database-url", world.url,
-            "--rail-admin-url", world.stub.url]  # fmt: skip
+            "--rail-admin-url", world.stub.url, "--temporal", temporal, "--settled"]  # fmt: skip
     assert await asyncio.to_thread(main, argv) == 0
     clean = last_json_line(capsys)
     assert clean["ok"] is True and set(clean["counts"].values()) == {0}  # type: ignore[attr-defined]
-    assert len(clean["counts"]) == 8  # type: ignore[arg-type]
+    assert len(clean["counts"]) == 10  # type: ignore[arg-type]
+    assert clean["not_checked"] == []
 
     await world.stub_payment(payout_id, a)
     async with serve_app(create_app(world.locks)) as lock_url:
@@ -54,10 +58,17 @@ async def test_check_prints_json_and_exit_status(
 async def test_check_exits_2_when_a_source_is_unreadable(
     world: World, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """An unreachable rail log or lock server is an error (exit 2), never a clean report."""
+    """An unreachable rail log, lock server or Temporal is an error (exit 2), never a clean
+    report; `--no-workflows` skips Temporal and says so."""
     dead = f"http://127.0.0.1:{free_port()}"
-    base = ["check-invariants", "--database-url", world.url]
+    base = ["check-invariants", "--database-url", world.url, "--no-workflows"]
     assert await asyncio.to_thread(main, [*base, "--rail-admin-url", dead]) == 2
     argv = [*base, "--rail-admin-url", world.stub.url, "--history", "http", "--lock-url", dead]
     assert await asyncio.to_thread(main, argv) == 2
+    no_temporal = ["check-invariants", "--database-url", world.url]
+    no_temporal += ["--rail-admin-url", world.stub.url, "--temporal", f"127.0.0.1:{free_port()}"]
+    assert await asyncio.to_thread(main, no_temporal) == 2
     assert "OK" not in capsys.readouterr().out
+    assert await asyncio.to_thread(main, [*base, "--rail-admin-url", world.stub.url]) == 0
+    out = capsys.readouterr().out
+    assert "not checked: INV-10 closed workflows (no Temporal address given)" in out

@@ -1,20 +1,27 @@
-"""The checker on the real system: a clean run reports eight zeros, and one negative control per
-invariant (NFR-07) breaks exactly that invariant and is reported as exactly that."""
+"""The checker on the real system: a clean run reports ten zeros, and one negative control per
+invariant (NFR-07) breaks exactly that invariant and is reported as exactly that (or, where one
+fact breaks two invariants, e.g. a posted payout paid twice is INV-02 and INV-09, exactly those)."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
 
 import pytest
 from structlog.testing import capture_logs
+from temporalio.testing import WorkflowEnvironment
 
+from activities.models import PayoutInput
 from ledger import FencedOut, PayoutStore
+from ledger.invariants import InvariantReport, temporal_workflow_source
 from tests.invariants.conftest import AMBIGUOUS, DECLINE, World, lock_key, sample_of, violated
+from workflows.payout import PayoutWorkflow
 
-ALL = {f"INV-0{i}" for i in range(1, 9)}
+ALL = {f"INV-{i:02d}" for i in range(1, 11)}
 
 
-async def test_clean_run_reports_eight_zeros(world: World) -> None:
+async def test_clean_run_reports_ten_zeros(world: World) -> None:
     """Posted, declined, ambiguous-then-settled, unfunded, already-advanced and fenced-out work
     leaves every invariant at zero, with one `invariants.checked` event and no violation event."""
     a, b = await world.account(), await world.account(funds=100)
@@ -104,8 +111,12 @@ async def test_inv02_second_rail_movement_for_one_payout(world: World) -> None:
     payout_id = await world.pay(a, 1000)
     await world.stub_payment(payout_id, a)
     report = await world.check()
-    assert violated(report) == {"INV-02"}
+    # The same fact breaks INV-09: the ledger booked one payment, the rail moved two.
+    assert violated(report) == {"INV-02", "INV-09"}
     assert sample_of(report, "INV-02") == [f"{payout_id}: 2 rail movements"]
+    assert sample_of(report, "INV-09") == [
+        f"{payout_id} is POSTED with 2 rail movement(s) that moved money"
+    ]
 
 
 async def test_inv02_two_decided_attempts_for_one_payout(world: World) -> None:
@@ -121,7 +132,7 @@ async def test_inv02_two_decided_attempts_for_one_payout(world: World) -> None:
         await unguarded.aclose()
         await world.locks.release(g)
     report = await world.check()
-    assert violated(report) == {"INV-02"}
+    assert violated(report) == {"INV-02", "INV-09"}  # POSTED once, paid twice: both
     assert sample_of(report, "INV-02") == [
         f"{payout_id}: 2 decided attempts",
         f"{payout_id}: 2 rail movements",
@@ -264,3 +275,98 @@ async def test_inv08_transition_out_of_a_terminal_state(world: World) -> None:
     report = await world.check()
     assert violated(report) == {"INV-08"}
     assert sample_of(report, "INV-08") == [f"{payout_id} is CLAIMED after terminal POSTED"]
+
+
+async def test_inv09_failed_payout_whose_money_the_rail_moved(world: World) -> None:
+    """The unsound "absent": the real stub recorded and settled the instruction (then answered
+    500, so the payout went RAIL_AMBIGUOUS) and a resolution through the real store declares it
+    absent, FAILED. The beneficiary is paid while our records say nothing moved."""
+    a = await world.account()
+    payout_id = await world.pay(a, AMBIGUOUS)
+    g = await world.grant(a)
+    await world.store.resolve_absent(payout_id, g.token, world.ctx)
+    await world.locks.release(g)
+    report = await world.check()
+    assert violated(report) == {"INV-09"}
+    assert sample_of(report, "INV-09") == [
+        f"{payout_id} is FAILED but the rail moved money 1 time(s)"
+    ]
+
+
+async def test_inv09_posted_payout_the_rail_has_no_record_of(world: World) -> None:
+    """The rail stub forgets its movement log (what a restart of the in-memory stub does; the
+    admin reset is the same loss): a POSTED payout then has no movement behind it."""
+    a = await world.account()
+    payout_id = await world.pay(a, 1000)
+    await world.stub.reset()
+    report = await world.check()
+    assert violated(report) == {"INV-09"}
+    assert sample_of(report, "INV-09") == [
+        f"{payout_id} is POSTED with 0 rail movement(s) that moved money"
+    ]
+
+
+async def test_inv10_an_unescalated_ambiguous_payout_is_stranded_once_settled(
+    world: World,
+) -> None:
+    """Settled, an ambiguous payout must be escalated (an operator owns it); until then it is
+    INV-10. Mid-run (not settled) the same evidence is not a violation. The escalation is the
+    audit row the real escalate activity writes through the store."""
+    a = await world.account()
+    payout_id = await world.pay(a, AMBIGUOUS)
+    assert (await world.check()).ok
+    report = await world.check(settled=True)
+    assert violated(report) == {"INV-10"}
+    assert sample_of(report, "INV-10") == [
+        f"{payout_id} is RAIL_AMBIGUOUS after settling (not escalated)"
+    ]
+    await world.store.record_audit(
+        actor="inv-test-worker", action="ambiguity_escalated", payout_id=payout_id, account_id=a
+    )
+    settled = await world.check(settled=True)
+    assert settled.ok and settled.not_checked == [
+        "INV-10 closed workflows (no Temporal address given)"
+    ]
+
+
+async def _check_until(
+    world: World, address: str, want: int, within_s: float = 30.0
+) -> InvariantReport:
+    """Temporal's visibility store is eventually consistent: poll for the recorded fact."""
+    deadline = time.monotonic() + within_s
+    while True:
+        report = await world.check(workflows=temporal_workflow_source(address))
+        count = report.counts()["INV-10"]
+        if count >= want or time.monotonic() > deadline:
+            return report
+        await asyncio.sleep(0.2)
+
+
+async def test_inv10_a_terminated_workflow_strands_its_open_payout(
+    world: World, temporal_env: WorkflowEnvironment
+) -> None:
+    """A real PayoutWorkflow is terminated with the real Temporal client while its payout is
+    PENDING: nothing will ever move that payout again (one workflow per payout, ever). The
+    checker finds it through Temporal even mid-run; a terminated workflow of a POSTED payout is
+    not a violation."""
+    client = temporal_env.client
+    address = client.service_client.config.target_host
+    a = await world.account()
+    stranded = await world.new_payout(a, 1000)
+    finished = await world.pay(a, 1200)
+    # No worker polls this queue: the workflows wait for their first task until terminated.
+    queue = f"inv10-{uuid.uuid4().hex[:8]}"
+    for payout_id in (stranded, finished):
+        handle = await client.start_workflow(
+            PayoutWorkflow.run,
+            PayoutInput(payout_id=payout_id, account_id=a, correlation_id=payout_id),
+            id=f"payout-{payout_id}",
+            task_queue=queue,
+        )
+        await handle.terminate(reason="invariant checker negative control")
+    report = await _check_until(world, address, want=1)
+    assert violated(report) == {"INV-10"}
+    assert sample_of(report, "INV-10") == [
+        f"workflow payout-{stranded} is TERMINATED while the payout is PENDING"
+    ]
+    assert report.checked["closed_workflows"] >= 2

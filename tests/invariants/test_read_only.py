@@ -64,7 +64,7 @@ async def test_checker_runs_under_a_select_only_role(world: World) -> None:
                 await conn.execute("UPDATE paydb.balances SET fence = fence")
         finally:
             await conn.close()
-        assert violated(report) == {"INV-02"}
+        assert violated(report) == {"INV-02", "INV-09"}  # POSTED once, paid twice
         async with world.pool.acquire() as admin:
             assert await row_counts(admin) == before
     finally:

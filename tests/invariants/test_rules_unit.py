@@ -11,9 +11,11 @@ from ledger.invariant_rules import (
     GrantFact,
     PayoutRow,
     Transition,
+    WorkflowFact,
     Write,
     check,
 )
+from ledger.reconcile_rules import RailMovement
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -40,9 +42,10 @@ def broken(ev: Evidence) -> set[str]:
     return {inv for inv, subjects in check(ev).items() if subjects}
 
 
-def test_empty_evidence_reports_all_eight_invariants_as_zero() -> None:
+def test_empty_evidence_reports_all_ten_invariants_as_zero() -> None:
     """Every invariant key is always present, zeros included."""
     assert check(Evidence()) == {inv: [] for inv in INVARIANTS}
+    assert list(INVARIANTS) == [f"INV-{i:02d}" for i in range(1, 11)]
 
 
 def test_touching_intervals_do_not_overlap_but_an_open_grant_does() -> None:
@@ -87,3 +90,60 @@ def test_an_audited_transition_out_of_a_terminal_state_is_inv08() -> None:
         payouts=[PayoutRow("p", "a", "CLAIMED", 0, "p")],
     )  # fmt: skip
     assert check(ev)["INV-08"] == ["p audit#2 POSTED->CLAIMED"]
+
+
+def moved(ref: str, status: str = "settled", mid: str = "m") -> RailMovement:
+    return RailMovement(movement_id=f"{mid}-{ref}", client_reference=ref, amount=100, status=status)
+
+
+def test_inv09_state_must_agree_with_the_rails_movements() -> None:
+    """FAILED with money moved (settled or pending) and POSTED without exactly one movement are
+    INV-09; FAILED after a decline, POSTED once, and ABANDONED-but-settled are not."""
+    clean = Evidence(
+        payouts=[
+            PayoutRow("f", "a", "FAILED", 0, "f"),
+            PayoutRow("p", "a", "POSTED", 0, "p"),
+            PayoutRow("x", "a", "ABANDONED", 0, "x"),
+        ],
+        movements=[moved("f", "declined"), moved("p"), moved("x")],
+    )
+    assert check(clean)["INV-09"] == []
+    dirty = Evidence(
+        payouts=[
+            PayoutRow("f", "a", "FAILED", 0, "f"),
+            PayoutRow("g", "a", "FAILED", 0, "g"),
+            PayoutRow("p", "a", "POSTED", 0, "p"),
+        ],
+        movements=[moved("f"), moved("g", "pending")],
+    )
+    assert check(dirty)["INV-09"] == [
+        "f is FAILED but the rail moved money 1 time(s)",
+        "g is FAILED but the rail moved money 1 time(s)",
+        "p is POSTED with 0 rail movement(s) that moved money",
+    ]
+
+
+def test_inv10_stranded_payouts_only_once_settled() -> None:
+    """Mid-run (not settled) an open payout is fine; settled, it must be terminal or escalated."""
+    payouts = [
+        PayoutRow("open", "a", "RAIL_SUBMITTED", 0, "open"),
+        PayoutRow("amb", "a", "RAIL_AMBIGUOUS", 0, "amb"),
+        PayoutRow("esc", "a", "RAIL_AMBIGUOUS", 0, "esc"),
+        PayoutRow("done", "a", "POSTED", 0, "done"),
+    ]
+    assert check(Evidence(payouts=payouts, escalated={"esc"}))["INV-10"] == []
+    assert check(Evidence(payouts=payouts, escalated={"esc"}, settled=True))["INV-10"] == [
+        "amb is RAIL_AMBIGUOUS after settling (not escalated)",
+        "open is RAIL_SUBMITTED after settling (not terminal)",
+    ]
+
+
+def test_inv10_a_closed_workflow_strands_a_non_terminal_payout() -> None:
+    """A terminated/failed workflow of a non-terminal payout is INV-10 even mid-run; one whose
+    payout is terminal (e.g. terminated after posting) is not."""
+    ev = Evidence(
+        payouts=[PayoutRow("a1", "a", "CLAIMED", 0, "a1"), PayoutRow("a2", "a", "POSTED", 0, "a2")],
+        workflows=[WorkflowFact("payout-a1", "TERMINATED"), WorkflowFact("payout-a2", "FAILED")],
+        workflows_checked=True,
+    )
+    assert check(ev)["INV-10"] == ["workflow payout-a1 is TERMINATED while the payout is CLAIMED"]
