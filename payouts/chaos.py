@@ -4,8 +4,10 @@ Starts a private stack on free ports, seeds accounts, creates and starts payouts
 faults on a schedule derived only from the seed (payouts.chaos_schedule): worker pauses longer
 than the lease (some armed with the UC-03 hook, to hit the check-then-act gap for sure), worker
 kills, lock-server restarts, backend restarts (PostgreSQL, or the etcd leader of a 3-member
-cluster), rail outages, ambiguity and slow lookups. Then it restores normal behaviour, lets the
-system settle, and runs the reconciler and the invariant checker over the run.
+cluster), Temporal and rail stub crashes (SIGKILL, restart on the same files), rail outages,
+ambiguity, slow lookups, rail latency beyond the submit deadline and rail clock skew. Then it
+restores normal behaviour, lets the system settle, and runs the reconciler and the invariant
+checker (INV-01..INV-10, with Temporal's record of the payout workflows) over the run.
 
 Owns: the run's orchestration and evidence gathering. Must never: repair what it finds (the
 reconciler and the checker are read-only), or run against anything but its own stack.
@@ -40,7 +42,10 @@ log = get_logger("payouts.chaos")
 #: worker's longest freeze (chaos_faults.ARMED_MAX_FREEZE_S), so its thawed request reaches the
 #: fence checks (fencing on: refused as stale; off: the duplicate the negative control needs)
 #: instead of being refused earlier as DEADLINE_EXCEEDED.
-CHAOS_WORKFLOW = {**FAST_WORKFLOW, "submit_deadline_s": 90.0}
+#: The resolution SLA is short enough that an ambiguity nothing can resolve escalates within the
+#: run (INV-10 accepts RAIL_AMBIGUOUS only when escalated) and longer than a rail_slow payout
+#: needs to resolve (the rail answers within submit deadline + 12 s), so those resolve first.
+CHAOS_WORKFLOW = {**FAST_WORKFLOW, "submit_deadline_s": 90.0, "resolution_sla_s": 150.0}
 ACCOUNT_BALANCE = 100_000_000  # minor units: funds never run out, so FAILED means a real refusal
 MIN_AMOUNT, MAX_AMOUNT = 100, 5_000
 
@@ -58,8 +63,9 @@ class ChaosOptions:
     settle_timeout_s: float = 3600.0
     #: Settling fails once no payout changed state for this long while some are still open:
     #: the run is judged on progress, not on a guess of how fast this machine drains N payouts.
-    stall_s: float = 120.0
-    #: Ambiguous payouts count as settled once no payout changed state for this long.
+    #: Longer than the resolution SLA: an ambiguous payout's next change may be its escalation.
+    stall_s: float = 240.0
+    #: Escalated ambiguous payouts count as settled once no payout changed state for this long.
     quiet_s: float = 10.0
     service_env: dict[str, dict[str, str]] = field(default_factory=dict)
 
@@ -106,23 +112,46 @@ async def _db_now(database_url: str) -> Any:
         await conn.close()
 
 
+#: A RAIL_AMBIGUOUS payout whose resolution SLA escalated (an `ambiguity_escalated` audit row):
+#: an operator now owns it, so it no longer keeps the run from settling (INV-10).
+ESCALATED = "RAIL_AMBIGUOUS:escalated"
+
+
+async def _progress_states(database_url: str, prefix: str) -> list[str]:
+    """Each payout's state, escalated ambiguity told apart (the escalation is a change too)."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        rows = await conn.fetch(
+            "SELECT p.state, EXISTS (SELECT 1 FROM paydb.audit_log a"
+            "  WHERE a.payout_id = p.payout_id AND a.action = 'ambiguity_escalated') AS escalated"
+            " FROM paydb.payouts p WHERE starts_with(p.account_id, $1)",
+            prefix,
+        )
+    finally:
+        await conn.close()
+    return [
+        ESCALATED if r["state"] == "RAIL_AMBIGUOUS" and r["escalated"] else str(r["state"])
+        for r in rows
+    ]
+
+
 def _open(states: list[str]) -> int:
-    """Payouts still moving: neither terminal nor waiting in RAIL_AMBIGUOUS."""
-    return sum(1 for s in states if s not in TERMINAL and s != "RAIL_AMBIGUOUS")
+    """Payouts still moving: neither terminal nor escalated in RAIL_AMBIGUOUS."""
+    return sum(1 for s in states if s not in TERMINAL and s != ESCALATED)
 
 
 async def _settle(
     database_url: str, prefix: str, opts: ChaosOptions, progress: Callable[[str], None]
 ) -> bool:
-    """Wait until every payout is terminal, or only RAIL_AMBIGUOUS ones remain and nothing has
-    changed for `quiet_s`. False (not settled) when nothing changed for `stall_s` while payouts
-    were still open, or after `settle_timeout_s` in all."""
+    """Wait until every payout is terminal, or only escalated RAIL_AMBIGUOUS ones remain and
+    nothing has changed for `quiet_s`. False (not settled) when nothing changed for `stall_s`
+    while payouts were still open, or after `settle_timeout_s` in all."""
     deadline = time.monotonic() + opts.settle_timeout_s
     last: list[str] = []
     last_change = time.monotonic()
     while time.monotonic() < deadline:
         with contextlib.suppress(OSError, asyncpg.PostgresError):
-            states = sorted(await _states(database_url, prefix))
+            states = sorted(await _progress_states(database_url, prefix))
             if states != last:
                 last, last_change = states, time.monotonic()
         quiet = time.monotonic() - last_change
@@ -169,11 +198,12 @@ def _service_events(stack: Stack) -> dict[str, list[dict[str, Any]]]:
     return {p.stem: json_events(p) for p in sorted(logs.glob("*.log"))}
 
 
-async def _check(stack: Stack, window_start: Any) -> tuple[Any, Any]:
+async def _check(stack: Stack, window_start: Any, *, settled: bool) -> tuple[Any, Any]:
     from ledger.invariants import (
         check_invariants,
         lock_server_grant_source,
         postgres_grant_source,
+        temporal_workflow_source,
     )
     from ledger.reconcile import reconcile, stub_movement_source
     from ledger.reconcile_rules import Window
@@ -189,7 +219,15 @@ async def _check(stack: Stack, window_start: Any) -> tuple[Any, Any]:
         end = await conn.fetchval("SELECT now()")
         window = Window(start=window_start - timedelta(seconds=1), end=end)
         rec = await reconcile(conn, movements, window)
-        inv = await check_invariants(conn, movements, grants)
+        inv = await check_invariants(
+            conn,
+            movements,
+            grants,
+            workflow_source=temporal_workflow_source(stack.temporal_address),
+            # Only a run that settled may demand "terminal or escalated" of every payout; one
+            # that did not is reported as partial, and the rule is listed as not checked.
+            settled=settled,
+        )
     finally:
         await conn.close()
     return rec, inv
@@ -230,6 +268,7 @@ async def run_chaos(
             lease_s=LOCK_TTL_S,
             progress=progress,
             workload_done=lambda: done[0],
+            submit_deadline_s=CHAOS_WORKFLOW["submit_deadline_s"],
         )
         await injector.rail(RAIL_BASELINE)
         await injector.start_fleet(opts.workers)
@@ -253,7 +292,7 @@ async def run_chaos(
             await injector.close()
         states = await _states(url, prefix)
         progress("running reconciliation and the invariant checker")
-        rec, inv = await _check(stack, window_start)
+        rec, inv = await _check(stack, window_start, settled=settled)
         references = await _movement_references(stack.railstub_url)
         events = _service_events(stack)
         if len(states) != opts.payouts:
@@ -270,12 +309,14 @@ async def run_chaos(
         events=events,
         invariant_counts=inv.counts(),
         invariant_samples={r.invariant: r.sample for r in inv.results},
+        invariants_not_checked=list(inv.not_checked),
         reconcile_counts=rec.counts,
         faults_fired=injector.records,
         schedule=[f.as_dict() for f in schedule],
         elapsed_s=time.monotonic() - started,
         settled=settled,
         leader_changes=injector.leader_changes,
+        workers_replaced=injector.workers_replaced,
     )
     summary = summarize(evidence)
     summary["run_dir"] = str(run_dir)

@@ -3,9 +3,11 @@
 Owns: the worker fleet of a chaos run (one worker per slot, replaced after a kill; an armed
 pause runs its own extra worker, so it never takes a slot's worker away), every fault's mechanics
 (SIGSTOP/SIGCONT, SIGKILL, service restarts, an etcd leader kill with its unavailability window
-measured by lock acquires, rail stub behaviour windows) and
-restoring normal behaviour at the end. Must never: touch a process the stack did not start, or
-leave a worker stopped or the rail in a fault mode once `restore()` returned.
+measured by lock acquires, a SIGKILL of the Temporal dev server or of the rail stub followed by a
+restart on the same files and ports, rail stub behaviour windows: outage, ambiguity, slow lookups,
+latency beyond the submit deadline, clock skew) and restoring normal behaviour at the end. Must
+never: touch a process the stack did not start, or leave a worker stopped or the rail in a fault
+mode once `restore()` returned.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from payouts.experiments import json_events, process_state, resumed_then_submitt
 from payouts.logs import get_logger
 from payouts.pgutil import create_pool
 from payouts.stack import Stack
-from payouts.stack_process import ManagedProcess
+from payouts.stack_process import ManagedProcess, pid_alive
 
 log = get_logger("payouts.chaos")
 
@@ -39,6 +41,10 @@ RAIL_BASELINE: dict[str, Any] = {
     "outage": False,
     "visibility_delay_s": 0.0,
 }
+#: The rail clock's offset outside clock_skew windows. Sent apart from RAIL_BASELINE: a stub
+#: without the knob ignores it (its patch model drops unknown fields), and that must not fail
+#: the restore of the other fields.
+RAIL_CLOCK_BASELINE: dict[str, Any] = {"clock_skew_s": 0.0}
 ARMED_ENV = {"WORKER_EXPERIMENT_PAUSE_BEFORE_SUBMIT": "true"}
 #: How long an armed worker may take to reach its first submission before the fault gives up.
 ARMED_TRIGGER_WAIT_S = 90.0
@@ -49,6 +55,20 @@ ARMED_TRIGGER_WAIT_S = 90.0
 ARMED_MAX_FREEZE_S = 75.0
 #: After the thaw, how long the armed worker gets to make its stale attempt before it is stopped.
 ARMED_ATTEMPT_WAIT_S = 30.0
+#: A rail_slow window stays open past its seeded duration until at least one submission reached
+#: the proxy in it (a small run may have none in a few seconds), but no longer than this.
+RAIL_SLOW_MAX_OPEN_S = 30.0
+
+
+#: What a query from the injector may meet while PostgreSQL is being restarted by a fault.
+_DB_UNAVAILABLE = (
+    TimeoutError,
+    OSError,
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    # A restart can leave a pooled connection mid-protocol (as in railproxy.service).
+    asyncpg.InternalClientError,
+)
 
 
 class ChaosError(RuntimeError):
@@ -66,8 +86,11 @@ class FaultInjector:
         lease_s: float,
         progress: Callable[[str], None],
         workload_done: Callable[[], bool] = lambda: False,
+        submit_deadline_s: float = 90.0,
     ) -> None:
         self.stack = stack
+        #: The payouts' submit deadline: a rail_slow window's latency exceeds it.
+        self.submit_deadline_s = submit_deadline_s
         self.worker_env = worker_env
         self.lease_s = lease_s
         self.progress = progress
@@ -83,6 +106,9 @@ class FaultInjector:
         #: its long freeze (up to ARMED_MAX_FREEZE_S) does not hold up the rest of the schedule.
         self._armed: list[asyncio.Task[None]] = []
         self.leader_changes: list[dict[str, Any]] = []
+        #: Slot workers found dead (not killed by a fault) and replaced, e.g. after Temporal
+        #: vanished: a worker whose client gives up exits, and the run reports it.
+        self.workers_replaced: list[dict[str, Any]] = []
         self._probe_seq = 0
 
     # ------------------------------------------------------------------ fleet
@@ -134,6 +160,10 @@ class FaultInjector:
             "rail_outage": self._rail_window,
             "rail_ambiguity": self._rail_window,
             "slow_lookups": self._rail_window,
+            "temporal_restart": self._temporal_restart,
+            "rail_restart": self._rail_restart,
+            "rail_slow": self._rail_slow,
+            "clock_skew": self._clock_skew,
         }[fault.kind]
         if fault.kind == "pause" and fault.armed:
             record.update(await self._armed_pause(fault, armed))
@@ -221,24 +251,21 @@ class FaultInjector:
             await asyncio.sleep(0.25)
         return False
 
+    async def _db(self) -> asyncpg.Pool:
+        """The injector's one small pool, created on first use."""
+        if self._pool is None:
+            self._pool = await create_pool(
+                self.stack.database_url, min_size=0, max_size=2, timeout=5
+            )
+        return self._pool
+
     async def _superseded(self, payout_id: str, token: int) -> bool:
         # Armed pauses run beside the other faults: PostgreSQL may be restarting right now.
         try:
-            if self._pool is None:
-                self._pool = await create_pool(
-                    self.stack.database_url, min_size=0, max_size=2, timeout=5
-                )
-            row = await self._pool.fetchrow(
+            row = await (await self._db()).fetchrow(
                 "SELECT state, fence FROM paydb.payouts WHERE payout_id = $1", payout_id
             )
-        except (
-            TimeoutError,
-            OSError,
-            asyncpg.PostgresError,
-            asyncpg.InterfaceError,
-            # A restart can leave a pooled connection mid-protocol (as in railproxy.service).
-            asyncpg.InternalClientError,
-        ):
+        except _DB_UNAVAILABLE:
             return False
         if row is None:
             return False
@@ -324,6 +351,54 @@ class FaultInjector:
         except httpx.HTTPError:
             return False
 
+    async def _temporal_restart(self, fault: Fault) -> dict[str, Any]:
+        """SIGKILL the Temporal dev server (no clean shutdown) and start it again on the same
+        SQLite file and ports: every workflow's history must survive, and the workers must
+        reconnect by themselves (a slot worker that exited instead is replaced and reported)."""
+        killed_at = time.monotonic()
+        self.stack.kill("temporal", signal.SIGKILL)
+        await self.stack.restart("temporal")  # reaps the killed group, same argv and db file
+        down_s = round(time.monotonic() - killed_at, 2)
+        replaced = await self.replace_dead_workers(f"temporal_restart #{fault.index}")
+        return {"down_s": down_s, "workers_replaced": replaced}
+
+    async def replace_dead_workers(self, cause: str) -> list[str]:
+        """Start a new worker in every slot whose worker process has exited."""
+        replaced = []
+        procs = self.stack.processes
+        for slot, name in enumerate(self.slots):
+            info = procs.get(name)
+            if info is not None and pid_alive(info.pid):
+                continue
+            with contextlib.suppress(Exception):
+                await self.stack.stop_worker(name)  # reap it and drop it from the stack
+            proc = await self.stack.start_worker(None, self.worker_env)
+            self.slots[slot] = proc.name
+            replaced.append(name)
+            self.workers_replaced.append({"worker": name, "replacement": proc.name, "cause": cause})
+            self.progress(f"  {name} had exited ({cause}); replaced by {proc.name}")
+        return replaced
+
+    async def _rail_restart(self, fault: Fault) -> dict[str, Any]:
+        """SIGKILL the rail stub and start it again with the same environment (its movement log
+        file, RAILSTUB_MOVEMENTS_PATH, when the stack sets one). A real rail keeps its records
+        through a crash: the counts before and after show whether this one did."""
+        before = await self._movement_count()
+        self.stack.kill("railstub", signal.SIGKILL)
+        await self.stack.restart("railstub")
+        after = await self._movement_count()
+        # The behaviour set over the admin API lived in the old process: the baseline again.
+        await self.rail(RAIL_BASELINE)
+        return {"movements_before": before, "movements_after": after}
+
+    async def _movement_count(self) -> int | None:
+        try:
+            r = await self._http.get(f"{self.stack.railstub_url}/admin/movements", timeout=30)
+            r.raise_for_status()
+            return len(r.json()["movements"])
+        except (httpx.HTTPError, ValueError, KeyError):
+            return None
+
     # ------------------------------------------------------------------ rail windows
 
     async def rail(self, patch: dict[str, Any]) -> None:
@@ -344,6 +419,73 @@ class FaultInjector:
             await self.rail(off)
         return {"window_s": fault.duration_s, **on}
 
+    async def _rail_slow(self, fault: Fault) -> dict[str, Any]:
+        """Every submission received in the window takes longer than the submit deadline: the
+        proxy's forward times out (RAIL_AMBIGUOUS) and the workflow's lookups run while the rail
+        is still working on the movement. Only "absent" on sound evidence keeps these payouts
+        from ending FAILED while their money moves (INV-09 checks it)."""
+        latency_ms = int((self.submit_deadline_s + fault.level) * 1000)
+        on = {"latency_mode": "fixed", "latency_fixed_ms": latency_ms}
+        before = await self._last_attempt_id()
+        opened = time.monotonic()
+        await self.rail(on)
+        try:
+            await asyncio.sleep(fault.duration_s)
+            slowed = await self._attempts_since(before)
+            while (
+                not slowed
+                and time.monotonic() - opened < RAIL_SLOW_MAX_OPEN_S
+                and not self.workload_done()
+            ):
+                await asyncio.sleep(0.25)
+                slowed = await self._attempts_since(before)
+        finally:
+            await self.rail({"latency_fixed_ms": RAIL_BASELINE["latency_fixed_ms"]})
+        return {
+            "window_s": round(time.monotonic() - opened, 2),
+            "submit_deadline_s": self.submit_deadline_s,
+            "slowed_attempts": await self._attempts_since(before),
+            **on,
+        }
+
+    async def _last_attempt_id(self) -> int | None:
+        """The proxy's newest attempt id (None: the database is unreachable right now)."""
+        try:
+            value = await (await self._db()).fetchval(
+                "SELECT coalesce(max(attempt_id), 0) FROM railproxy.attempts"
+            )
+        except _DB_UNAVAILABLE:
+            return None
+        return int(value)
+
+    async def _attempts_since(self, before: int | None) -> int:
+        """Submissions the proxy recorded (and so forwarded, or tried to) after `before`."""
+        now = await self._last_attempt_id()
+        return 0 if now is None or before is None else now - before
+
+    async def _clock_skew(self, fault: Fault) -> dict[str, Any]:
+        """The rail's clock runs `level` seconds off ours for the window (the stub's
+        `clock_skew_s` knob). A stub without the knob drops the field: the record says the
+        fault was not applied and the run goes on."""
+        applied = await self._set_clock_skew(fault.level)
+        if not applied:
+            return {"clock_skew_s": fault.level, "applied": False}
+        try:
+            await asyncio.sleep(fault.duration_s)
+        finally:
+            await self._set_clock_skew(0.0)
+        return {"window_s": fault.duration_s, "clock_skew_s": fault.level, "applied": True}
+
+    async def _set_clock_skew(self, skew_s: float) -> bool:
+        """True when the stub took the offset (it echoes its whole behaviour back)."""
+        r = await self._http.post(
+            f"{self.stack.railstub_url}/admin/behaviour", json={"clock_skew_s": skew_s}
+        )
+        if r.status_code == 422:
+            return False
+        r.raise_for_status()
+        return bool(r.json().get("clock_skew_s") == skew_s)
+
     # ------------------------------------------------------------------ the end
 
     async def close(self) -> None:
@@ -356,6 +498,8 @@ class FaultInjector:
     async def restore(self) -> None:
         """Normal behaviour again: the rail's baseline, every worker running, etcd whole."""
         await self.rail(RAIL_BASELINE)
+        await self._set_clock_skew(float(RAIL_CLOCK_BASELINE["clock_skew_s"]))
+        await self.replace_dead_workers("found dead at restore")
         for name in self.slots:
             self.stack.kill(name, signal.SIGCONT)
         procs = self.stack.processes

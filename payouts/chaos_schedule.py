@@ -21,6 +21,10 @@ FaultKind = Literal[
     "rail_outage",
     "rail_ambiguity",
     "slow_lookups",
+    "temporal_restart",
+    "rail_restart",
+    "rail_slow",
+    "clock_skew",
 ]
 
 #: Every kind, in report order. Both backends support all of them (etcd: a leader kill).
@@ -36,6 +40,22 @@ _WEIGHTS: dict[FaultKind, int] = {
     "rail_outage": 1,
     "rail_ambiguity": 2,
     "slow_lookups": 1,
+    "temporal_restart": 1,
+    "rail_restart": 1,
+    "rail_slow": 1,
+    "clock_skew": 1,
+}
+
+
+#: Rail behaviour windows: the range of the window's duration (s) and of its level (None: none).
+_WINDOWS: dict[FaultKind, tuple[tuple[float, float], tuple[float, float] | None]] = {
+    "rail_outage": ((2.0, 6.0), None),
+    "rail_ambiguity": ((3.0, 8.0), (0.2, 0.6)),  # ambiguity_rate
+    "slow_lookups": ((3.0, 8.0), (1.0, 4.0)),  # visibility_delay_s
+    # Latency beyond the submit deadline, by this many seconds: the proxy's forward times out
+    # into RAIL_AMBIGUOUS and the lookups run while the rail is still working on the movement.
+    "rail_slow": ((2.0, 5.0), (3.0, 12.0)),
+    "clock_skew": ((3.0, 8.0), (2.0, 30.0)),  # |offset| of the rail's clock, seconds
 }
 
 
@@ -50,15 +70,18 @@ class Fault:
     index: int
     kind: FaultKind
     at_s: float
-    #: pause: how long the worker stays stopped (longer than the lease); rail_*/slow_lookups:
-    #: how long the window lasts; kill/restarts: 0.
+    #: pause: how long the worker stays stopped (longer than the lease); rail_outage,
+    #: rail_ambiguity, slow_lookups, rail_slow, clock_skew: how long the window lasts;
+    #: kill/restarts: 0.
     duration_s: float = 0.0
     #: Which worker slot (0..workers-1) a pause or kill hits.
     target: int = 0
     #: pause only: restart the slot's worker armed with the UC-03 hook (it stops itself just
     #: before its first rail submission), so the check-then-act gap is hit for sure.
     armed: bool = False
-    #: rail_ambiguity: ambiguity_rate in the window; slow_lookups: visibility_delay_s.
+    #: rail_ambiguity: ambiguity_rate in the window; slow_lookups: visibility_delay_s;
+    #: rail_slow: seconds by which the rail's latency exceeds the run's submit deadline;
+    #: clock_skew: the rail clock's offset in seconds (either sign: ahead or behind ours).
     level: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
@@ -72,6 +95,8 @@ class Fault:
             "rail_outage": f"for {self.duration_s:.1f}s",
             "rail_ambiguity": f"rate {self.level:.2f} for {self.duration_s:.1f}s",
             "slow_lookups": f"visibility delay {self.level:.1f}s for {self.duration_s:.1f}s",
+            "rail_slow": f"latency deadline+{self.level:.1f}s for {self.duration_s:.1f}s",
+            "clock_skew": f"rail clock {self.level:+.1f}s for {self.duration_s:.1f}s",
         }.get(self.kind, "")
         return f"#{self.index} t+{self.at_s:.1f}s {self.kind} {extra}".rstrip()
 
@@ -123,25 +148,21 @@ def _draw(
         return Fault(index, kind, at_s, duration, rng.randrange(workers), armed)
     if kind == "kill":
         return Fault(index, kind, at_s, target=rng.randrange(workers))
-    if kind == "rail_outage":
-        return Fault(index, kind, at_s, duration_s=round(rng.uniform(2.0, 6.0), 2))
-    if kind == "rail_ambiguity":
-        return Fault(
-            index,
-            kind,
-            at_s,
-            duration_s=round(rng.uniform(3.0, 8.0), 2),
-            level=round(rng.uniform(0.2, 0.6), 2),
-        )
-    if kind == "slow_lookups":
-        return Fault(
-            index,
-            kind,
-            at_s,
-            duration_s=round(rng.uniform(3.0, 8.0), 2),
-            level=round(rng.uniform(1.0, 4.0), 2),
-        )
-    return Fault(index, kind, at_s)  # lock_server_restart, backend_restart
+    if kind in _WINDOWS:
+        return _window(rng, index, kind, at_s)
+    return Fault(index, kind, at_s)  # lock_server_restart, backend_restart, the crash restarts
+
+
+def _window(rng: random.Random, index: int, kind: FaultKind, at_s: float) -> Fault:
+    """A rail behaviour window: its duration, then its level (clock_skew: then its sign)."""
+    durations, levels = _WINDOWS[kind]
+    duration = round(rng.uniform(*durations), 2)
+    if levels is None:
+        return Fault(index, kind, at_s, duration_s=duration)
+    level = round(rng.uniform(*levels), 2)
+    if kind == "clock_skew":
+        level *= rng.choice((-1.0, 1.0))  # the rail's clock ahead of ours, or behind
+    return Fault(index, kind, at_s, duration_s=duration, level=level)
 
 
 def kind_counts(faults: list[Fault]) -> dict[str, int]:

@@ -48,6 +48,9 @@ class Evidence:
     settled: bool
     leader_changes: Sequence[Mapping[str, Any]] = field(default_factory=list)
     invariant_samples: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    invariants_not_checked: Sequence[str] = field(default_factory=list)
+    #: Slot workers that exited by themselves (e.g. when Temporal vanished) and were replaced.
+    workers_replaced: Sequence[Mapping[str, Any]] = field(default_factory=list)
 
 
 def duplicate_movements(references: Iterable[str]) -> int:
@@ -136,6 +139,7 @@ def summarize(ev: Evidence) -> dict[str, Any]:
         "violations": violations,
         "violations_total": total,
         "violation_samples": {k: list(v) for k, v in ev.invariant_samples.items() if v},
+        "invariants_not_checked": list(ev.invariants_not_checked),
         "fenced_out": count_events(ev.events, FENCED_OUT_EVENT),
         # Grants released because nobody was going to (liveness aids, see the README): how
         # often an acquire's answer was lost, or a workflow moved on from its grant.
@@ -144,6 +148,7 @@ def summarize(ev: Evidence) -> dict[str, Any]:
             "idle": count_events(ev.events, "lock.idle_lease_released"),
         },
         "duplicate_movements": duplicate_movements(ev.movement_references),
+        "workers_replaced": [dict(w) for w in ev.workers_replaced],
         "reconcile": dict(ev.reconcile_counts),
         "availability": avail,
         "elapsed_s": round(ev.elapsed_s, 1),

@@ -47,8 +47,12 @@ def test_faults_are_ordered_and_plain_pauses_outlast_the_lease(seed: int) -> Non
         assert 0 <= f.target < 3
         if f.kind == "pause" and not f.armed:
             assert f.duration_s > 3.0
-        if f.kind in ("rail_outage", "rail_ambiguity", "slow_lookups"):
+        if f.kind in ("rail_outage", "rail_ambiguity", "slow_lookups", "rail_slow", "clock_skew"):
             assert f.duration_s > 0
+        if f.kind == "rail_slow":
+            assert f.level > 0  # beyond the submit deadline, never inside it
+        if f.kind == "clock_skew":
+            assert 2.0 <= abs(f.level) <= 30.0
 
 
 def test_larger_runs_get_more_faults() -> None:
@@ -64,3 +68,32 @@ def test_a_run_without_workers_or_payouts_is_refused() -> None:
         make_schedule(1, workers=0, payouts=10)
     with pytest.raises(ScheduleError):
         make_schedule(1, workers=1, payouts=0)
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_a_300_payout_run_schedules_every_kind_including_the_new_ones(seed: int) -> None:
+    """Issue 12: a 300-payout run schedules each kind at least once, the crash restarts of
+    Temporal and the rail stub, the slow rail and the clock skew included."""
+    counts = kind_counts(make_schedule(seed, workers=3, payouts=300))
+    assert list(counts) == list(FAULT_KINDS)
+    assert {"temporal_restart", "rail_restart", "rail_slow", "clock_skew"} <= set(counts)
+    assert all(n >= 1 for n in counts.values()), counts
+
+
+def test_kind_counts_lists_every_kind_with_zeros() -> None:
+    """A schedule without some kinds still reports them, at zero."""
+    faults = make_schedule(5, workers=2, payouts=25)[:1]  # only the armed pause
+    counts = kind_counts(faults)
+    assert counts["pause"] == 1
+    assert set(counts) == set(FAULT_KINDS) and sum(counts.values()) == 1
+
+
+def test_clock_skew_goes_both_ways_across_seeds() -> None:
+    """The skew's sign is seeded: some runs put the rail's clock ahead of ours, some behind."""
+    levels = [
+        f.level
+        for seed in range(40)
+        for f in make_schedule(seed, workers=2, payouts=25)
+        if f.kind == "clock_skew"
+    ]
+    assert any(v > 0 for v in levels) and any(v < 0 for v in levels)

@@ -37,7 +37,7 @@ def _evidence(**overrides: Any) -> Evidence:
             ],
             "railproxy": [{"event": "lock.fenced_out", "presented_token": 1}],
         },
-        "invariant_counts": dict.fromkeys([f"INV-0{i}" for i in range(1, 9)], 0),
+        "invariant_counts": dict.fromkeys([f"INV-{i:02d}" for i in range(1, 11)], 0),
         "reconcile_counts": {"duplicate_submission": 0},
         "faults_fired": [{"kind": "pause"}, {"kind": "kill"}, {"kind": "pause"}],
         "schedule": [],
@@ -83,7 +83,7 @@ def test_summary_has_every_required_field() -> None:
     assert s["terminal"] == 3 and s["ambiguous_open"] == 1
     assert s["faults"]["pause"] == 2 and s["faults"]["kill"] == 1
     assert s["faults"]["rail_outage"] == 0
-    assert list(s["violations"]) == [f"INV-0{i}" for i in range(1, 9)]
+    assert list(s["violations"]) == [f"INV-{i:02d}" for i in range(1, 11)]
     assert s["fenced_out"] == 2
     assert s["leaked_grants_released"] == {"orphan": 0, "idle": 1}
     assert s["duplicate_movements"] == 0
@@ -96,7 +96,7 @@ def test_summary_has_every_required_field() -> None:
 
 def test_summary_reports_violations_and_leader_changes() -> None:
     """Violations fail a fencing-on run; etcd leader-change windows are listed."""
-    counts = dict.fromkeys([f"INV-0{i}" for i in range(1, 9)], 0) | {"INV-02": 2}
+    counts = dict.fromkeys([f"INV-{i:02d}" for i in range(1, 11)], 0) | {"INV-02": 2}
     s = summarize(
         _evidence(
             backend="etcd",
@@ -108,3 +108,30 @@ def test_summary_reports_violations_and_leader_changes() -> None:
     assert s["violations_total"] == 2 and s["exit_code"] == 1
     assert s["duplicate_movements"] == 1
     assert s["availability"]["etcd_unavailable_s"] == [1.2]
+
+
+def test_every_fault_kind_and_invariant_is_listed_with_zeros() -> None:
+    """The JSON lists every fault kind (the new ones of issue 12 too) and INV-01..INV-10, zeros
+    included; evidence without INV-09/INV-10 counts (an older checker) still lists them at 0."""
+    from payouts.chaos_schedule import FAULT_KINDS
+
+    s = summarize(_evidence(invariant_counts={"INV-02": 0}))
+    assert list(s["faults"]) == list(FAULT_KINDS)
+    for kind in ("temporal_restart", "rail_restart", "rail_slow", "clock_skew"):
+        assert s["faults"][kind] == 0
+    assert s["violations"] == {f"INV-{i:02d}": 0 for i in range(1, 11)}
+
+
+def test_new_invariants_count_in_the_total_and_fail_the_run() -> None:
+    """An INV-09 or INV-10 violation is a violation like the others: total and exit status."""
+    counts = dict.fromkeys([f"INV-{i:02d}" for i in range(1, 11)], 0) | {"INV-09": 3, "INV-10": 1}
+    s = summarize(
+        _evidence(
+            invariant_counts=counts,
+            invariants_not_checked=[],
+            workers_replaced=[{"worker": "worker-1", "replacement": "worker-3", "cause": "x"}],
+        )
+    )
+    assert s["violations_total"] == 4 and s["exit_code"] == 1
+    assert s["workers_replaced"][0]["replacement"] == "worker-3"
+    assert s["invariants_not_checked"] == []
