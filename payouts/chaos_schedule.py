@@ -59,6 +59,13 @@ _WINDOWS: dict[FaultKind, tuple[tuple[float, float], tuple[float, float] | None]
 }
 
 
+#: Kinds whose first occurrence fires right after the armed pause #0: they only bite while
+#: submissions are still being made (a rail slower than the deadline slows nothing once every
+#: payout is past its submission, which in a small run takes seconds), and the skew then falls
+#: on the lookups of the payouts the slow rail made ambiguous.
+EARLY_KINDS: tuple[FaultKind, ...] = ("rail_slow", "clock_skew")
+
+
 class ScheduleError(ValueError):
     """The run shape cannot produce a schedule (e.g. no workers to pause)."""
 
@@ -117,7 +124,8 @@ def make_schedule(seed: int, *, workers: int, payouts: int, lease_s: float = 3.0
     The first fault is always an armed pause at t+0 (the runner arms that worker before it starts
     the workload), so every schedule hits the check-then-act gap at least once: with fencing off
     that guarantees a duplicate movement (the negative control). Every other kind appears at
-    least once; the rest are drawn by weight.
+    least once; the rest are drawn by weight. The first rail_slow and clock_skew come next
+    (EARLY_KINDS), while the workload is still submitting.
     """
     if workers < 1:
         raise ScheduleError("a chaos run needs at least one worker")
@@ -130,12 +138,21 @@ def make_schedule(seed: int, *, workers: int, payouts: int, lease_s: float = 3.0
     weights = [_WEIGHTS[k] for k in population]
     kinds += rng.choices(population, weights=weights, k=total - 1 - len(kinds))
     rng.shuffle(kinds)
+    _bring_forward(kinds, EARLY_KINDS)
     span = horizon_s(payouts)
     offsets = sorted(round(rng.uniform(1.0, span), 2) for _ in kinds)
     faults = [Fault(index=0, kind="pause", at_s=0.0, target=rng.randrange(workers), armed=True)]
     for i, (kind, at) in enumerate(zip(kinds, offsets, strict=True), start=1):
         faults.append(_draw(rng, i, kind, at, workers=workers, lease_s=lease_s))
     return faults
+
+
+def _bring_forward(kinds: list[FaultKind], early: tuple[FaultKind, ...]) -> None:
+    """Move the first occurrence of each `early` kind to the front, in that order (a swap, so
+    the rest of the seeded order stays as drawn)."""
+    for pos, kind in enumerate(early):
+        first = kinds.index(kind, pos)
+        kinds[pos], kinds[first] = kinds[first], kinds[pos]
 
 
 def _draw(

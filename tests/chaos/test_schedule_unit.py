@@ -97,3 +97,12 @@ def test_clock_skew_goes_both_ways_across_seeds() -> None:
         if f.kind == "clock_skew"
     ]
     assert any(v > 0 for v in levels) and any(v < 0 for v in levels)
+
+
+@pytest.mark.parametrize("payouts", [25, 300, 2000])
+def test_the_slow_rail_and_the_clock_skew_come_first_after_the_armed_pause(payouts: int) -> None:
+    """A rail slower than the deadline only bites while payouts are still being submitted, so
+    its first window (then the first skew) fires right after fault #0, in every run size."""
+    for seed in range(10):
+        faults = make_schedule(seed, workers=2, payouts=payouts)
+        assert [f.kind for f in faults[1:3]] == ["rail_slow", "clock_skew"]
