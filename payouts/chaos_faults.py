@@ -105,6 +105,8 @@ class FaultInjector:
         #: Armed pauses in progress: each runs in the background with its own extra worker, so
         #: its long freeze (up to ARMED_MAX_FREEZE_S) does not hold up the rest of the schedule.
         self._armed: list[asyncio.Task[None]] = []
+        #: Per armed pause (by fault index): set once its worker froze itself, or gave up.
+        self._armed_triggered: dict[int, asyncio.Event] = {}
         self.leader_changes: list[dict[str, Any]] = []
         #: Slot workers found dead (not killed by a fault) and replaced, e.g. after Temporal
         #: vanished: a worker whose client gives up exits, and the run reports it.
@@ -140,6 +142,7 @@ class FaultInjector:
     async def fire(self, fault: Fault, t0: float, armed: ManagedProcess | None = None) -> None:
         """Fire one fault; an armed pause is started here and finishes in the background."""
         if fault.kind == "pause" and fault.armed:
+            self._armed_triggered[fault.index] = asyncio.Event()
             self._armed.append(asyncio.create_task(self._fire(fault, t0, armed)))
             return
         await self._fire(fault, t0, None)
@@ -191,23 +194,30 @@ class FaultInjector:
         return await self.stack.start_worker(None, {**self.worker_env, **ARMED_ENV})
 
     async def _armed_pause(self, fault: Fault, proc: ManagedProcess | None) -> dict[str, Any]:
-        if proc is None:
-            proc = await self.arm(fault)
+        triggered = self._armed_triggered.setdefault(fault.index, asyncio.Event())
         try:
-            return await self._armed_freeze(proc)
+            if proc is None:
+                proc = await self.arm(fault)
+        except BaseException:
+            triggered.set()  # the worker never started: nothing will trigger
+            raise
+        try:
+            return await self._armed_freeze(proc, triggered)
         finally:
+            triggered.set()  # whatever happened, nothing waits on this pause any longer
             # Its one stale attempt is made (or it never froze): the fleet is the slots again.
             with contextlib.suppress(Exception):
                 self.stack.kill(proc.name, signal.SIGCONT)
                 await self.stack.stop_worker(proc.name)
 
-    async def _armed_freeze(self, proc: ManagedProcess) -> dict[str, Any]:
+    async def _armed_freeze(self, proc: ManagedProcess, triggered: asyncio.Event) -> dict[str, Any]:
         pid = proc.pid or 0
         deadline = time.monotonic() + ARMED_TRIGGER_WAIT_S
         while process_state(pid) != "T":
             if time.monotonic() > deadline or self.workload_done() or not proc.running():
                 return {"worker": proc.name, "armed": True, "triggered": False}
             await asyncio.sleep(0.05)
+        triggered.set()
         frozen_at = time.monotonic()
         pausing = next(
             (e for e in json_events(proc.log_path) if e.get("event") == "experiment.pausing"), {}
@@ -426,6 +436,16 @@ class FaultInjector:
         from ending FAILED while their money moves (INV-09 checks it)."""
         latency_ms = int((self.submit_deadline_s + fault.level) * 1000)
         on = {"latency_mode": "fixed", "latency_fixed_ms": latency_ms}
+        # Not before every armed pause has frozen its worker: slowed payouts hold their
+        # accounts for the deadline, and the armed worker might then find no submission to
+        # freeze before (the gap the fencing-off negative control relies on).
+        waited = time.monotonic()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(
+                asyncio.gather(*(e.wait() for e in self._armed_triggered.values())),
+                ARMED_TRIGGER_WAIT_S,
+            )
+        waited_s = round(time.monotonic() - waited, 2)
         before = await self._last_attempt_id()
         opened = time.monotonic()
         await self.rail(on)
@@ -445,6 +465,7 @@ class FaultInjector:
             "window_s": round(time.monotonic() - opened, 2),
             "submit_deadline_s": self.submit_deadline_s,
             "slowed_attempts": await self._attempts_since(before),
+            "waited_for_armed_s": waited_s,
             **on,
         }
 
