@@ -290,6 +290,13 @@ async def run_chaos(
             with contextlib.suppress(asyncio.CancelledError):
                 await monitor
             await injector.close()
+        # A rail_slow window's submissions may still be in the rail's hands (a payout can be
+        # terminal, e.g. FAILED by an unsound "absent", while the rail has yet to settle it):
+        # the rail's log is complete evidence only once it answered them all.
+        rail_wait = injector.rail_answered_by - time.monotonic()
+        if rail_wait > 0:
+            progress(f"waiting {rail_wait:.0f}s for the rail to answer the slowed submissions")
+            await asyncio.sleep(rail_wait)
         states = await _states(url, prefix)
         progress("running reconciliation and the invariant checker")
         rec, inv = await _check(stack, window_start, settled=settled)

@@ -112,6 +112,9 @@ class FaultInjector:
         #: vanished: a worker whose client gives up exits, and the run reports it.
         self.workers_replaced: list[dict[str, Any]] = []
         self._probe_seq = 0
+        #: Monotonic time by which the rail has answered every submission a rail_slow window
+        #: slowed: the evidence is only complete after it (the runner waits for it).
+        self.rail_answered_by = 0.0
 
     # ------------------------------------------------------------------ fleet
 
@@ -461,6 +464,9 @@ class FaultInjector:
                 slowed = await self._attempts_since(before)
         finally:
             await self.rail({"latency_fixed_ms": RAIL_BASELINE["latency_fixed_ms"]})
+            self.rail_answered_by = max(
+                self.rail_answered_by, time.monotonic() + latency_ms / 1000 + 1.0
+            )
         return {
             "window_s": round(time.monotonic() - opened, 2),
             "submit_deadline_s": self.submit_deadline_s,
