@@ -43,7 +43,15 @@ def _cmd_db_migrate(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="payouts", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="payouts",
+        description="Exactly-once payout execution: run the local stack, create and follow "
+        "payouts, operate them, and prove the design (demo, experiments, chaos).",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument(
+        "--debug", action="store_true", help="show a traceback for an unexpected error"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     db = sub.add_parser("db", help="payment database administration")
@@ -57,6 +65,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fenced-payouts")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -64,6 +81,14 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args))
     except KeyboardInterrupt:
         return 130
+    except SystemExit:
+        raise
+    except Exception as exc:
+        # An unexpected error is one line and exit 1; --debug shows the traceback.
+        if args.debug:
+            raise
+        print(f"error: {type(exc).__name__}: {exc} (run with --debug for details)", file=sys.stderr)
+        return 1
 
 
 def _exit_code(exc: SystemExit) -> int:
