@@ -42,6 +42,30 @@ def _cmd_db_migrate(args: argparse.Namespace) -> int:
     return 0
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """Every option shows its default, unless its help already says it or it has none."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (
+            "default" in text.lower()
+            or default in (None, False, argparse.SUPPRESS)
+            or not action.option_strings
+        ):
+            return text
+        return f"{text} (default: %(default)s)".lstrip()
+
+
+def _use_help_formatter(parser: argparse.ArgumentParser) -> None:
+    """Apply `HelpFormatter` to a parser and all of its subcommands, however deep."""
+    parser.formatter_class = HelpFormatter
+    for action in parser._actions:  # argparse exposes subparsers only through this list
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _use_help_formatter(child)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="payouts",
@@ -62,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
+    _use_help_formatter(parser)
     return parser
 
 

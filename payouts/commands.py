@@ -475,9 +475,9 @@ def register(sub: Any) -> None:
     seed = sub.add_parser(
         "seed", help="create funded accounts (re-runnable: tops up existing ones)"
     )
-    seed.add_argument("--accounts", type=int, default=50)
+    seed.add_argument("--accounts", type=int, default=50, help="how many accounts")
     seed.add_argument("--balance", type=int, default=1_000_000, help="minor units per account")
-    seed.add_argument("--prefix", default="acct-")
+    seed.add_argument("--prefix", default="acct-", help="account ids are PREFIX00000, ...")
     common(seed, db=True)
     seed.set_defaults(func=_guard(_cmd_seed))
 
@@ -491,8 +491,12 @@ def register(sub: Any) -> None:
     create.add_argument("--generate", type=int, metavar="N", help="generate N payouts")
     create.add_argument("--accounts", type=int, default=50, help="accounts for --generate")
     create.add_argument("--seed", type=int, default=1, help="seed for --generate")
-    create.add_argument("--min-amount", type=int, default=100)
-    create.add_argument("--max-amount", type=int, default=5_000)
+    create.add_argument(
+        "--min-amount", type=int, default=100, help="smallest generated amount (minor units)"
+    )
+    create.add_argument(
+        "--max-amount", type=int, default=5_000, help="largest generated amount (minor units)"
+    )
     create.add_argument("--no-start", action="store_true", help="create rows only")
     common(create, db=True, temporal=True)
     create.set_defaults(func=_guard(_cmd_create))
@@ -515,8 +519,8 @@ def register(sub: Any) -> None:
     ):
         p = psub.add_parser(name, help=help_)
         p.add_argument("payout_id")
-        p.add_argument("--operator", required=True)
-        p.add_argument("--reason", required=True)
+        p.add_argument("--operator", required=True, help="who you are (audited)")
+        p.add_argument("--reason", required=True, help="why (audited; e.g. a ticket number)")
         common(p, temporal=True)
         p.set_defaults(func=_guard(_cmd_signal), signal=name)
 
@@ -525,7 +529,7 @@ def register(sub: Any) -> None:
     rev = lsub.add_parser("revoke", help="force-revoke a lock (audited; next token is higher)")
     rev.add_argument("--key", help="lock key, e.g. payout:acct-00001")
     rev.add_argument("--account", help="shorthand for --key payout:ACCOUNT")
-    rev.add_argument("--operator", required=True)
-    rev.add_argument("--reason", required=True)
+    rev.add_argument("--operator", required=True, help="who you are (audited)")
+    rev.add_argument("--reason", required=True, help="why (audited; e.g. a ticket number)")
     rev.add_argument("--lock-url", help="default $LOCK_URL or http://127.0.0.1:8701")
     rev.set_defaults(func=_guard(_cmd_lock_revoke))

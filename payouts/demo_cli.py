@@ -41,10 +41,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def register(sub: Any) -> None:
     demo = sub.add_parser("demo", help="run the main job: stack, workload, experiment, report")
-    demo.add_argument("--payouts", type=int, default=200)
-    demo.add_argument("--accounts", type=int, default=50)
-    demo.add_argument("--workers", type=int, default=3)
-    demo.add_argument("--backend", choices=["postgres", "etcd"], default="postgres")
+    demo.add_argument("--payouts", type=int, default=200, help="payouts in the workload")
+    demo.add_argument("--accounts", type=int, default=50, help="accounts they spread over")
+    demo.add_argument("--workers", type=int, default=3, help="worker processes")
+    demo.add_argument(
+        "--backend", choices=["postgres", "etcd"], default="postgres", help="lock backend"
+    )
     demo.add_argument("--run-dir", default=".run/demo", help="logs and evidence go here")
     demo.add_argument("--no-pause", action="store_true", help="skip the pause experiment")
     demo.add_argument("--json", action="store_true", help="also print the report as JSON")

@@ -96,9 +96,13 @@ def register(sub: Any) -> None:
         help="off is the FR-29 negative control: the run must pay twice",
     )
     crash = esub.add_parser("crash", help="SIGKILL a worker at a state and watch recovery")
-    crash.add_argument("--at", choices=CRASH_STATES, required=True)
+    crash.add_argument(
+        "--at", choices=CRASH_STATES, required=True, help="the payout state to crash the worker in"
+    )
     for p in (pause, crash):
-        p.add_argument("--backend", choices=["postgres", "etcd"], default="postgres")
+        p.add_argument(
+            "--backend", choices=["postgres", "etcd"], default="postgres", help="lock backend"
+        )
         p.add_argument("--json", action="store_true", help="print the result as a last JSON line")
         p.add_argument("--evidence-dir", help="default .run/evidence/<experiment>")
     pause.set_defaults(func=_cmd_pause)
