@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
 from payouts.demo import DemoOptions, render, run_demo
+from payouts.stoppable import run_stoppable
 
 
 def _progress(line: str) -> None:
@@ -18,7 +18,7 @@ def _progress(line: str) -> None:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     if args.payouts <= 0 or args.accounts <= 0 or args.workers <= 0:
-        print("error: --payouts, --accounts and --workers must be positive")
+        print("error: --payouts, --accounts and --workers must be positive", file=sys.stderr)
         return 2
     options = DemoOptions(
         payouts=args.payouts,
@@ -29,9 +29,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         pause_experiment=not args.no_pause,
     )
     try:
-        report = asyncio.run(run_demo(options, _progress))
+        report = run_stoppable(run_demo(options, _progress))
     except KeyboardInterrupt:
-        print("interrupted; every process was stopped")
+        print("interrupted; every process was stopped", file=sys.stderr)
         return 130
     print(render(report))
     if args.json:
