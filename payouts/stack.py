@@ -161,7 +161,7 @@ class Stack:
         out: dict[str, ProcessInfo] = {}
         pg_pid = self._postgres_pid()
         if self._pg is not None and pg_pid is not None:
-            out["postgres"] = ProcessInfo("postgres", pg_pid, self.run_dir / "pg.log", self._pg.url)
+            out["postgres"] = ProcessInfo("postgres", pg_pid, self._pg.log_path, self._pg.url)
         if self._etcd is not None:
             for i, m in enumerate(self._etcd.members):
                 if m.proc is not None and m.proc.poll() is None:
