@@ -24,7 +24,9 @@ from temporalio.testing import WorkflowEnvironment
 
 from payouts.embedded import free_port
 from payouts.pgutil import create_database, drop_database
-from tests.rail.conftest import MakeProxy, Stub
+from railproxy import create_app
+from railproxy.errors import StartupRefused
+from tests.rail.conftest import MakeProxy, Stub, proxy_settings
 from tests.servers import ServerThread
 from tests.workflows.system import spawn, stop, wait_healthy
 
@@ -125,6 +127,20 @@ async def test_proxy_experiment_mode_with_no_rail_answering_refuses(
     )
     line = _refusal(_run(["-m", "railproxy"], env), "railproxy")
     assert "could not be verified as the rail stub" in line
+
+
+async def test_proxy_app_lifespan_refuses_too(empty_db: str, stub: Stub) -> None:
+    """Serving `create_app` some other way is guarded as well: its lifespan refuses before the
+    migration, naming every switch that is off."""
+    settings = proxy_settings(
+        empty_db, stub.url, enforce_fencing=False, enforce_submission_guard=False
+    )
+    app = create_app(settings)
+    with pytest.raises(StartupRefused) as refused:
+        async with app.router.lifespan_context(app):
+            pass
+    assert all(f"{name}=false" in str(refused.value) for name in PROXY_SWITCHES)
+    assert "railproxy" not in await _schemas(empty_db)
 
 
 @pytest.fixture
