@@ -264,6 +264,14 @@ class PayoutActivities:
             os.kill(os.getpid(), signal.SIGKILL)  # the process dies after the commit, mid-payout
         return result
 
+    async def _stamp_account_fence(self, req: m.StepRequest) -> None:
+        """The fenced stamp of the account's balance row; FencedOut aborts the grant."""
+        self._held(req)
+        try:
+            await self._store.stamp_account_fence(req.payout_id, req.token)
+        except FencedOut as exc:
+            raise _fenced(exc) from exc
+
     async def _attempt(self, payout_id: str) -> AttemptRecord | None:
         return _latest_live_attempt(await self._proxy.get_attempts(payout_id))
 
@@ -374,12 +382,20 @@ class PayoutActivities:
     @activity.defn(name=m.REREAD_AND_CLAIM)
     @_holder_step
     async def reread_and_claim(self, req: m.StepRequest) -> m.PayoutView:
-        """UC-01 steps 3-4: re-read inside the lease; claim only a PENDING payout (FR-14)."""
+        """UC-01 steps 3-4: re-read inside the lease; claim only a PENDING payout (FR-14).
+
+        Whatever the state, the account's balance-row fence carries this token when the step
+        returns (the claim stamps it; otherwise `stamp_account_fence` does): a holder that takes
+        over a payout in flight fences the older holder out of the payment database before it
+        does anything else, not only once it happens to write (INV-01, FR-15).
+        """
         payout = await self._current(req.payout_id)
         if payout.state == S.PENDING:
             payout = await self._write(
                 req, lambda: self._store.claim(req.payout_id, req.token, self._ctx(req.context))
             )
+        else:
+            await self._stamp_account_fence(req)
         attempt = None
         if payout.state in (S.CLAIMED, S.RAIL_SUBMITTED):
             # Recovery evidence (FR-24): what the proxy recorded, never how much time passed.

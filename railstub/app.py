@@ -176,6 +176,11 @@ def create_app(settings: StubSettings | None = None) -> FastAPI:
             return _unavailable()
         return {"status": "ok"}
 
+    @app.get("/admin/identity")
+    async def identity() -> dict[str, str]:
+        """Who this is: the rail stub. The rail proxy's experiment mode requires it (FR-29)."""
+        return {"rail": "stub"}
+
     @app.get("/admin/behaviour", response_model=Behaviour)
     async def get_behaviour() -> Behaviour:
         return state().behaviour
