@@ -13,6 +13,7 @@ Run: `python worker_main.py` (settings from the environment, prefix `WORKER_`; s
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import signal
@@ -34,6 +35,7 @@ from activities.reconcile import ReconcileActivities
 from ledger import PayoutStore
 from ledger.reconcile import ReconcileSettings, stub_movement_source
 from lockservice.client import LockClient
+from payouts.exiting import exit_now
 from payouts.logs import configure_logging, get_logger
 from payouts.pgutil import create_pool
 from railproxy.client import RailProxyClient
@@ -202,7 +204,31 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
         await pool.close()
 
 
-def main() -> None:
+def _settings_help() -> str:
+    """Every setting as the environment variable that sets it, with its default."""
+    rows = []
+    for name, field in WorkerSettings.model_fields.items():
+        alias = field.validation_alias
+        env = (
+            " or ".join(str(c) for c in alias.choices)
+            if isinstance(alias, AliasChoices)
+            else f"WORKER_{name.upper()}"
+        )
+        default = "(generated)" if field.default_factory is not None else repr(field.default)
+        rows.append(f"  {env:<44} default {default}")
+    return "settings (environment variables):\n" + "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python worker_main.py [--help]`: run one worker until SIGINT/SIGTERM."""
+    parser = argparse.ArgumentParser(
+        prog="python worker_main.py",
+        description="A payout worker: runs payout and reconcile workflows and their activities, "
+        "and holds this process's lock session. Configured by environment variables only.",
+        epilog=_settings_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.parse_args(argv)
     settings = WorkerSettings()
     # Checked first, before logging is configured, for a clean refusal (one line on stderr,
     # exit 2, nothing started); `run` checks again for any other caller.
@@ -222,6 +248,9 @@ def main() -> None:
         await run(settings, stop)
 
     asyncio.run(_main())
+    # Every resource is closed by now; skip the interpreter teardown that the Temporal SDK can
+    # crash, so a clean stop exits 0 (payouts.exiting).
+    exit_now(0)
 
 
 if __name__ == "__main__":

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import importlib
 import os
 import sys
+
+from payouts.exiting import exit_code, exit_now
 
 #: Modules that define `register(subparsers: argparse._SubParsersAction) -> None`.
 COMMAND_MODULES: tuple[str, ...] = (
@@ -116,44 +117,14 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-def _exit_code(exc: SystemExit) -> int:
-    """The exit status `sys.exit(code)` would give: None is 0, a message is printed and is 1."""
-    if exc.code is None:
-        return 0
-    if isinstance(exc.code, int):
-        return exc.code
-    print(exc.code, file=sys.stderr)
-    return 1
-
-
 def run() -> None:
-    """Console entry point: `main()`, then leave without interpreter finalization.
-
-    The Temporal SDK's Rust runtime keeps native threads that may still touch the GIL while
-    CPython finalizes; about one short-lived client process in five then dies with `Fatal Python
-    error: PyGILState_Release` (exit 134) or a segfault (139) *after* its work succeeded
-    (sdk-python issue 300). A script must be able to trust the exit code, so once the command has
-    finished we flush what it wrote and end the process with `os._exit`, which skips the
-    finalization that crashes. Nothing is lost: every command has completed and closed its own
-    resources by then; only the interpreter's teardown is skipped.
-    """
+    """Console entry point: `main()`, then `exit_now` with its code, so that the exit code is the
+    command's own and never a crash of the Temporal SDK at interpreter exit (payouts.exiting)."""
     try:
         code = main()
     except SystemExit as exc:
-        code = _exit_code(exc)
+        code = exit_code(exc)
     exit_now(code)
-
-
-def exit_now(code: int) -> None:
-    """Flush stdio and logging, then `os._exit(code)` (see `run`)."""
-    import logging
-
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        # A closed pipe cannot take more output; the exit code still counts.
-        with contextlib.suppress(OSError, ValueError):
-            stream.flush()
-    os._exit(code)
 
 
 if __name__ == "__main__":

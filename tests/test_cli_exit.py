@@ -57,3 +57,19 @@ def test_create_and_start_exits_zero_every_time(db: str, temporal_env: WorkflowE
         assert "created and started 1 payout(s)" in done.stdout, done.stderr
         assert "Fatal Python error" not in done.stderr
     assert codes == [0] * RUNS
+
+
+def test_worker_help_prints_settings_without_connecting() -> None:
+    """`python worker_main.py --help` explains the worker and its settings and exits 0 at once,
+    although nothing it would connect to is running."""
+    worker = Path(__file__).resolve().parents[1] / "worker_main.py"
+    done = subprocess.run(
+        [sys.executable, str(worker), "--help"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "WORKER_TEMPORAL_ADDRESS": "127.0.0.1:1"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert "WORKER_TEMPORAL_ADDRESS" in done.stdout and "WORKER_ENFORCE_FENCING" in done.stdout
