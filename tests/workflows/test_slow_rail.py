@@ -2,8 +2,10 @@
 and rail stub as processes, the real activities): a rail slower than the submit deadline, with
 early and frequent lookups, never gets a payout FAILED or ABANDONED that it paid.
 
-The rail here is slow (latency = submit deadline + 4 s, so every forward times out UNKNOWN), its
-lookup is eventually consistent (a movement is invisible for 4 s) and its clock runs 5 s ahead.
+The rail here is slow (latency = submit deadline + 7 s, so every forward times out UNKNOWN), its
+lookup is eventually consistent (a movement is invisible for 7 s) and its clock runs 7 s ahead
+(as far ahead as the visibility delay, so that the old rule's claim is false for the whole time
+a movement is invisible, not only for a lucky instant).
 With the shipped margins the lookups find the movements pending, then settled, and every payout
 is POSTED. The negative control sets both margins to 0: the old rule takes the skewed
 `complete_through` past the deadline as proof of absence while the movement is still invisible,
@@ -53,9 +55,9 @@ INPUT: dict[str, Any] = {
 }
 SLOW_RAIL = {
     "latency_mode": "fixed",
-    "latency_fixed_ms": int((SUBMIT_DEADLINE_S + 4) * 1000),
-    "visibility_delay_s": 4.0,
-    "clock_skew_s": 5.0,  # within the shipped 30 s skew margin
+    "latency_fixed_ms": int((SUBMIT_DEADLINE_S + 7) * 1000),
+    "visibility_delay_s": 7.0,
+    "clock_skew_s": 7.0,  # within the shipped 30 s skew margin
     "ambiguity_rate": 0.0,
     "rules": [],
 }
