@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -12,6 +17,7 @@ from typing import Any
 
 import httpx
 
+from payouts.embedded import free_port
 from railstub import create_app as create_stub
 from tests.rail.conftest import STUB_SETTINGS, Stub, wait_for
 from tests.servers import ServerThread
@@ -168,3 +174,52 @@ async def test_clock_skew_shifts_every_reported_time(stub: Stub) -> None:
     recorded = [_at(log["movements"][0]["recorded_at"]) for log in (plain_log, skewed_log)]
     assert _about(recorded[1] - recorded[0], 600)
     assert too_far.status_code == 422
+
+
+def test_killed_stub_process_restarted_on_its_file_knows_every_movement(tmp_path: Path) -> None:
+    """`python -m railstub` SIGKILLed right after answering (no shutdown, no flush) and started
+    again on the same RAILSTUB_MOVEMENTS_PATH: every movement and the epoch are still there."""
+    env = {"RAILSTUB_MOVEMENTS_PATH": str(tmp_path / "m.sqlite"), "RAILSTUB_AMBIGUITY_RATE": "0"}
+    with _stub_process(tmp_path, env) as url:
+        for i in range(5):
+            r = httpx.post(
+                f"{url}/payments", json={"client_reference": f"k-{i}", **PAY}, timeout=30
+            )
+            assert r.status_code == 200
+        before = httpx.get(f"{url}/admin/movements", timeout=10).json()
+    with _stub_process(tmp_path, env) as url:
+        after = httpx.get(f"{url}/admin/movements", timeout=10).json()
+        found = httpx.get(f"{url}/lookup", params={"client_reference": "k-3"}, timeout=10).json()
+    assert [m["movement_id"] for m in after["movements"]] == [
+        m["movement_id"] for m in before["movements"]
+    ]
+    assert after["counts"] == {f"k-{i}": 1 for i in range(5)}
+    assert after["complete_from"] == before["complete_from"]
+    assert found["status"] == "settled"
+
+
+@contextlib.contextmanager
+def _stub_process(tmp_path: Path, env: dict[str, str]) -> Iterator[str]:
+    """A real stub process; left by SIGKILL, as a crash would leave it."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with open(tmp_path / "stub.log", "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "railstub"],
+            env={**os.environ, **env, "RAILSTUB_PORT": str(port)},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError((tmp_path / "stub.log").read_text()[-2000:])
+            time.sleep(0.05)
+        yield url
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
