@@ -307,20 +307,21 @@ class PayoutActivities:
     async def lookup_rail(self, req: m.LookupRequest) -> m.LookupResult:
         """Read-only evidence for an ambiguous payout (UC-05): never submits anything.
 
-        `not_found` is definitive only when the rail says its view is complete through a point
-        after the attempt's deadline, by which the proxy had stopped forwarding it (A-08).
+        A `not_found` is "absent" only when the proxy says it proves absence (its attempt records,
+        the rail's completeness window and the Connection's margins, A-08); this worker's clock
+        plays no part. Otherwise the payout stays ambiguous ("pending") and ages.
         """
         try:
-            attempt = await self._attempt(req.payout_id)
-            found = await self._proxy.lookup(req.client_reference)
+            found = await self._proxy.lookup(req.client_reference, payout_id=req.payout_id)
         except (LookupUnavailable, ProxyClientError, httpx.HTTPError) as exc:
             return m.LookupResult(status="unavailable", detail=str(exc))
         if found.status in ("settled", "declined", "pending"):
             return m.LookupResult(status=found.status)
-        complete = found.complete_through
-        if attempt is not None and complete is not None and complete >= attempt.deadline_at:
-            return m.LookupResult(status="absent", detail=f"complete through {complete}")
-        return m.LookupResult(status="pending", detail="not visible yet")
+        # Money could move while our ledger says FAILED if a not_found were taken as absence
+        # before the rail's window covers the attempt: only the proxy's proven `absent` counts.
+        if found.absent:
+            return m.LookupResult(status="absent", detail=found.reason)
+        return m.LookupResult(status="pending", detail=found.reason or "absence not proven")
 
     @activity.defn(name=m.ESCALATE_AMBIGUOUS)
     async def escalate_ambiguous(self, req: m.StepRequest) -> None:

@@ -192,7 +192,13 @@ class ServiceFactory:
         return self._python(
             "railstub",
             ["-m", "railstub"],
-            {"RAILSTUB_HOST": "127.0.0.1", "RAILSTUB_PORT": str(port)},
+            {
+                "RAILSTUB_HOST": "127.0.0.1",
+                "RAILSTUB_PORT": str(port),
+                # Durable beside the stack's other state: a restarted stub (`payouts up` again,
+                # a chaos restart) still knows every movement, as a real rail keeps its records.
+                "RAILSTUB_MOVEMENTS_PATH": str(self.config.run_dir / "railstub-movements.sqlite"),
+            },
             http_check(url),
             f"GET {url}",
             url=self.addr.railstub_url,

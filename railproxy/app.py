@@ -124,10 +124,13 @@ def create_app(settings: ProxySettings | None = None) -> FastAPI:
     )
     async def lookup(
         client_reference: Annotated[str, Query(min_length=1, max_length=128, pattern=IDENT)],
+        payout_id: Annotated[str | None, Query(min_length=1, max_length=128, pattern=IDENT)] = None,
     ) -> Any:
-        """Read-only pass-through to the rail's lookup, with bounded retry and jitter."""
+        """Read-only lookup at the rail (bounded retry, jitter); a `not_found` carries the
+        proxy's judgement whether it proves the reference's attempts absent (`absent`, `reason`).
+        """
         try:
-            return await proxy().lookup(client_reference)
+            return await proxy().lookup(client_reference, payout_id)
         except LookupUnavailable as exc:
             return _error(
                 503,

@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 import asyncpg
 
 from payouts.logs import get_logger
-from railproxy import rail, store
+from railproxy import absence, rail, store
 from railproxy.errors import DeadlineExceeded, RailNotReached, StoreUnavailable
 from railproxy.metrics import ProxyMetrics
 from railproxy.models import CERTAINTY_OF, LookupResponse, Outcome, SubmitRequest, SubmitResponse
@@ -206,7 +206,12 @@ class RailProxy:
         # Left in flight (outcome NULL): recovery treats it as ambiguous, never as resubmittable.
         log.error("rail.outcome_unrecorded", attempt_id=attempt_id, outcome=answer.outcome.value)
 
-    async def lookup(self, client_reference: str) -> LookupResponse:
+    async def lookup(self, client_reference: str, payout_id: str | None = None) -> LookupResponse:
+        """The rail's status for a reference and, for a `not_found`, whether it proves absence.
+
+        The judgement uses this proxy's records (every attempt of the reference, or of the payout
+        when given) and the Connection's margins, never the caller's clock.
+        """
         try:
             result = await rail.lookup(
                 self.lookup_http,
@@ -218,8 +223,29 @@ class RailProxy:
         except Exception:
             self.metrics.lookups.labels(result="unavailable").inc()
             raise
-        self.metrics.lookups.labels(result=result.status).inc()
+        if result.status == "not_found":
+            result = await self._judge_absence(result, payout_id)
+        self.metrics.lookups.labels(result="absent" if result.absent else result.status).inc()
         return result
+
+    async def _judge_absence(self, found: LookupResponse, payout_id: str | None) -> LookupResponse:
+        # Money could move while our records say it did not if a not_found were taken as absence
+        # for an instruction the rail has not ingested yet, or from a window its records do not
+        # cover: absence.judge demands the rail's window cover every attempt with both margins.
+        try:
+            records = await store.get_attempts_by_reference(self.pool, found.client_reference)
+        except _STORE_ERRORS as exc:
+            return found.model_copy(update={"reason": f"attempts unreadable: {type(exc).__name__}"})
+        if payout_id is not None:
+            records = [a for a in records if a.payout_id == payout_id]
+        verdict = absence.judge(
+            records,
+            found.complete_from,
+            found.complete_through,
+            ingest_bound_s=self.settings.absence_ingest_bound_s,
+            skew_margin_s=self.settings.absence_clock_skew_margin_s,
+        )
+        return found.model_copy(update={"absent": verdict.absent, "reason": verdict.reason})
 
     async def probe_loop(self) -> None:
         """Moves OPEN to HALF_OPEN after the open interval and probes with a read-only call."""

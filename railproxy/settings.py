@@ -44,6 +44,15 @@ class ProxySettings(BaseSettings):
     lookup_base_delay_s: float = Field(default=0.05, ge=0)
     lookup_timeout_s: float = Field(default=2.0, gt=0)
 
+    # The absence rule (docs/rail.md "When is a payout absent?"): a `not_found` proves that an
+    # attempt never reached the rail only if the rail's stated completeness window covers it with
+    # these margins. Both 0 is the old, unsafe rule (negative controls only).
+    #: How long after the forward's deadline the rail may still ingest the request (connection
+    #: and processing lag): >= A-03's 30 s latency tail, doubled.
+    absence_ingest_bound_s: float = Field(default=60.0, ge=0)
+    #: The largest skew between our clocks (proxy, database) and the rail's.
+    absence_clock_skew_margin_s: float = Field(default=30.0, ge=0)
+
     # Health evidence window and freshness.
     health_window: int = Field(default=100, ge=1)
     health_valid_s: float = Field(default=5.0, gt=0)

@@ -138,5 +138,16 @@ async def get_attempts(pool: asyncpg.Pool, payout_id: str) -> list[AttemptRecord
     return [AttemptRecord.model_validate(_row(r)) for r in rows]
 
 
+async def get_attempts_by_reference(
+    pool: asyncpg.Pool, client_reference: str
+) -> list[AttemptRecord]:
+    """Every attempt that carried this client reference (index attempts_by_reference)."""
+    rows = await pool.fetch(
+        f"SELECT * FROM {S}.attempts WHERE client_reference = $1 ORDER BY attempt_id",
+        client_reference,
+    )
+    return [AttemptRecord.model_validate(_row(r)) for r in rows]
+
+
 def _row(record: Any) -> dict[str, Any]:
     return dict(record.items())

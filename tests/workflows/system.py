@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -96,8 +96,12 @@ class System:
 
 
 @contextlib.contextmanager
-def running_system(database_url: str, log_dir: Path) -> Iterator[System]:
+def running_system(
+    database_url: str, log_dir: Path, env: Mapping[str, Mapping[str, str]] | None = None
+) -> Iterator[System]:
+    """`env` adds to (or overrides) a service's environment, by name: "lock", "stub", "proxy"."""
     log_dir.mkdir(parents=True, exist_ok=True)
+    extra = env or {}
     ports = {name: free_port() for name in ("lock", "stub", "proxy")}
     sys_ = System(
         database_url=database_url,
@@ -126,6 +130,8 @@ def running_system(database_url: str, log_dir: Path) -> Iterator[System]:
                 "RAILSTUB_LATENCY_FIXED_MS": "5",
                 "RAILSTUB_AMBIGUITY_RATE": "0",
                 "RAILSTUB_STALL_S": "4",
+                # Durable, like a real rail's records (a restarted stub keeps its evidence).
+                "RAILSTUB_MOVEMENTS_PATH": str(log_dir / "movements.sqlite"),
             },
             f"{sys_.stub_url}/health",
         ),
@@ -137,14 +143,19 @@ def running_system(database_url: str, log_dir: Path) -> Iterator[System]:
                 "RAILPROXY_RAIL_URL": sys_.stub_url,
                 "RAILPROXY_PORT": str(ports["proxy"]),
                 "RAILPROXY_RAIL_TIMEOUT_S": "3",
+                # One host, one clock, a loopback connection: the test rail has no skew and
+                # ingests at once, so small margins keep "absent" proofs within a test's time.
+                # (test_slow_rail runs with the shipped defaults and with both at 0.)
+                "RAILPROXY_ABSENCE_INGEST_BOUND_S": "1",
+                "RAILPROXY_ABSENCE_CLOCK_SKEW_MARGIN_S": "0.5",
             },
             f"{sys_.proxy_url}/health",
         ),
     ]
     try:
-        for name, args, env, health in specs:
+        for name, args, own, health in specs:
             log = log_dir / f"{name}.log"
-            sys_.procs[name] = spawn(args, env, log)
+            sys_.procs[name] = spawn(args, {**own, **extra.get(name, {})}, log)
             wait_healthy(health, sys_.procs[name], log)
         yield sys_
     finally:
