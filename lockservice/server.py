@@ -455,6 +455,8 @@ def app_from_settings(settings: Any) -> FastAPI:
             database_url=settings.database_url,
             etcd_endpoints=settings.etcd_endpoint_list() or None,
             prefix=settings.key_prefix,
+            etcd_history_retention_s=settings.etcd_history_retention_s,
+            etcd_compact_every_s=settings.etcd_compact_every_s,
         )
         _log.info("lock.server_started", backend=settings.backend)
         try:
