@@ -145,8 +145,6 @@ class EtcdMaintenance:
         cutoff = datetime.now(UTC) - self._retention
         deleted, moved = await self._prune_grants(cutoff)
         sessions = await self._prune_sessions(cutoff - self._retention)
-        if deleted:
-            await self._raise_retained_since(cutoff)
         compacted = await self._compact()
         run = MaintenanceRun(deleted, moved, sessions, compacted)
         if deleted or moved or sessions:
@@ -174,6 +172,10 @@ class EtcdMaintenance:
             page = await self._range(root, end, _PAGE)
             if not page:
                 return deleted, moved
+            if not (deleted or moved or conflicts):
+                # Announce the horizon before deleting anything: a reader that reads the
+                # history and then the horizon never misses a grant (lockservice.server).
+                await self._raise_retained_since(cutoff)
             decisions = await self._decide(page, cutoff)
             if not await self._apply(decisions):
                 # Another pruner (lock server) changed a record meanwhile: read the page again.
@@ -234,7 +236,8 @@ class EtcdMaintenance:
         return bool(ok)
 
     async def _raise_retained_since(self, cutoff: datetime) -> None:
-        """Record that grants which ended before `cutoff` may be gone (never lowered)."""
+        """Record that grants which ended before `cutoff` may be gone (never lowered; a
+        concurrent raise by another server is left to win, both are before their deletions)."""
         name = retained_since_name(self._prefix)
         got = await self._c.get(name)
         if got is not None and datetime.fromisoformat(got.value.decode()) >= cutoff:
