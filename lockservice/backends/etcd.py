@@ -20,9 +20,10 @@ Key layout (`P` = prefix; `|` cannot occur in a lock key, so waiter ranges never
   P__history/{key}/...     the same, as written before retention existed: read, never pruned
   P__ended/{key}/{token:020d}  JSON {ended_at, end_reason}: written in the release / revoke /
                            close / bump txn that ends the grant
-  P__sessions/{lease}      JSON {ttl_s, expires_at}: the lease deadline as of the last open,
-                           grant, or keepalive while holding a grant, through this backend (never
-                           leased: it dates an unrecorded expiry; pruned two windows after it)
+  P__sessions/{lease}      JSON {valid_until, ttl_s}: the lease deadline (never lowered) as of
+                           the last open, grant, or keepalive while holding a grant, through a
+                           lock server (never leased: it dates an unrecorded expiry; pruned two
+                           windows after it)
   P__meta/retained_since   ISO time: grants that ended before it may have been pruned
 The epoch lives in etcd and is restored with a snapshot: the restore procedure (bump_epoch with
 min_epoch from the enforcement points' fences) is what moves tokens above the pre-restore ones.
@@ -225,10 +226,20 @@ class EtcdBackend:
         return retention.session_name(self._prefix, lease)
 
     def _session_put(self, lease: int, deadline: datetime) -> Any:
-        """The txn op that records the lease deadline that dates an unrecorded expiry."""
+        """The txn op that records the lease deadline that dates an unrecorded expiry, never
+        lowering it: a lock server whose cached deadline is older than one another server
+        recorded leaves that one. `valid_until` comes first and is always an ISO UTC stamp, so
+        etcd's byte comparison of two records is time order (and a record of the former
+        `{"ttl_s", "expires_at"}` form compares lower, so it is replaced)."""
         ttl_s = max(0.0, (deadline - datetime.now(UTC)).total_seconds())
-        record = json.dumps({"ttl_s": ttl_s, "expires_at": deadline.isoformat()})
-        return self._t.put(self._session_record(lease), record.encode())
+        name = self._session_record(lease)
+        record = json.dumps({"valid_until": deadline.astimezone(UTC).isoformat(), "ttl_s": ttl_s})
+        put = self._t.put(name, record.encode())
+        return self._t.txn(
+            compare=[self._t.value(name) < record.encode()],  # false when absent: etcd's rule
+            success=[put],
+            failure=[self._t.txn(compare=[self._t.create(name) == 0], success=[put], failure=[])],
+        )
 
     async def _remember_deadline(
         self, lease: int, ttl_s: float, sent: datetime, *, persist: bool = True
@@ -724,7 +735,7 @@ class EtcdBackend:
             got = await self._c.get(self._session_record(lease))
         if got is None:
             return rec
-        deadline = datetime.fromisoformat(json.loads(got.value)["expires_at"])
+        deadline = retention.session_deadline(got.value)
         if deadline > datetime.now(UTC):
             return rec
         return dataclasses.replace(rec, ended_at=deadline, end_reason="expired")

@@ -76,6 +76,12 @@ def session_name(prefix: str, lease: int) -> bytes:
     return f"{prefix}__sessions/{lease}".encode()
 
 
+def session_deadline(value: bytes) -> datetime:
+    """The lease deadline a session record states (either form, see EtcdBackend._session_put)."""
+    body = json.loads(value)
+    return datetime.fromisoformat(body.get("valid_until") or body["expires_at"])
+
+
 def retained_since_name(prefix: str) -> bytes:
     return f"{prefix}__meta/retained_since".encode()
 
@@ -212,7 +218,7 @@ class EtcdMaintenance:
             elif lock and lock[0][1].mod_revision == base:
                 end = now  # still valid: keep it at least one more window
             elif session:
-                end = datetime.fromisoformat(json.loads(session[0][0])["expires_at"])
+                end = session_deadline(session[0][0])
             else:  # ended unrecorded and undatable (rare race): kept one window past its start
                 end = datetime.fromisoformat(body["acquired_at"]) + self._retention
             due = None if end + self._margin < cutoff else max(end, cutoff) + _TICK
@@ -258,11 +264,7 @@ class EtcdMaintenance:
             page = await self._range(start, end, 500)
             if not page:
                 return deleted
-            old = [
-                kv
-                for kv in page
-                if datetime.fromisoformat(json.loads(kv.value)["expires_at"]) < before
-            ]
+            old = [kv for kv in page if session_deadline(kv.value) < before]
             for kv in old:  # guarded one by one: a keepalive may have just rewritten it
                 ok, _ = await self._c.transaction(
                     compare=[self._t.mod(kv.key) == kv.mod_revision],

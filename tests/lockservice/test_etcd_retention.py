@@ -24,6 +24,7 @@ from lockservice.api import Grant, NotAcquired
 from lockservice.backends import create_backend
 from lockservice.backends import etcd as etcd_module
 from lockservice.backends.etcd import EtcdBackend
+from lockservice.backends.etcd_retention import session_deadline
 from lockservice.server import create_app
 from lockservice.settings import LockSettings
 from payouts.embedded import EmbeddedEtcd
@@ -189,6 +190,26 @@ async def test_idle_heartbeat_writes_nothing(private_etcd: EmbeddedEtcd) -> None
         assert held > before  # the grant's txn recorded the deadline
         await backend.keepalive(session.session_id)
         assert await revision() > held  # holding: the deadline that dates an expiry moves
+
+        async def recorded() -> datetime:
+            got = await client.get(record)
+            assert got is not None
+            return session_deadline(got.value)
+
+        # Never lowered: another lock server renews later; this one's cache is then older.
+        other = await _backend(private_etcd.endpoints)
+        try:
+            later = (await other.keepalive(session.session_id)).expires_at
+        finally:
+            await other.close()
+        assert await recorded() == later
+        second = await backend.acquire(session.session_id, "acct:idle2", 0)
+        assert isinstance(second, Grant)
+        assert await recorded() == later  # the grant's txn left the later deadline in place
+        # A record of the former form is replaced by the next write.
+        await client.put(record, b'{"ttl_s": 5.0, "expires_at": "2000-01-01T00:00:00+00:00"}')
+        renewed = await backend.keepalive(session.session_id)
+        assert await recorded() == renewed.expires_at
     finally:
         await backend.close()
         await client.close()
