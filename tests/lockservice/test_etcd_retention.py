@@ -134,6 +134,10 @@ async def test_long_run_keeps_keyspace_and_db_bounded(private_etcd: EmbeddedEtcd
         settled = await _checkpoint(backend, client, run)
         history = await backend.grant_history()
         assert backend.maintenance is not None
+        deadline = time.monotonic() + 30
+        while backend.maintenance.background_runs < 1:  # the lock server's loop runs too
+            assert time.monotonic() < deadline, "the background maintenance never ran"
+            await asyncio.sleep(0.05)
         await backend.maintenance.stop()  # negative control: N more cycles, nothing prunes
         await _phase(backend, n, run)
         control = {
