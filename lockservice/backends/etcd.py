@@ -467,15 +467,17 @@ class EtcdBackend:
         validate_key(grant.key)
         lease = _lease_id(grant.session_id)
         ok = False
-        remaining: timedelta | None = None
+        expires_at: datetime | None = None
         if lease is not None:
             with _unavailable_on_error():
                 ok = await self._still_valid(grant)
                 if ok:
+                    sent = datetime.now(UTC)
                     reply = await self._c.refresh_lease(lease)
                     ok = reply is not None and reply.TTL > 0
-                    remaining = timedelta(seconds=reply.TTL) if ok else None
-        if not ok or remaining is None:
+                    if ok:  # held: the moved deadline is what dates this grant's expiry
+                        expires_at = await self._remember_deadline(lease, float(reply.TTL), sent)
+        if not ok or expires_at is None:
             events.renew_failed(_BACKEND, grant.key, grant.token, grant.session_id)
             raise NotHeld(f"grant {grant.token} on {grant.key!r} is no longer valid")
         return Grant(
@@ -483,7 +485,7 @@ class EtcdBackend:
             token=grant.token,
             session_id=grant.session_id,
             acquired_at=grant.acquired_at,
-            expires_at=datetime.now(UTC) + remaining,
+            expires_at=expires_at,
         )
 
     def _grant_compare(self, grant: Grant) -> list[Any]:
