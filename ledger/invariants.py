@@ -44,6 +44,7 @@ from ledger.invariant_rules import (
     AttemptRow,
     Evidence,
     GrantFact,
+    GrantHistory,
     PayoutRow,
     Transition,
     Write,
@@ -202,7 +203,10 @@ def lock_server_grant_source(
             if body.get("truncated"):
                 raise GrantSourceUnavailable(f"grant history truncated at {limit} grants")
             # The server orders by (key, token); seq keeps that order for equal acquired_at.
-            return [_grant(i, g) for i, g in enumerate(body["grants"])]
+            grants = GrantHistory(_grant(i, g) for i, g in enumerate(body["grants"]))
+            since = body.get("retained_since")  # etcd retention: the history's horizon
+            grants.complete_since = datetime.fromisoformat(since) if since else None
+            return grants
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
             raise GrantSourceUnavailable(f"grant history unavailable: {exc}") from exc
 
@@ -237,7 +241,9 @@ async def check_invariants(
         async with conn.transaction(isolation="repeatable_read", readonly=True):
             ev = await _gather(conn)
         ev.movements = list(movements)
-        ev.grants = list(await grant_source())  # last: see the module docstring
+        grants = await grant_source()  # last: see the module docstring
+        ev.grants = list(grants)
+        ev.grants_complete_since = getattr(grants, "complete_since", None)
     except PaydbError:
         RUNS.labels(result="error").inc()
         raise
@@ -259,11 +265,20 @@ async def check_invariants(
             "attempts": len(ev.attempts),
             "movements": len(ev.movements),
             "grants": len(ev.grants),
+            # Attempts and writes older than a pruned history's horizon: INV-07 skips them.
+            "before_grant_horizon": _before_horizon(ev),
         },
         ok=not any(r.count for r in results),
     )
     _emit(report)
     return report
+
+
+def _before_horizon(ev: Evidence) -> int:
+    since = ev.grants_complete_since
+    if since is None:
+        return 0
+    return sum(a.recorded_at < since for a in ev.attempts) + sum(w.at < since for w in ev.writes)
 
 
 def _emit(report: InvariantReport) -> None:
