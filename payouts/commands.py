@@ -192,7 +192,7 @@ async def create_payouts(db_url: str, specs: list[PayoutSpec]) -> None:
 
 
 async def start_workflows(
-    address: str, queue: str, specs: list[PayoutSpec], **input_overrides: float
+    address: str, queue: str, specs: list[PayoutSpec], **input_overrides: Any
 ) -> None:
     from temporalio.client import Client
     from temporalio.common import WorkflowIDReusePolicy
