@@ -238,7 +238,7 @@ class PayoutWorkflow:
                 if isinstance(err.cause, CancelledError):
                     return
                 self._revokes.pop(0)
-                await self._reject("revoke", cmd, f"lock service refused: {_cause(err)}")
+                await self._reject("revoke", cmd, f"revoke could not be carried out: {_cause(err)}")
                 continue
             self._revokes.pop(0)
 
