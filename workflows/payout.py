@@ -52,6 +52,8 @@ _DB_WRITE_RETRY = RetryPolicy(
 # second payment, because the rail has no idempotency key. A failed or timed-out submit goes to
 # state-based recovery instead, which reads the proxy's attempt record as evidence.
 _SUBMIT_ONCE = RetryPolicy(maximum_attempts=1)
+#: The latest rejected signals handed to the next run (all of them are in the audit log).
+_CARRIED_REJECTIONS = 50
 
 
 def _unlimited_retry(inp: m.PayoutInput) -> RetryPolicy:
@@ -88,6 +90,7 @@ class PayoutWorkflow:
         self._ambiguous_since: datetime | None = None
         self._abandon: m.OperatorCommand | None = None
         self._revokes: list[m.OperatorCommand] = []  # accepted, not carried out yet
+        self._revoker_stopped = False
         self._rejections: list[m.SignalRejection] = []
         self._last_error = ""
         self._steps = 0
@@ -230,7 +233,9 @@ class PayoutWorkflow:
         payout became terminal), the command in flight stays queued.
         """
         while True:
-            await workflow.wait_condition(lambda: bool(self._revokes))
+            await workflow.wait_condition(lambda: bool(self._revokes) or self._revoker_stopped)
+            if self._revoker_stopped:
+                return  # the cancellation was absorbed by an audit activity in `_reject`
             cmd = self._revokes[0]
             try:
                 await self._revoke_now(cmd)
@@ -243,6 +248,7 @@ class PayoutWorkflow:
             self._revokes.pop(0)
 
     async def _stop(self, revoker: asyncio.Task[None]) -> None:
+        self._revoker_stopped = True
         revoker.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await revoker
@@ -286,7 +292,9 @@ class PayoutWorkflow:
             resolution=self._resolution,
             abandon=self._abandon,
             pending_revokes=list(self._revokes),
-            rejected_signals=list(self._rejections),
+            # Every rejection is audited in the payment database; the carried list only feeds the
+            # status query, so a flood of bad signals cannot grow the next run's input unbounded.
+            rejected_signals=self._rejections[-_CARRIED_REJECTIONS:],
             last_error=self._last_error,
             runs=self._runs,
         )
