@@ -350,3 +350,25 @@ async def test_continue_as_new_carries_a_pending_revoke(
     assert result.state == "POSTED" and result.runs >= 2
     assert {r.operator for r in world.revokes} == {"bob"}
     assert result.rejected_signals == []
+
+
+async def test_a_revoke_still_pending_when_the_payout_ends_is_reported_not_carried_out(
+    temporal_env: WorkflowEnvironment,
+) -> None:
+    """A payout that becomes terminal while its revoke waits for the lock service reports the
+    revoke as rejected (the account's lock may belong to its next payout by then) and completes."""
+    world = new_world(submit_script=["unknown"], lookup_script=[], lock_service_down=True)
+    async with running(temporal_env, world) as q:
+        handle = await start(temporal_env, q, resolution_sla_s=3600, **RESILIENT)
+        await wait_status(handle, lambda s: s.state == "RAIL_AMBIGUOUS")
+        await handle.signal(
+            PayoutWorkflow.revoke, m.OperatorCommand(operator="bob", reason="stuck holder")
+        )
+        await wait_status(handle, lambda s: s.pending_revokes == 1)
+        world.lookup_script = ["settled"]
+        result = await handle.result()
+    assert result.state == "POSTED" and result.pending_revokes == 0
+    assert [r.why for r in result.rejected_signals] == [
+        "payout reached POSTED before the revoke was carried out"
+    ]
+    assert world.revokes == [] and [r.operator for r in world.rejected] == ["bob"]
