@@ -121,7 +121,16 @@ _Step = Callable[["PayoutActivities", m.StepRequest], Awaitable[Any]]
 
 
 def _holder_step(fn: _Step) -> _Step:
-    """Marks the step's grant in use while the step runs (see `sweep_idle_leases`)."""
+    """Marks the step's grant in use while the step runs (see `sweep_idle_leases`), and
+    heartbeats for the step's whole duration.
+
+    Why every step heartbeats: the workflow gives critical-section steps a short heartbeat
+    timeout, to notice a dead holder within seconds. A step that legitimately waits (post_to_ledger
+    queued on the contended rail_clearing balance row's lock, a claim behind a slow database)
+    must not look dead while it waits: it would be timed out, its grant abandoned and the work
+    re-acquired and redone for nothing. The heartbeat says only "this process is alive";
+    start-to-close still bounds a step whose process lives but hangs.
+    """
 
     @functools.wraps(fn)
     async def run(self: PayoutActivities, req: m.StepRequest) -> Any:
@@ -129,7 +138,8 @@ def _holder_step(fn: _Step) -> _Step:
         if held is not None:
             held.active += 1
         try:
-            return await fn(self, req)
+            async with _heartbeating():
+                return await fn(self, req)
         finally:
             if held is not None:
                 held.active -= 1
@@ -325,6 +335,15 @@ class PayoutActivities:
 
     @activity.defn(name=m.ESCALATE_AMBIGUOUS)
     async def escalate_ambiguous(self, req: m.StepRequest) -> None:
+        """The resolution SLA passed (A-10): audit it, then alert. Retried without limit by the
+        workflow, so the alert follows the committed audit row: a database outage delays the
+        alert instead of repeating it on every attempt."""
+        await self._store.record_audit(
+            actor=self._worker_id,
+            action="ambiguity_escalated",
+            payout_id=req.payout_id,
+            account_id=req.account_id,
+        )
         log.error(
             "alert",
             name="ambiguity_sla_exceeded",
@@ -332,17 +351,18 @@ class PayoutActivities:
             account_id=req.account_id,
             correlation_id=req.context.correlation_id,
         )
-        await self._store.record_audit(
-            actor=self._worker_id,
-            action="ambiguity_escalated",
-            payout_id=req.payout_id,
-            account_id=req.account_id,
-        )
 
     @activity.defn(name=m.REVOKE_LOCK)
     async def revoke_lock(self, req: m.RevokeRequest) -> None:
         """Break-glass (UC-06) through the lock service, which audits and alerts; revoking does
-        not undo a side effect in flight, it only fences the old holder out."""
+        not undo a side effect in flight, it only fences the old holder out.
+
+        Retried without limit by the workflow: an unreachable lock service or database (raised
+        here) is an outage to wait out; a 4xx is the lock service refusing the command, which is
+        final (non-retryable) and reported by the workflow as a rejected signal. A retry after
+        the revoke went through but its audit row did not can revoke a second time; that costs
+        the current holder its grant (it re-acquires with a higher token), never safety.
+        """
         body = {"key": lock_key(req.account_id), "operator": req.operator, "reason": req.reason}
         async with httpx.AsyncClient(base_url=self._lock_url, timeout=10.0) as http:
             response = await http.post("/v1/locks/revoke", json=body)
@@ -361,7 +381,16 @@ class PayoutActivities:
 
     @activity.defn(name=m.RECORD_SIGNAL_REJECTED)
     async def record_signal_rejected(self, rej: m.SignalRejection) -> None:
+        """Audit an operator command the workflow refused or could not carry out (FR-30).
+        Retried without limit; the event follows the committed row, once per fact."""
         workflow_id = activity.info().workflow_id or ""
+        payout_id = workflow_id.removeprefix("payout-")
+        await self._store.record_audit(
+            actor=rej.operator or "unknown-operator",
+            action=f"signal_rejected:{rej.signal}",
+            payout_id=payout_id if payout_id != workflow_id else None,
+            details={"reason": rej.reason, "why": rej.why},
+        )
         log.warning(
             "operator.signal_rejected",
             signal=rej.signal,
@@ -369,13 +398,6 @@ class PayoutActivities:
             reason=rej.reason,
             why=rej.why,
             workflow_id=workflow_id,
-        )
-        payout_id = workflow_id.removeprefix("payout-")
-        await self._store.record_audit(
-            actor=rej.operator or "unknown-operator",
-            action=f"signal_rejected:{rej.signal}",
-            payout_id=payout_id if payout_id != workflow_id else None,
-            details={"reason": rej.reason, "why": rej.why},
         )
 
     # ------------------------------------------------------------------ holder queue
@@ -412,9 +434,9 @@ class PayoutActivities:
         (FR-17) and any second attempt for this payout whatever the token (FR-18), and it records
         the attempt before forwarding (FR-19), so recovery can always see it.
         """
-        # Heartbeat from the start: if this process stalls anywhere in the step (a GC pause, a
-        # SIGSTOP), the heartbeat timeout hands the payout to recovery within seconds.
-        activity.heartbeat()
+        # `_holder_step` heartbeats from the start: if this process stalls anywhere in the step
+        # (a GC pause, a SIGSTOP), the heartbeat timeout hands the payout to recovery within
+        # seconds.
         payout = await self._current(req.payout_id)
         if payout.state != S.CLAIMED:
             return _view(payout, detail="not_claimed")
@@ -455,8 +477,7 @@ class PayoutActivities:
         # HTTP call cannot un-send money, it only loses the answer. The proxy records the outcome
         # either way; recovery reads it from there.
         exchange = asyncio.create_task(self._submit_logged(submit, req.context.correlation_id))
-        async with _heartbeating():
-            result = await asyncio.shield(exchange)
+        result = await asyncio.shield(exchange)
         return await self._apply_submit_result(req, payout, result)
 
     async def _submit_logged(self, submit: SubmitRequest, correlation_id: str) -> SubmitResult:

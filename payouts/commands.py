@@ -218,7 +218,7 @@ async def connect_temporal(address: str) -> Any:
 
 
 async def start_workflows(
-    address: str, queue: str, specs: list[PayoutSpec], client: Any = None, **input_overrides: float
+    address: str, queue: str, specs: list[PayoutSpec], client: Any = None, **input_overrides: Any
 ) -> int:
     """Start the workflow of each payout; returns how many were started now.
 

@@ -75,6 +75,20 @@ class System:
     proxy_url: str
     log_dir: Path
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    # name -> (args, env, health URL): how each process was started, to restart it the same way
+    specs: dict[str, tuple[list[str], dict[str, str], str]] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ outages
+    def stop_service(self, name: str) -> None:
+        """Stop one process (lock, stub, proxy): a real outage, its port left dead."""
+        stop(self.procs[name])
+
+    def start_service(self, name: str) -> None:
+        """Start a stopped process again, on the same port and settings, and wait for health."""
+        args, env, health = self.specs[name]
+        log = self.log_dir / f"{name}.log"
+        self.procs[name] = spawn(args, env, log)
+        wait_healthy(health, self.procs[name], log)
 
     # ------------------------------------------------------------------ rail stub admin
     def stub_set(self, **behaviour: Any) -> None:
@@ -154,9 +168,8 @@ def running_system(
     ]
     try:
         for name, args, own, health in specs:
-            log = log_dir / f"{name}.log"
-            sys_.procs[name] = spawn(args, {**own, **extra.get(name, {})}, log)
-            wait_healthy(health, sys_.procs[name], log)
+            sys_.specs[name] = (args, {**own, **extra.get(name, {})}, health)
+            sys_.start_service(name)
         yield sys_
     finally:
         for proc in sys_.procs.values():
@@ -174,9 +187,22 @@ class InProcessWorker:
 
 @contextlib.asynccontextmanager
 async def in_process_workers(
-    client: Client, system: System, shared_queue: str, count: int = 1, *, ttl_s: float = 3.0
+    client: Client,
+    system: System,
+    shared_queue: str,
+    count: int = 1,
+    *,
+    ttl_s: float = 3.0,
+    database_url: str | None = None,
+    proxy_url: str | None = None,
 ) -> AsyncIterator[list[InProcessWorker]]:
-    pool = await asyncpg.create_pool(system.database_url, min_size=1, max_size=10)
+    """Workers running the real activities. `database_url` / `proxy_url` point them elsewhere
+    (e.g. at a dead port: workers that are up but cannot reach their database or the proxy)."""
+    # min_size=0: a pool at a dead port is created empty and fails each acquire, like a worker
+    # whose database is unreachable.
+    pool = await asyncpg.create_pool(
+        database_url or system.database_url, min_size=0 if database_url else 1, max_size=10
+    )
     store = PayoutStore(pool)
     workers: list[InProcessWorker] = []
     try:
@@ -185,7 +211,9 @@ async def in_process_workers(
                 locks = await stack.enter_async_context(
                     LockClient(system.lock_url, ttl_s=ttl_s, heartbeat_s=ttl_s / 4)
                 )
-                proxy = await stack.enter_async_context(RailProxyClient(system.proxy_url))
+                proxy = await stack.enter_async_context(
+                    RailProxyClient(proxy_url or system.proxy_url)
+                )
                 name = f"w{i}-{uuid.uuid4().hex[:6]}"
                 holder_queue = f"{shared_queue}-holder-{name}"
                 acts = PayoutActivities(
