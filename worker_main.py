@@ -13,13 +13,17 @@ Run: `python worker_main.py` (settings from the environment, prefix `WORKER_`; s
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import signal
 import socket
+import sys
+import time
 import uuid
 from datetime import timedelta
 
+import httpx
 from prometheus_client import start_http_server
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -31,6 +35,7 @@ from activities.reconcile import ReconcileActivities
 from ledger import PayoutStore
 from ledger.reconcile import ReconcileSettings, stub_movement_source
 from lockservice.client import LockClient
+from payouts.exiting import exit_now
 from payouts.logs import configure_logging, get_logger
 from payouts.pgutil import create_pool
 from railproxy.client import RailProxyClient
@@ -67,8 +72,13 @@ class WorkerSettings(BaseSettings):
     # released grants that were about to be used, in a 2,000-payout chaos run).
     lease_idle_s: float = 60.0
     # FR-29: experiment only. Off removes the fence condition from the payment database's writes;
-    # it is logged loudly by the store at start-up.
+    # it is logged loudly by the store at start-up, and refused unless in experiment mode.
     enforce_fencing: bool = True
+    # Experiment mode: the worker starts only if its rail proxy reports `experiment_mode: true`
+    # on /health (which the proxy sets only after verifying that its rail is the rail stub),
+    # waiting at most `experiment_verify_s` for the proxy to answer.
+    experiment_mode: bool = False
+    experiment_verify_s: float = Field(default=10.0, gt=0)
     # UC-03 experiment only: SIGSTOP this process once, just before its first rail submission.
     experiment_pause_before_submit: bool = False
     # UC-04 experiment only: SIGKILL this process right after a payout reaches this state.
@@ -81,7 +91,49 @@ class WorkerSettings(BaseSettings):
     shared_max_concurrent_activities: int = 1000
 
 
+class StartupRefused(Exception):
+    """The worker must not start (FR-29); the message names the variable to change."""
+
+
+async def check_start(settings: WorkerSettings) -> None:
+    """Refuse fencing off outside experiment mode, and experiment mode unless the rail proxy is
+    in (verified) experiment mode itself: so a worker with fencing off only ever talks to a
+    proxy that talks to the rail stub, never to a real rail."""
+    if not settings.experiment_mode:
+        if not settings.enforce_fencing:
+            raise StartupRefused(
+                "WORKER_ENFORCE_FENCING=false is experiment-only (FR-29): refusing to start "
+                "without WORKER_EXPERIMENT_MODE=true and a rail proxy in experiment mode"
+            )
+        return
+    why = "WORKER_EXPERIMENT_MODE=true"
+    if not settings.enforce_fencing:
+        why += " (with WORKER_ENFORCE_FENCING=false)"
+    deadline = time.monotonic() + settings.experiment_verify_s
+    async with RailProxyClient(settings.railproxy_url, read_timeout_s=2.0) as proxy:
+        while True:
+            try:
+                health = await proxy.health()
+            except (httpx.TransportError, ValueError) as exc:
+                last = type(exc).__name__  # not listening yet? ask again until the deadline
+            else:
+                if health.get("experiment_mode") is True:
+                    return
+                raise StartupRefused(
+                    f"{why} but the rail proxy at {settings.railproxy_url} is not in experiment "
+                    f"mode (its /health: experiment_mode={health.get('experiment_mode')!r}): "
+                    "refusing to start"
+                )
+            if time.monotonic() >= deadline:
+                raise StartupRefused(
+                    f"{why} but the rail proxy at {settings.railproxy_url} did not answer within "
+                    f"{settings.experiment_verify_s:g}s ({last}): refusing to start"
+                )
+            await asyncio.sleep(0.2)
+
+
 async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
+    await check_start(settings)  # FR-29: before anything starts
     worker_queue = f"{settings.task_queue}-holder-{settings.worker_id}"
     if settings.metrics_port:
         start_http_server(settings.metrics_port, addr="127.0.0.1")
@@ -141,6 +193,7 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
                     task_queue=settings.task_queue,
                     worker_queue=worker_queue,
                     enforce_fencing=settings.enforce_fencing,
+                    experiment_mode=settings.experiment_mode,
                 )
                 await stop.wait()
             sweeper.cancel()
@@ -151,9 +204,40 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
         await pool.close()
 
 
-def main() -> None:
-    configure_logging("worker")
+def _settings_help() -> str:
+    """Every setting as the environment variable that sets it, with its default."""
+    rows = []
+    for name, field in WorkerSettings.model_fields.items():
+        alias = field.validation_alias
+        env = (
+            " or ".join(str(c) for c in alias.choices)
+            if isinstance(alias, AliasChoices)
+            else f"WORKER_{name.upper()}"
+        )
+        default = "(generated)" if field.default_factory is not None else repr(field.default)
+        rows.append(f"  {env:<44} default {default}")
+    return "settings (environment variables):\n" + "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python worker_main.py [--help]`: run one worker until SIGINT/SIGTERM."""
+    parser = argparse.ArgumentParser(
+        prog="python worker_main.py",
+        description="A payout worker: runs payout and reconcile workflows and their activities, "
+        "and holds this process's lock session. Configured by environment variables only.",
+        epilog=_settings_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.parse_args(argv)
     settings = WorkerSettings()
+    # Checked first, before logging is configured, for a clean refusal (one line on stderr,
+    # exit 2, nothing started); `run` checks again for any other caller.
+    try:
+        asyncio.run(check_start(settings))
+    except StartupRefused as exc:
+        sys.stderr.write(f"worker: {exc}\n")
+        raise SystemExit(2) from None
+    configure_logging("worker")
 
     async def _main() -> None:
         stop = asyncio.Event()
@@ -164,6 +248,9 @@ def main() -> None:
         await run(settings, stop)
 
     asyncio.run(_main())
+    # Every resource is closed by now; skip the interpreter teardown that the Temporal SDK can
+    # crash, so a clean stop exits 0 (payouts.exiting).
+    exit_now(0)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,55 @@ UNKNOWN_PAYOUT = "UnknownPayout"
 
 
 @dataclass
+class SignalRejection:
+    signal: str
+    operator: str
+    reason: str
+    why: str
+
+
+@dataclass
+class OperatorCommand:
+    """Input of the `abandon` and `revoke` signals: who, and why (FR-30)."""
+
+    operator: str = ""
+    reason: str = ""
+
+
+@dataclass
+class AttemptView:
+    """The rail proxy's record of the latest submission attempt for a payout."""
+
+    attempt_id: str
+    outcome: str | None  # ACKED, DECLINED, UNKNOWN, NOT_SUBMITTED, or None while in flight
+    token: int = 0
+    recorded_at: str = ""
+
+
+@dataclass
+class CarriedState:
+    """What one run of PayoutWorkflow hands to the next when it continues as new.
+
+    Everything the workflow knows that the payment database does not: the operator commands it
+    accepted but has not carried out yet, the rejections it reported, and when the ambiguity
+    began (the resolution SLA is measured from there, not from the start of the latest run).
+    """
+
+    state: str
+    token: int = 0
+    attempt: AttemptView | None = None
+    client_reference: str = ""
+    escalated: bool = False
+    ambiguous_since: str | None = None  # ISO-8601 UTC, workflow time
+    resolution: str = ""  # "settled" or "absent" when known and not yet written
+    abandon: OperatorCommand | None = None  # accepted, not yet carried out
+    pending_revokes: list[OperatorCommand] = field(default_factory=list)
+    rejected_signals: list[SignalRejection] = field(default_factory=list)
+    last_error: str = ""
+    runs: int = 1  # how many runs this payout's workflow has had before this one
+
+
+@dataclass
 class PayoutInput:
     """Input of PayoutWorkflow (workflow id `payout-{payout_id}`)."""
 
@@ -49,8 +98,19 @@ class PayoutInput:
     # before the workflow concludes that worker is gone and re-acquires.
     holder_pickup_s: float = 10.0
     # How long a running critical-section step may go without a heartbeat before the workflow
-    # treats its worker as dead (the submit step heartbeats every second while it waits).
+    # treats its worker as dead (every critical-section step heartbeats every second while it
+    # runs, also while it waits on a contended row lock).
     holder_heartbeat_timeout_s: float = 10.0
+    # Reads, lookups, escalation, audit and revoke retry without an attempt limit; this caps the
+    # backoff between two attempts (an outage only delays a payout, ARCHITECTURE §4).
+    read_retry_max_interval_s: float = 30.0
+    # Continue as new after this many lookups in one run (or when Temporal suggests it), so an
+    # ambiguous payout awaiting an operator never reaches the history limit. At the default
+    # lookup interval (30 s) this is one run per 2.5 hours, about 3,300 history events.
+    max_lookups_per_run: int = 300
+    # State carried over from the previous run of this workflow (continue-as-new); None on the
+    # first run. A field with a default, so inputs recorded before it existed still decode.
+    carried: CarriedState | None = None
 
 
 @dataclass
@@ -87,16 +147,6 @@ class StepRequest:
     operator: str = ""
     reason: str = ""
     resolution: str = ""  # for resolve_ambiguous: "settled" or "absent"
-
-
-@dataclass
-class AttemptView:
-    """The rail proxy's record of the latest submission attempt for a payout."""
-
-    attempt_id: str
-    outcome: str | None  # ACKED, DECLINED, UNKNOWN, NOT_SUBMITTED, or None while in flight
-    token: int = 0
-    recorded_at: str = ""
 
 
 @dataclass
@@ -137,22 +187,6 @@ class RevokeRequest:
 
 
 @dataclass
-class SignalRejection:
-    signal: str
-    operator: str
-    reason: str
-    why: str
-
-
-@dataclass
-class OperatorCommand:
-    """Input of the `abandon` and `revoke` signals: who, and why (FR-30)."""
-
-    operator: str = ""
-    reason: str = ""
-
-
-@dataclass
 class PayoutStatus:
     """What the `status` query returns."""
 
@@ -163,3 +197,5 @@ class PayoutStatus:
     escalated: bool
     rejected_signals: list[SignalRejection] = field(default_factory=list)
     last_error: str = ""
+    pending_revokes: int = 0  # accepted revoke commands not carried out yet
+    runs: int = 1  # this run and the ones it continued from

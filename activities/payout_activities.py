@@ -121,7 +121,16 @@ _Step = Callable[["PayoutActivities", m.StepRequest], Awaitable[Any]]
 
 
 def _holder_step(fn: _Step) -> _Step:
-    """Marks the step's grant in use while the step runs (see `sweep_idle_leases`)."""
+    """Marks the step's grant in use while the step runs (see `sweep_idle_leases`), and
+    heartbeats for the step's whole duration.
+
+    Why every step heartbeats: the workflow gives critical-section steps a short heartbeat
+    timeout, to notice a dead holder within seconds. A step that legitimately waits (post_to_ledger
+    queued on the contended rail_clearing balance row's lock, a claim behind a slow database)
+    must not look dead while it waits: it would be timed out, its grant abandoned and the work
+    re-acquired and redone for nothing. The heartbeat says only "this process is alive";
+    start-to-close still bounds a step whose process lives but hangs.
+    """
 
     @functools.wraps(fn)
     async def run(self: PayoutActivities, req: m.StepRequest) -> Any:
@@ -129,7 +138,8 @@ def _holder_step(fn: _Step) -> _Step:
         if held is not None:
             held.active += 1
         try:
-            return await fn(self, req)
+            async with _heartbeating():
+                return await fn(self, req)
         finally:
             if held is not None:
                 held.active -= 1
@@ -264,6 +274,14 @@ class PayoutActivities:
             os.kill(os.getpid(), signal.SIGKILL)  # the process dies after the commit, mid-payout
         return result
 
+    async def _stamp_account_fence(self, req: m.StepRequest) -> None:
+        """The fenced stamp of the account's balance row; FencedOut aborts the grant."""
+        self._held(req)
+        try:
+            await self._store.stamp_account_fence(req.payout_id, req.token)
+        except FencedOut as exc:
+            raise _fenced(exc) from exc
+
     async def _attempt(self, payout_id: str) -> AttemptRecord | None:
         return _latest_live_attempt(await self._proxy.get_attempts(payout_id))
 
@@ -299,23 +317,33 @@ class PayoutActivities:
     async def lookup_rail(self, req: m.LookupRequest) -> m.LookupResult:
         """Read-only evidence for an ambiguous payout (UC-05): never submits anything.
 
-        `not_found` is definitive only when the rail says its view is complete through a point
-        after the attempt's deadline, by which the proxy had stopped forwarding it (A-08).
+        A `not_found` is "absent" only when the proxy says it proves absence (its attempt records,
+        the rail's completeness window and the Connection's margins, A-08); this worker's clock
+        plays no part. Otherwise the payout stays ambiguous ("pending") and ages.
         """
         try:
-            attempt = await self._attempt(req.payout_id)
-            found = await self._proxy.lookup(req.client_reference)
+            found = await self._proxy.lookup(req.client_reference, payout_id=req.payout_id)
         except (LookupUnavailable, ProxyClientError, httpx.HTTPError) as exc:
             return m.LookupResult(status="unavailable", detail=str(exc))
         if found.status in ("settled", "declined", "pending"):
             return m.LookupResult(status=found.status)
-        complete = found.complete_through
-        if attempt is not None and complete is not None and complete >= attempt.deadline_at:
-            return m.LookupResult(status="absent", detail=f"complete through {complete}")
-        return m.LookupResult(status="pending", detail="not visible yet")
+        # Money could move while our ledger says FAILED if a not_found were taken as absence
+        # before the rail's window covers the attempt: only the proxy's proven `absent` counts.
+        if found.absent:
+            return m.LookupResult(status="absent", detail=found.reason)
+        return m.LookupResult(status="pending", detail=found.reason or "absence not proven")
 
     @activity.defn(name=m.ESCALATE_AMBIGUOUS)
     async def escalate_ambiguous(self, req: m.StepRequest) -> None:
+        """The resolution SLA passed (A-10): audit it, then alert. Retried without limit by the
+        workflow, so the alert follows the committed audit row: a database outage delays the
+        alert instead of repeating it on every attempt."""
+        await self._store.record_audit(
+            actor=self._worker_id,
+            action="ambiguity_escalated",
+            payout_id=req.payout_id,
+            account_id=req.account_id,
+        )
         log.error(
             "alert",
             name="ambiguity_sla_exceeded",
@@ -323,17 +351,18 @@ class PayoutActivities:
             account_id=req.account_id,
             correlation_id=req.context.correlation_id,
         )
-        await self._store.record_audit(
-            actor=self._worker_id,
-            action="ambiguity_escalated",
-            payout_id=req.payout_id,
-            account_id=req.account_id,
-        )
 
     @activity.defn(name=m.REVOKE_LOCK)
     async def revoke_lock(self, req: m.RevokeRequest) -> None:
         """Break-glass (UC-06) through the lock service, which audits and alerts; revoking does
-        not undo a side effect in flight, it only fences the old holder out."""
+        not undo a side effect in flight, it only fences the old holder out.
+
+        Retried without limit by the workflow: an unreachable lock service or database (raised
+        here) is an outage to wait out; a 4xx is the lock service refusing the command, which is
+        final (non-retryable) and reported by the workflow as a rejected signal. A retry after
+        the revoke went through but its audit row did not can revoke a second time; that costs
+        the current holder its grant (it re-acquires with a higher token), never safety.
+        """
         body = {"key": lock_key(req.account_id), "operator": req.operator, "reason": req.reason}
         async with httpx.AsyncClient(base_url=self._lock_url, timeout=10.0) as http:
             response = await http.post("/v1/locks/revoke", json=body)
@@ -352,7 +381,16 @@ class PayoutActivities:
 
     @activity.defn(name=m.RECORD_SIGNAL_REJECTED)
     async def record_signal_rejected(self, rej: m.SignalRejection) -> None:
+        """Audit an operator command the workflow refused or could not carry out (FR-30).
+        Retried without limit; the event follows the committed row, once per fact."""
         workflow_id = activity.info().workflow_id or ""
+        payout_id = workflow_id.removeprefix("payout-")
+        await self._store.record_audit(
+            actor=rej.operator or "unknown-operator",
+            action=f"signal_rejected:{rej.signal}",
+            payout_id=payout_id if payout_id != workflow_id else None,
+            details={"reason": rej.reason, "why": rej.why},
+        )
         log.warning(
             "operator.signal_rejected",
             signal=rej.signal,
@@ -361,25 +399,26 @@ class PayoutActivities:
             why=rej.why,
             workflow_id=workflow_id,
         )
-        payout_id = workflow_id.removeprefix("payout-")
-        await self._store.record_audit(
-            actor=rej.operator or "unknown-operator",
-            action=f"signal_rejected:{rej.signal}",
-            payout_id=payout_id if payout_id != workflow_id else None,
-            details={"reason": rej.reason, "why": rej.why},
-        )
 
     # ------------------------------------------------------------------ holder queue
 
     @activity.defn(name=m.REREAD_AND_CLAIM)
     @_holder_step
     async def reread_and_claim(self, req: m.StepRequest) -> m.PayoutView:
-        """UC-01 steps 3-4: re-read inside the lease; claim only a PENDING payout (FR-14)."""
+        """UC-01 steps 3-4: re-read inside the lease; claim only a PENDING payout (FR-14).
+
+        Whatever the state, the account's balance-row fence carries this token when the step
+        returns (the claim stamps it; otherwise `stamp_account_fence` does): a holder that takes
+        over a payout in flight fences the older holder out of the payment database before it
+        does anything else, not only once it happens to write (INV-01, FR-15).
+        """
         payout = await self._current(req.payout_id)
         if payout.state == S.PENDING:
             payout = await self._write(
                 req, lambda: self._store.claim(req.payout_id, req.token, self._ctx(req.context))
             )
+        else:
+            await self._stamp_account_fence(req)
         attempt = None
         if payout.state in (S.CLAIMED, S.RAIL_SUBMITTED):
             # Recovery evidence (FR-24): what the proxy recorded, never how much time passed.
@@ -395,9 +434,9 @@ class PayoutActivities:
         (FR-17) and any second attempt for this payout whatever the token (FR-18), and it records
         the attempt before forwarding (FR-19), so recovery can always see it.
         """
-        # Heartbeat from the start: if this process stalls anywhere in the step (a GC pause, a
-        # SIGSTOP), the heartbeat timeout hands the payout to recovery within seconds.
-        activity.heartbeat()
+        # `_holder_step` heartbeats from the start: if this process stalls anywhere in the step
+        # (a GC pause, a SIGSTOP), the heartbeat timeout hands the payout to recovery within
+        # seconds.
         payout = await self._current(req.payout_id)
         if payout.state != S.CLAIMED:
             return _view(payout, detail="not_claimed")
@@ -438,8 +477,7 @@ class PayoutActivities:
         # HTTP call cannot un-send money, it only loses the answer. The proxy records the outcome
         # either way; recovery reads it from there.
         exchange = asyncio.create_task(self._submit_logged(submit, req.context.correlation_id))
-        async with _heartbeating():
-            result = await asyncio.shield(exchange)
+        result = await asyncio.shield(exchange)
         return await self._apply_submit_result(req, payout, result)
 
     async def _submit_logged(self, submit: SubmitRequest, correlation_id: str) -> SubmitResult:

@@ -10,7 +10,9 @@ Evidence, and what it stands for:
   also stamped the account's balance row.
 * `attempts`/`proxy_fences`: the rail proxy's submissions and per-account high-water tokens.
 * `movements`: the rail's own log, the evidence of money moving (one per accepted instruction).
-* `grants`: the lock service's grant history, keys without the backend's namespace prefix.
+* `grants`: the lock service's grant history, keys without the backend's namespace prefix;
+  `grants_complete_since`: when the backend prunes it (etcd retention), grants that ended before
+  this time may be missing, so INV-07 does not judge attempts and writes made before it.
 * `ledger_subjects`: what the ledger proof query found (INV-03).
 * `escalated`: payouts with an `ambiguity_escalated` audit row (INV-10).
 * `workflows`: payout workflows whose latest run closed without completing (failed, terminated,
@@ -109,6 +111,12 @@ class GrantFact:
     seq: int  # issue order among grants with the same acquired_at (history id, or list position)
 
 
+class GrantHistory(list[GrantFact]):
+    """Grants as a source returns them, with the horizon of a pruned history (None: complete)."""
+
+    complete_since: datetime | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class WorkflowFact:
     """A payout workflow whose latest run closed without completing (INV-10)."""
@@ -127,6 +135,7 @@ class Evidence:
     proxy_fences: dict[str, int] = field(default_factory=dict)  # account -> high-water token
     movements: list[RailMovement] = field(default_factory=list)
     grants: list[GrantFact] = field(default_factory=list)
+    grants_complete_since: datetime | None = None  # see the module docstring
     ledger_subjects: list[str] = field(default_factory=list)
     escalated: set[str] = field(default_factory=set)  # payout ids
     workflows: list[WorkflowFact] = field(default_factory=list)
@@ -333,12 +342,18 @@ def _ends_after(a: GrantFact, b: GrantFact) -> bool:
 
 
 def _inv07(ev: Evidence, grants: _GrantIndex) -> list[str]:
-    """Every attempt and every tokened write presents a token granted for its account before."""
+    """Every attempt and every tokened write presents a token granted for its account before.
+    Those made before the history's horizon are not judged: their grant may have been pruned."""
     out = []
+    since = ev.grants_complete_since
     for a in ev.attempts:
+        if since is not None and a.recorded_at < since:
+            continue
         if not grants.granted_before(lock_key(a.account_id), a.token, a.recorded_at):
             out.append(f"attempt#{a.attempt_id} {a.payout_id} token={a.token} without grant")
     for w in ev.writes:
+        if since is not None and w.at < since:
+            continue
         if w.account_id is None or not grants.granted_before(lock_key(w.account_id), w.token, w.at):
             out.append(f"audit#{w.audit_id} {w.action} token={w.token} without grant")
     return out

@@ -49,6 +49,7 @@ from ledger.invariant_rules import (
     AttemptRow,
     Evidence,
     GrantFact,
+    GrantHistory,
     PayoutRow,
     Transition,
     WorkflowFact,
@@ -223,7 +224,10 @@ def lock_server_grant_source(
             if body.get("truncated"):
                 raise GrantSourceUnavailable(f"grant history truncated at {limit} grants")
             # The server orders by (key, token); seq keeps that order for equal acquired_at.
-            return [_grant(i, g) for i, g in enumerate(body["grants"])]
+            grants = GrantHistory(_grant(i, g) for i, g in enumerate(body["grants"]))
+            since = body.get("retained_since")  # etcd retention: the history's horizon
+            grants.complete_since = datetime.fromisoformat(since) if since else None
+            return grants
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
             raise GrantSourceUnavailable(f"grant history unavailable: {exc}") from exc
 
@@ -315,7 +319,9 @@ async def check_invariants(
         ev.movements = list(movements)
         ev.workflows, ev.workflows_checked = workflows or [], workflows is not None
         ev.settled = settled
-        ev.grants = list(await grant_source())  # last: see the module docstring
+        grants = await grant_source()  # last: see the module docstring
+        ev.grants = list(grants)
+        ev.grants_complete_since = getattr(grants, "complete_since", None)
     except PaydbError:
         RUNS.labels(result="error").inc()
         raise
@@ -338,12 +344,21 @@ async def check_invariants(
             "movements": len(ev.movements),
             "grants": len(ev.grants),
             "closed_workflows": len(ev.workflows),
+            # Attempts and writes older than a pruned history's horizon: INV-07 skips them.
+            "before_grant_horizon": _before_horizon(ev),
         },
         ok=not any(r.count for r in results),
         not_checked=_not_checked(ev),
     )
     _emit(report)
     return report
+
+
+def _before_horizon(ev: Evidence) -> int:
+    since = ev.grants_complete_since
+    if since is None:
+        return 0
+    return sum(a.recorded_at < since for a in ev.attempts) + sum(w.at < since for w in ev.writes)
 
 
 def _not_checked(ev: Evidence) -> list[str]:

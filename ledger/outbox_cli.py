@@ -123,8 +123,8 @@ def register(subparsers: Any) -> None:
 
     lst = sub.add_parser("list", help="counts by status, and the rows")
     lst.add_argument("--database-url", help="defaults to $DATABASE_URL")
-    lst.add_argument("--status", choices=[str(s) for s in Status])
-    lst.add_argument("--limit", type=int, default=100)
+    lst.add_argument("--status", choices=[str(s) for s in Status], help="only rows in this status")
+    lst.add_argument("--limit", type=int, default=100, help="at most this many rows")
     lst.add_argument("--json", action="store_true", help="one JSON object: summary and rows")
     lst.set_defaults(func=_cmd_list)
 

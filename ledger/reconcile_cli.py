@@ -209,6 +209,8 @@ def register(subparsers: Any) -> None:
     run.set_defaults(func=_cmd_run)
 
     sch = sub.add_parser("schedule", help=f"create/update the Temporal Schedule {SCHEDULE_ID}")
-    sch.add_argument("--every", type=parse_duration, default=timedelta(hours=1))
+    sch.add_argument(
+        "--every", type=parse_duration, default=timedelta(hours=1), help="how often it runs"
+    )
     sch.add_argument("--task-queue", help="defaults to $RECONCILE_TASK_QUEUE or 'payouts'")
     sch.set_defaults(func=_cmd_schedule)

@@ -247,6 +247,28 @@ class PayoutStore:
                 self._report_fenced_out(exc, payout_id, operation)
                 raise
 
+    async def stamp_account_fence(self, payout_id: str, token: int) -> None:
+        """Raise the fence of the payout's account's balance row to T, whatever state the payout
+        is in (T >= fence: stamp T; lower: `FencedOut`). No payout row changes.
+
+        Why: the claim step of a newer holder finds the payout CLAIMED, RAIL_SUBMITTED, ... when
+        it only recovers or posts, and `claim` (PENDING only) would then write nothing. Without
+        this stamp the account's fence stays at the older holder's token, and that holder, thawed
+        from a pause, could still advance the account's payouts at the payment database until
+        the newer one happened to write (INV-01). The stamp fences it out at once.
+        """
+        check_payout_id(payout_id)
+        check_token(token)
+        operation = "stamp_account_fence"
+        async with self._pool.acquire() as conn:
+            try:
+                async with conn.transaction():
+                    account_id, _ = await self._payout_account(conn, payout_id)
+                    await self._stamp_balance(conn, account_id, token, operation, payout_id)
+            except FencedOut as exc:
+                self._report_fenced_out(exc, payout_id, operation)
+                raise
+
     async def mark_submitted(
         self, payout_id: str, token: int, ctx: WorkContext
     ) -> Payout | AlreadyAdvanced:

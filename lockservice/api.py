@@ -223,4 +223,9 @@ class LockBackend(Protocol):
         at most `limit` records (None = all). Durable in the backend itself."""
         ...
 
+    async def history_retained_since(self) -> datetime | None:
+        """Grants that ended before this time may have been pruned from `grant_history`
+        (retention); None: the history is complete since the first grant."""
+        ...
+
     async def close(self) -> None: ...

@@ -101,6 +101,8 @@ class GrantRecordOut(BaseModel):
 class HistoryOut(BaseModel):
     grants: list[GrantRecordOut]
     truncated: bool
+    #: grants that ended before it may have been pruned (etcd retention); null: none were
+    retained_since: datetime | None = None
 
 
 class RevokeIn(BaseModel):
@@ -382,6 +384,9 @@ def _build(  # noqa: PLR0915 - one route table, read top to bottom
         """Every grant issued for keys starting with `prefix`, ordered by (key, token), at most
         `limit` of them (for the invariant checker, INV-04/INV-06). `truncated` says more exist."""
         recs = await run("grant_history", lambda: state.be().grant_history(prefix, limit=limit + 1))
+        # Read after the history: retention raises the horizon BEFORE it deletes, so this covers
+        # every grant missing from `recs` (ledger.invariants skips writes before it for INV-07).
+        since = await run("grant_history", lambda: state.be().history_retained_since())
         return JSONResponse(
             {
                 "grants": [
@@ -396,6 +401,7 @@ def _build(  # noqa: PLR0915 - one route table, read top to bottom
                     for r in recs[:limit]
                 ],
                 "truncated": len(recs) > limit,
+                "retained_since": _iso(since),
             }
         )
 
@@ -455,6 +461,8 @@ def app_from_settings(settings: Any) -> FastAPI:
             database_url=settings.database_url,
             etcd_endpoints=settings.etcd_endpoint_list() or None,
             prefix=settings.key_prefix,
+            etcd_history_retention_s=settings.etcd_history_retention_s,
+            etcd_compact_every_s=settings.etcd_compact_every_s,
         )
         _log.info("lock.server_started", backend=settings.backend)
         try:

@@ -29,6 +29,12 @@ class LockSettings(BaseSettings):
     key_prefix: str = ""
     #: Default session TTL for clients that do not choose one (A-04: 15 s).
     default_ttl_s: float = Field(default=15.0, ge=1.0, le=3600.0)
+    #: etcd backend: how long a grant's record is kept after it ended (the invariant checker sees
+    #: every grant that ended inside it). Sizing: docs/locks-backends.md.
+    etcd_history_retention_s: float = Field(default=7 * 86400.0, ge=1.0)
+    #: etcd backend: how often history is pruned and etcd compacted (each compaction keeps at least
+    #: this much MVCC history, so waiters' watches rarely meet a compacted revision).
+    etcd_compact_every_s: float = Field(default=300.0, ge=0.1)
     log_level: str = "INFO"
 
     def etcd_endpoint_list(self) -> list[str]:

@@ -12,6 +12,8 @@ import importlib
 import os
 import sys
 
+from payouts.exiting import exit_code, exit_now
+
 #: Modules that define `register(subparsers: argparse._SubParsersAction) -> None`.
 COMMAND_MODULES: tuple[str, ...] = (
     "payouts.commands",
@@ -41,8 +43,40 @@ def _cmd_db_migrate(args: argparse.Namespace) -> int:
     return 0
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """Every option shows its default, unless its help already says it or it has none."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (
+            "default" in text.lower()
+            or default in (None, False, argparse.SUPPRESS)
+            or not action.option_strings
+        ):
+            return text
+        return f"{text} (default: %(default)s)".lstrip()
+
+
+def _use_help_formatter(parser: argparse.ArgumentParser) -> None:
+    """Apply `HelpFormatter` to a parser and all of its subcommands, however deep."""
+    parser.formatter_class = HelpFormatter
+    for action in parser._actions:  # argparse exposes subparsers only through this list
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _use_help_formatter(child)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="payouts", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="payouts",
+        description="Exactly-once payout execution: run the local stack, create and follow "
+        "payouts, operate them, and prove the design (demo, experiments, chaos).",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument(
+        "--debug", action="store_true", help="show a traceback for an unexpected error"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     db = sub.add_parser("db", help="payment database administration")
@@ -53,7 +87,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
+    _use_help_formatter(parser)
     return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fenced-payouts")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,7 +107,25 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args))
     except KeyboardInterrupt:
         return 130
+    except SystemExit:
+        raise
+    except Exception as exc:
+        # An unexpected error is one line and exit 1; --debug shows the traceback.
+        if args.debug:
+            raise
+        print(f"error: {type(exc).__name__}: {exc} (run with --debug for details)", file=sys.stderr)
+        return 1
+
+
+def run() -> None:
+    """Console entry point: `main()`, then `exit_now` with its code, so that the exit code is the
+    command's own and never a crash of the Temporal SDK at interpreter exit (payouts.exiting)."""
+    try:
+        code = main()
+    except SystemExit as exc:
+        code = exit_code(exc)
+    exit_now(code)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

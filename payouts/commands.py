@@ -14,6 +14,7 @@ import csv
 import json
 import os
 import random
+import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,8 +30,19 @@ DEFAULT_QUEUE = "payouts"
 MAX_BATCH = 100_000
 
 
+#: Exit codes of `payouts payout|seed|lock` commands (documented in the README).
+EXIT_USAGE = 2  # bad arguments or input; nothing was changed
+EXIT_NOT_FOUND = 3  # no such payout (no workflow for it)
+EXIT_CONFLICT = 4  # the payout's workflow has completed: nothing left to signal
+EXIT_UNAVAILABLE = 5  # Temporal, the database or the lock server could not be reached
+
+
 class CommandError(Exception):
-    """A user-facing error: printed as one line, exit code 2."""
+    """A user-facing error: printed as one line on stderr, with its exit code."""
+
+    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass(frozen=True)
@@ -182,6 +194,7 @@ async def create_payouts(db_url: str, specs: list[PayoutSpec]) -> None:
         if existing:
             raise CommandError(
                 f"payout(s) already exist: {', '.join(sorted(existing)[:5])}; nothing created"
+                " (a PENDING payout without a workflow: `payouts payout start-pending`)"
             )
         store = PayoutStore(pool)
         for s in specs:
@@ -191,59 +204,121 @@ async def create_payouts(db_url: str, specs: list[PayoutSpec]) -> None:
         await pool.close()
 
 
-async def start_workflows(
-    address: str, queue: str, specs: list[PayoutSpec], **input_overrides: float
-) -> None:
+async def connect_temporal(address: str) -> Any:
+    """A Temporal client, or `CommandError(EXIT_UNAVAILABLE)` naming the address."""
     from temporalio.client import Client
+
+    try:
+        return await Client.connect(address)
+    except RuntimeError as exc:  # the SDK reports a failed connect as RuntimeError
+        raise CommandError(
+            f"Temporal at {address} is unreachable ({str(exc).splitlines()[0][:120]})",
+            EXIT_UNAVAILABLE,
+        ) from None
+
+
+async def start_workflows(
+    address: str, queue: str, specs: list[PayoutSpec], client: Any = None, **input_overrides: Any
+) -> int:
+    """Start the workflow of each payout; returns how many were started now.
+
+    Idempotent, keyed by the workflow id `payout-{id}`: a payout whose workflow already exists
+    (running or finished) is skipped, so re-running after a partial failure starts exactly the
+    missing ones and never a second workflow for a payout.
+    """
     from temporalio.common import WorkflowIDReusePolicy
+    from temporalio.exceptions import WorkflowAlreadyStartedError
 
     from activities.models import PayoutInput
     from workflows.payout import PayoutWorkflow
 
-    client = await Client.connect(address)
+    client = client or await connect_temporal(address)
     sem = asyncio.Semaphore(32)
+    started = 0
 
     async def one(s: PayoutSpec) -> None:
+        nonlocal started
         async with sem:
-            await client.start_workflow(
-                PayoutWorkflow.run,
-                PayoutInput(
-                    payout_id=s.payout_id,
-                    account_id=s.account_id,
-                    correlation_id=s.payout_id,
-                    **input_overrides,
-                ),
-                id=f"payout-{s.payout_id}",
-                task_queue=queue,
-                # One workflow per payout, ever: a second start of the same payout is refused.
-                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-            )
+            with contextlib.suppress(WorkflowAlreadyStartedError):  # it exists: keep it
+                await client.start_workflow(
+                    PayoutWorkflow.run,
+                    PayoutInput(
+                        payout_id=s.payout_id,
+                        account_id=s.account_id,
+                        correlation_id=s.payout_id,
+                        **input_overrides,
+                    ),
+                    id=f"payout-{s.payout_id}",
+                    task_queue=queue,
+                    # One workflow per payout, ever: a second start of the same payout is refused.
+                    id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                )
+                started += 1
 
     await asyncio.gather(*(one(s) for s in specs))
+    return started
+
+
+async def pending_payouts(db_url: str) -> list[PayoutSpec]:
+    """Every PENDING payout: the ones that may still lack a workflow."""
+    conn = await asyncpg.connect(db_url)
+    try:
+        rows = await conn.fetch(
+            "SELECT payout_id, account_id, amount FROM paydb.payouts"
+            " WHERE state = 'PENDING' ORDER BY created_at"
+        )
+    finally:
+        await conn.close()
+    return [PayoutSpec(r["payout_id"], r["account_id"], int(r["amount"])) for r in rows]
+
+
+def _workflow_error(exc: Exception, payout_id: str) -> CommandError:
+    """What a failed signal or query means to the operator, as a one-line error."""
+    from temporalio.service import RPCError, RPCStatusCode
+
+    text = str(exc)
+    if isinstance(exc, RPCError) and exc.status == RPCStatusCode.NOT_FOUND:
+        if "completed" in text:
+            return CommandError(
+                f"payout {payout_id}: its workflow has completed; nothing to do", EXIT_CONFLICT
+            )
+        return CommandError(
+            f"unknown payout {payout_id} (no workflow payout-{payout_id})", EXIT_NOT_FOUND
+        )
+    if isinstance(exc, RPCError) and exc.status == RPCStatusCode.UNAVAILABLE:
+        return CommandError(f"Temporal is unreachable: {text[:120]}", EXIT_UNAVAILABLE)
+    return CommandError(f"payout {payout_id}: {type(exc).__name__}: {text[:160]}", 1)
 
 
 async def signal_payout(
     address: str, payout_id: str, name: str, operator: str, reason: str
 ) -> None:
-    from temporalio.client import Client
+    from temporalio.service import RPCError
 
     from activities.models import OperatorCommand
 
-    client = await Client.connect(address)
+    client = await connect_temporal(address)
     handle = client.get_workflow_handle(f"payout-{payout_id}")
-    await handle.signal(name, OperatorCommand(operator=operator, reason=reason))
+    try:
+        await handle.signal(name, OperatorCommand(operator=operator, reason=reason))
+    except RPCError as exc:
+        raise _workflow_error(exc, payout_id) from None
 
 
 async def payout_status(address: str, payout_id: str) -> dict[str, Any]:
     from dataclasses import asdict
 
-    from temporalio.client import Client
+    from temporalio.client import WorkflowQueryFailedError
+    from temporalio.service import RPCError
 
     from workflows.payout import PayoutWorkflow
 
-    client = await Client.connect(address)
+    client = await connect_temporal(address)
     handle = client.get_workflow_handle_for(PayoutWorkflow.run, f"payout-{payout_id}")
-    return asdict(await handle.query(PayoutWorkflow.status))
+    try:
+        return asdict(await handle.query(PayoutWorkflow.status))
+    except (RPCError, WorkflowQueryFailedError) as exc:
+        raise _workflow_error(exc, payout_id) from None
 
 
 # --------------------------------------------------------------------------- commands
@@ -279,6 +354,10 @@ def _cmd_create(args: argparse.Namespace) -> int:
             max_amount=args.max_amount,
         )
     else:
+        if args.account is None or args.amount is None:
+            raise CommandError(
+                "a single payout needs --account and --amount (or use --file or --generate)"
+            )
         specs = [
             _spec(
                 {
@@ -290,13 +369,38 @@ def _cmd_create(args: argparse.Namespace) -> int:
             )
         ]
     check_batch(specs)
-    asyncio.run(create_payouts(database_url(args), specs))
-    if not args.no_start:
-        asyncio.run(start_workflows(temporal_address(args), task_queue(args), specs))
+    asyncio.run(_create_and_start(args, specs))
     verb = "created" if args.no_start else "created and started"
     print(f"{verb} {len(specs)} payout(s); follow them in the Temporal UI as payout-<id>")
     for s in specs[:10]:
         print(f"  payout-{s.payout_id}  account={s.account_id}  amount={s.amount}")
+    return 0
+
+
+async def _create_and_start(args: argparse.Namespace, specs: list[PayoutSpec]) -> None:
+    """Rows, then workflows, as one recoverable operation: Temporal is reached before any row is
+    written, and if starting still fails half-way, `payout start-pending` starts the rest."""
+    client = None if args.no_start else await connect_temporal(temporal_address(args))
+    await create_payouts(database_url(args), specs)
+    if client is None:
+        return
+    try:
+        await start_workflows(temporal_address(args), task_queue(args), specs, client=client)
+    except RuntimeError as exc:
+        raise CommandError(
+            f"created {len(specs)} payout(s) but could not start every workflow ({exc}); "
+            "run `payouts payout start-pending` to start the missing ones",
+            EXIT_UNAVAILABLE,
+        ) from None
+
+
+def _cmd_start_pending(args: argparse.Namespace) -> int:
+    specs = asyncio.run(pending_payouts(database_url(args)))
+    started = asyncio.run(start_workflows(temporal_address(args), task_queue(args), specs))
+    print(
+        f"{len(specs)} PENDING payout(s): started {started} workflow(s), "
+        f"{len(specs) - started} already had one"
+    )
     return 0
 
 
@@ -329,7 +433,7 @@ def _cmd_lock_revoke(args: argparse.Namespace) -> int:
             timeout=10,
         )
     except httpx.HTTPError as exc:
-        raise CommandError(f"lock server at {url} unreachable: {exc}") from None
+        raise CommandError(f"lock server at {url} unreachable: {exc}", EXIT_UNAVAILABLE) from None
     if r.status_code >= 400:
         raise CommandError(f"revoke refused: HTTP {r.status_code} {r.text}")
     print(f"revoked {key}: {r.json()}")
@@ -337,12 +441,22 @@ def _cmd_lock_revoke(args: argparse.Namespace) -> int:
 
 
 def _guard(func: Any) -> Any:
+    """One line on stderr and the documented exit code for every expected failure."""
+
     def run(args: argparse.Namespace) -> int:
         try:
             return int(func(args))
         except CommandError as exc:
-            print(f"error: {exc}")
-            return 2
+            print(f"error: {exc}", file=sys.stderr)
+            return exc.code
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            if getattr(args, "debug", False):
+                raise
+            print(
+                f"error: the database could not be used: {type(exc).__name__}: {exc}",
+                file=sys.stderr,
+            )
+            return EXIT_UNAVAILABLE
 
     return run
 
@@ -361,9 +475,9 @@ def register(sub: Any) -> None:
     seed = sub.add_parser(
         "seed", help="create funded accounts (re-runnable: tops up existing ones)"
     )
-    seed.add_argument("--accounts", type=int, default=50)
+    seed.add_argument("--accounts", type=int, default=50, help="how many accounts")
     seed.add_argument("--balance", type=int, default=1_000_000, help="minor units per account")
-    seed.add_argument("--prefix", default="acct-")
+    seed.add_argument("--prefix", default="acct-", help="account ids are PREFIX00000, ...")
     common(seed, db=True)
     seed.set_defaults(func=_guard(_cmd_seed))
 
@@ -377,11 +491,22 @@ def register(sub: Any) -> None:
     create.add_argument("--generate", type=int, metavar="N", help="generate N payouts")
     create.add_argument("--accounts", type=int, default=50, help="accounts for --generate")
     create.add_argument("--seed", type=int, default=1, help="seed for --generate")
-    create.add_argument("--min-amount", type=int, default=100)
-    create.add_argument("--max-amount", type=int, default=5_000)
+    create.add_argument(
+        "--min-amount", type=int, default=100, help="smallest generated amount (minor units)"
+    )
+    create.add_argument(
+        "--max-amount", type=int, default=5_000, help="largest generated amount (minor units)"
+    )
     create.add_argument("--no-start", action="store_true", help="create rows only")
     common(create, db=True, temporal=True)
     create.set_defaults(func=_guard(_cmd_create))
+
+    pending = psub.add_parser(
+        "start-pending",
+        help="start the workflow of every PENDING payout that has none (idempotent)",
+    )
+    common(pending, db=True, temporal=True)
+    pending.set_defaults(func=_guard(_cmd_start_pending))
 
     status = psub.add_parser("status", help="query a payout workflow's state, token, attempt")
     status.add_argument("payout_id")
@@ -394,8 +519,8 @@ def register(sub: Any) -> None:
     ):
         p = psub.add_parser(name, help=help_)
         p.add_argument("payout_id")
-        p.add_argument("--operator", required=True)
-        p.add_argument("--reason", required=True)
+        p.add_argument("--operator", required=True, help="who you are (audited)")
+        p.add_argument("--reason", required=True, help="why (audited; e.g. a ticket number)")
         common(p, temporal=True)
         p.set_defaults(func=_guard(_cmd_signal), signal=name)
 
@@ -404,7 +529,7 @@ def register(sub: Any) -> None:
     rev = lsub.add_parser("revoke", help="force-revoke a lock (audited; next token is higher)")
     rev.add_argument("--key", help="lock key, e.g. payout:acct-00001")
     rev.add_argument("--account", help="shorthand for --key payout:ACCOUNT")
-    rev.add_argument("--operator", required=True)
-    rev.add_argument("--reason", required=True)
+    rev.add_argument("--operator", required=True, help="who you are (audited)")
+    rev.add_argument("--reason", required=True, help="why (audited; e.g. a ticket number)")
     rev.add_argument("--lock-url", help="default $LOCK_URL or http://127.0.0.1:8701")
     rev.set_defaults(func=_guard(_cmd_lock_revoke))

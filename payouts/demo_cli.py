@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
 from payouts.demo import DemoOptions, render, run_demo
+from payouts.stoppable import run_stoppable
 
 
 def _progress(line: str) -> None:
@@ -18,7 +18,7 @@ def _progress(line: str) -> None:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     if args.payouts <= 0 or args.accounts <= 0 or args.workers <= 0:
-        print("error: --payouts, --accounts and --workers must be positive")
+        print("error: --payouts, --accounts and --workers must be positive", file=sys.stderr)
         return 2
     options = DemoOptions(
         payouts=args.payouts,
@@ -29,9 +29,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         pause_experiment=not args.no_pause,
     )
     try:
-        report = asyncio.run(run_demo(options, _progress))
+        report = run_stoppable(run_demo(options, _progress))
     except KeyboardInterrupt:
-        print("interrupted; every process was stopped")
+        print("interrupted; every process was stopped", file=sys.stderr)
         return 130
     print(render(report))
     if args.json:
@@ -41,10 +41,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def register(sub: Any) -> None:
     demo = sub.add_parser("demo", help="run the main job: stack, workload, experiment, report")
-    demo.add_argument("--payouts", type=int, default=200)
-    demo.add_argument("--accounts", type=int, default=50)
-    demo.add_argument("--workers", type=int, default=3)
-    demo.add_argument("--backend", choices=["postgres", "etcd"], default="postgres")
+    demo.add_argument("--payouts", type=int, default=200, help="payouts in the workload")
+    demo.add_argument("--accounts", type=int, default=50, help="accounts they spread over")
+    demo.add_argument("--workers", type=int, default=3, help="worker processes")
+    demo.add_argument(
+        "--backend", choices=["postgres", "etcd"], default="postgres", help="lock backend"
+    )
     demo.add_argument("--run-dir", default=".run/demo", help="logs and evidence go here")
     demo.add_argument("--no-pause", action="store_true", help="skip the pause experiment")
     demo.add_argument("--json", action="store_true", help="also print the report as JSON")

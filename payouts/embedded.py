@@ -9,6 +9,7 @@ listens on a Unix socket and cannot be restarted under test control, while the t
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.util
 import os
 import pwd
@@ -16,8 +17,10 @@ import random
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -83,7 +86,52 @@ def _package_dir(package: str) -> Path:
 
 
 def _pg_bin(name: str) -> str:
-    return str(_package_dir("pgserver") / "pginstall" / "bin" / name)
+    return str(_pg_install() / "bin" / name)
+
+
+def _others_can_traverse(path: Path) -> bool:
+    """Whether a user who is neither owner nor group member can reach `path` (every existing
+    ancestor has the others-execute bit). Parts that do not exist yet are made 0755 later."""
+    for part in [path, *path.parents]:
+        if part.exists() and not part.stat().st_mode & stat.S_IXOTH:
+            return False
+    return True
+
+
+def _world_reachable_copy(source: Path, label: str) -> Path:
+    """`source` itself when others can reach it, else a copy under the system's temp directory.
+
+    Under root, PostgreSQL runs as an unprivileged user, which cannot reach a clone under /root
+    or in a `mktemp -d` directory (0700). The binaries are then copied once, keyed by where they
+    came from, to a place every user can traverse."""
+    if os.geteuid() != 0 or _others_can_traverse(source):
+        return source
+    digest = hashlib.sha256(str(source.resolve()).encode()).hexdigest()[:12]
+    target = Path(tempfile.gettempdir()) / f"payouts-{label}-{digest}"
+    done = target / ".complete"
+    if not done.exists():
+        staging = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.copytree(source, staging, symlinks=True)
+        staging.chmod(0o755)
+        shutil.rmtree(target, ignore_errors=True)
+        staging.rename(target)  # atomic: a concurrent start sees either nothing or a whole copy
+        done.touch()
+    return target
+
+
+def _pg_install() -> Path:
+    return _world_reachable_copy(_package_dir("pgserver") / "pginstall", "pginstall")
+
+
+def pg_data_dir(requested: Path) -> Path:
+    """Where the cluster's files go: `requested`, unless (under root) PostgreSQL's unprivileged
+    user could not reach it; then a private folder under the system's temp directory, named after
+    `requested` so that the same run directory always finds its data again."""
+    if os.geteuid() != 0 or _others_can_traverse(requested.parent):
+        return requested
+    digest = hashlib.sha256(str(requested.resolve()).encode()).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / f"payouts-pgdata-{digest}" / requested.name
 
 
 def _pg_system_user() -> str | None:
@@ -107,13 +155,22 @@ class EmbeddedPostgres:
     port: int = field(default_factory=free_port)
     fast: bool = False  # tests only: fsync off; a clean stop still loses nothing
 
+    def __post_init__(self) -> None:
+        self.data_dir = pg_data_dir(self.data_dir)
+        if self.data_dir.parent.name.startswith("payouts-pgdata-"):
+            self.data_dir.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+
     @property
     def url(self) -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
 
     @property
-    def _log(self) -> Path:
+    def log_path(self) -> Path:
         return self.data_dir.parent / f"{self.data_dir.name}.log"
+
+    @property
+    def _log(self) -> Path:
+        return self.log_path
 
     def _run(self, args: list[str], timeout: float = 60) -> None:
         user = _pg_system_user()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ from payouts.experiments import (
     default_config,
     pause_experiment,
 )
+from payouts.stoppable import run_stoppable
 
 
 def _progress(line: str) -> None:
@@ -59,12 +59,15 @@ def _cmd_pause(args: argparse.Namespace) -> int:
     config = default_config(args.backend)
     evidence = _evidence_dir(args, f"pause-fencing-{args.fencing}-{args.backend}")
     try:
-        result = asyncio.run(
+        result = run_stoppable(
             pause_experiment(config, fencing=fencing, evidence_dir=evidence, progress=_progress)
         )
     except ExperimentError as exc:
-        print(f"error: {exc} (logs under {config.run_dir})")
+        print(f"error: {exc} (logs under {config.run_dir})", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("interrupted; every process was stopped", file=sys.stderr)
+        return 130
     print(f"evidence written to {evidence}")
     return _report(result, args.json)
 
@@ -73,12 +76,15 @@ def _cmd_crash(args: argparse.Namespace) -> int:
     config = default_config(args.backend)
     evidence = _evidence_dir(args, f"crash-{args.at.lower()}-{args.backend}")
     try:
-        result = asyncio.run(
+        result = run_stoppable(
             crash_experiment(config, at=args.at, evidence_dir=evidence, progress=_progress)
         )
     except ExperimentError as exc:
-        print(f"error: {exc} (logs under {config.run_dir})")
+        print(f"error: {exc} (logs under {config.run_dir})", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("interrupted; every process was stopped", file=sys.stderr)
+        return 130
     print(f"evidence written to {evidence}")
     return _report(result, args.json)
 
@@ -96,9 +102,13 @@ def register(sub: Any) -> None:
         help="off is the FR-29 negative control: the run must pay twice",
     )
     crash = esub.add_parser("crash", help="SIGKILL a worker at a state and watch recovery")
-    crash.add_argument("--at", choices=CRASH_STATES, required=True)
+    crash.add_argument(
+        "--at", choices=CRASH_STATES, required=True, help="the payout state to crash the worker in"
+    )
     for p in (pause, crash):
-        p.add_argument("--backend", choices=["postgres", "etcd"], default="postgres")
+        p.add_argument(
+            "--backend", choices=["postgres", "etcd"], default="postgres", help="lock backend"
+        )
         p.add_argument("--json", action="store_true", help="print the result as a last JSON line")
         p.add_argument("--evidence-dir", help="default .run/evidence/<experiment>")
     pause.set_defaults(func=_cmd_pause)

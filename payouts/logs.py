@@ -10,20 +10,66 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import MutableMapping
 from typing import Any
 
 import structlog
 
+#: Libraries whose INFO lines are per-request chatter (httpx logs every request with its URL,
+#: which carries ids): only their warnings and errors are kept.
+_CHATTY = ("httpx", "httpcore", "hpack", "asyncio")
+
+
+#: Tracebacks as data, without the frames' local variables (they can hold tokens and secrets).
+_TRACEBACKS = structlog.processors.ExceptionRenderer(
+    structlog.tracebacks.ExceptionDictTransformer(show_locals=False)
+)
+
+
+def _name_library_record(
+    _: Any, __: str, event_dict: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
+    """A line from a library's stdlib logger becomes an event with a stable name,
+    `log.<logger name>`, and its free text goes to `message`: alerts filter on names only."""
+    record: logging.LogRecord | None = event_dict.get("_record")
+    name = record.name if record is not None else "root"
+    event_dict["message"] = str(event_dict.pop("event", ""))
+    event_dict["event"] = f"log.{name}"
+    return event_dict
+
 
 def configure_logging(component: str, *, level: str = "INFO", stream: Any = None) -> None:
-    """One JSON object per line on stderr (or `stream`), each with `event`, `component`, `ts`."""
-    logging.basicConfig(level=level, stream=stream or sys.stderr, format="%(message)s")
+    """One JSON object per line on stderr (or `stream`), each with `event`, `component`, `ts`.
+
+    Our own events go through structlog; every other line (uvicorn, httpx, the Temporal SDK and
+    its workflow logger) goes through the standard library's root logger, whose handler renders
+    it as the same kind of JSON object. HTTP servers must be started with `log_config=None` so
+    that uvicorn does not install a plain-text handler of its own."""
+    shared: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True, key="ts"),
+    ]
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=[*shared, _name_library_record, structlog.stdlib.ExtraAdder()],
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                _TRACEBACKS,
+                structlog.processors.JSONRenderer(sort_keys=True, default=str),
+            ],
+        )
+    )
+    root = logging.getLogger()
+    root.handlers = [handler]
+    root.setLevel(level)
+    for name in _CHATTY:
+        logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLevelName(level)))
     structlog.configure(
         processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True, key="ts"),
-            structlog.processors.dict_tracebacks,
+            *shared,
+            _TRACEBACKS,
             structlog.processors.JSONRenderer(sort_keys=True),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level)),

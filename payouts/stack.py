@@ -22,9 +22,12 @@ import signal
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
+
+import httpx
 
 from payouts.embedded import (
     EmbeddedEtcd,
@@ -51,9 +54,12 @@ from payouts.stack_services import (
     outbox_available,
     worker_available,
 )
+from railproxy.settings import ProxySettings
 
 log = get_logger("payouts.stack")
 T = TypeVar("T")
+#: The proxy setting whose value the workload waits out (see `Stack.wait_for_rail_history`).
+_SKEW_MARGIN_ENV = "RAILPROXY_ABSENCE_CLOCK_SKEW_MARGIN_S"
 
 _PORT_LABELS = {
     "temporal": "Temporal",
@@ -161,7 +167,7 @@ class Stack:
         out: dict[str, ProcessInfo] = {}
         pg_pid = self._postgres_pid()
         if self._pg is not None and pg_pid is not None:
-            out["postgres"] = ProcessInfo("postgres", pg_pid, self.run_dir / "pg.log", self._pg.url)
+            out["postgres"] = ProcessInfo("postgres", pg_pid, self._pg.log_path, self._pg.url)
         if self._etcd is not None:
             for i, m in enumerate(self._etcd.members):
                 if m.proc is not None and m.proc.poll() is None:
@@ -247,6 +253,32 @@ class Stack:
             self._skip("workers", "worker_main.py does not exist yet")
         self._write_state(stopped=False)
         log.info("stack.up", processes=sorted(self.processes))
+
+    async def wait_for_rail_history(self) -> float:
+        """Wait until the rail stub's records begin earlier than the proxy's clock-skew margin.
+
+        The absence rule (railproxy.absence) proves a payout absent only if the rail's records
+        begin at least the skew margin before the attempt; the stub's log begins when the stack
+        first started it. A workload started sooner would leave every lost instruction of its
+        first seconds ambiguous for good, so demo and chaos wait this out (seconds waited).
+        """
+        margin = float(
+            self.config.service_env.get("railproxy", {}).get(_SKEW_MARGIN_ENV)
+            or os.environ.get(_SKEW_MARGIN_ENV)
+            or ProxySettings.model_fields["absence_clock_skew_margin_s"].default
+        )
+        async with httpx.AsyncClient(base_url=self.railstub_url, timeout=5.0) as http:
+            response = await http.get("/admin/movements", params={"client_reference": "-"})
+            response.raise_for_status()
+            since = datetime.fromisoformat(response.json()["complete_from"])
+        wait_s = (since - datetime.now(UTC)).total_seconds() + margin + 1.0
+        if wait_s > 0:
+            self._progress(
+                f"waiting {wait_s:.0f}s until the rail's records reach back past the "
+                f"{margin:.0f}s clock-skew margin of the absence rule"
+            )
+            await asyncio.sleep(wait_s)
+        return max(0.0, wait_s)
 
     async def stop(self) -> None:
         """Stop every child (workers first, PostgreSQL last); never leaves one running.

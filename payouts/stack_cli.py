@@ -109,10 +109,13 @@ def register(subparsers: Any) -> None:
     up = subparsers.add_parser(
         "up",
         help="start the whole system locally (Temporal, PostgreSQL, etcd, services, workers)",
-        description=__doc__,
+        description="Start the whole system on this machine and keep it running until Ctrl-C or "
+        "SIGTERM, which stop every process it started. Prints each service's address.",
     )
     up.add_argument("--workers", type=int, default=1, help="number of workers (default 1)")
-    up.add_argument("--backend", choices=["postgres", "etcd"], default="postgres")
+    up.add_argument(
+        "--backend", choices=["postgres", "etcd"], default="postgres", help="lock backend"
+    )
     up.add_argument(
         "--run-dir",
         default=str(DEFAULT_RUN_DIR),

@@ -192,7 +192,13 @@ class ServiceFactory:
         return self._python(
             "railstub",
             ["-m", "railstub"],
-            {"RAILSTUB_HOST": "127.0.0.1", "RAILSTUB_PORT": str(port)},
+            {
+                "RAILSTUB_HOST": "127.0.0.1",
+                "RAILSTUB_PORT": str(port),
+                # Durable beside the stack's other state: a restarted stub (`payouts up` again,
+                # a chaos restart) still knows every movement, as a real rail keeps its records.
+                "RAILSTUB_MOVEMENTS_PATH": str(self.config.run_dir / "railstub-movements.sqlite"),
+            },
             http_check(url),
             f"GET {url}",
             url=self.addr.railstub_url,
@@ -210,6 +216,9 @@ class ServiceFactory:
             # rail movement when a paused holder wakes up; only the experiment turns them off.
             "RAILPROXY_ENFORCE_FENCING": _flag(self.config.fencing),
             "RAILPROXY_ENFORCE_SUBMISSION_GUARD": _flag(self.config.fencing),
+            # With them off the proxy starts only in experiment mode, which it verifies by asking
+            # its rail (the local stub) to identify itself (railproxy.startup).
+            "RAILPROXY_EXPERIMENT_MODE": _flag(not self.config.fencing),
         }
         url = f"{self.addr.railproxy_url}/health"
         return self._python(
@@ -283,6 +292,8 @@ class ServiceFactory:
             "WORKER_METRICS_PORT": str(metrics_port),
             # FR-29: the worker's own fencing checks; off only for the negative-control experiment.
             "WORKER_ENFORCE_FENCING": _flag(self.config.fencing),
+            # Off is refused outside experiment mode, which the worker verifies at the proxy.
+            "WORKER_EXPERIMENT_MODE": _flag(not self.config.fencing),
             "WORKER_TASK_QUEUE": self.config.task_queue,
         }
         url = f"http://127.0.0.1:{metrics_port}"

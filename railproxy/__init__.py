@@ -10,7 +10,8 @@ Must never: forward an instruction before its attempt is durably recorded; forwa
 that already has an attempt which may have reached the rail (whatever the token); accept a token
 below the account's high-water mark; retry a submission at any layer; report NOT_SUBMITTED
 without authoritative evidence that nothing reached the rail; read or write another component's
-tables.
+tables; start with an enforcement switched off outside an experiment mode verified against the
+rail stub (FR-29, `railproxy.startup`).
 """
 
 from railproxy.app import create_app

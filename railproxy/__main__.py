@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
+import asyncio
+import sys
+
 import uvicorn
 
 from payouts.logs import configure_logging
 from railproxy.app import create_app
+from railproxy.errors import StartupRefused
 from railproxy.settings import ProxySettings
+from railproxy.startup import check_start
 
 
 def main() -> None:
     settings = ProxySettings()
+    # Checked here first, before logging is configured, for a clean refusal (one line on stderr,
+    # exit 2, nothing started); the app's lifespan checks again, so that any other way of
+    # serving the app is guarded too.
+    try:
+        asyncio.run(check_start(settings))
+    except StartupRefused as exc:
+        print(f"railproxy: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     configure_logging("railproxy", level=settings.log_level)
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
 

@@ -33,6 +33,7 @@ from railproxy.models import (
 from railproxy.resilience import CircuitState
 from railproxy.service import RailProxy
 from railproxy.settings import ProxySettings
+from railproxy.startup import check_start
 
 log = get_logger("railproxy")
 
@@ -50,6 +51,7 @@ def create_app(settings: ProxySettings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await check_start(settings)  # FR-29: before anything starts; raises StartupRefused
         await migrate(settings.database_url, schemas={"railproxy"})
         pool = await create_pool(settings.database_url, min_size=1, max_size=settings.db_pool_max)
         proxy = RailProxy(settings, pool, app.state.metrics)
@@ -122,10 +124,13 @@ def create_app(settings: ProxySettings | None = None) -> FastAPI:
     )
     async def lookup(
         client_reference: Annotated[str, Query(min_length=1, max_length=128, pattern=IDENT)],
+        payout_id: Annotated[str | None, Query(min_length=1, max_length=128, pattern=IDENT)] = None,
     ) -> Any:
-        """Read-only pass-through to the rail's lookup, with bounded retry and jitter."""
+        """Read-only lookup at the rail (bounded retry, jitter); a `not_found` carries the
+        proxy's judgement whether it proves the reference's attempts absent (`absent`, `reason`).
+        """
         try:
-            return await proxy().lookup(client_reference)
+            return await proxy().lookup(client_reference, payout_id)
         except LookupUnavailable as exc:
             return _error(
                 503,
@@ -209,6 +214,8 @@ def _health(p: RailProxy) -> dict[str, Any]:
         "last_success_at": p.evidence.last_success_at.isoformat()
         if p.evidence.last_success_at
         else None,
+        # True only after start-up verified that the rail is the stub (railproxy.startup).
+        "experiment_mode": p.settings.experiment_mode,
         "fencing_enforced": p.settings.enforce_fencing,
         "submission_guard_enforced": p.settings.enforce_submission_guard,
         "adapter_version": p.settings.adapter_version,
@@ -223,7 +230,15 @@ def _announce(settings: ProxySettings) -> None:
         rail_url=settings.rail_url,
         adapter_version=settings.adapter_version,
         contract_version=settings.contract_version,
+        experiment_mode=settings.experiment_mode,
     )
+    if settings.experiment_mode:
+        log.warning(
+            "experiment_mode.verified",
+            enforcement_point="railproxy",
+            rail_url=settings.rail_url,
+            message="EXPERIMENT MODE: the rail identified itself as the rail stub (FR-29)",
+        )
     if not settings.enforce_fencing:
         log.warning(
             "fencing.disabled",

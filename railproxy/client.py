@@ -121,9 +121,16 @@ class RailProxyClient:
             raise ProxyClientError(f"get_attempts: HTTP {response.status_code}")
         return AttemptsResponse.model_validate(response.json()).attempts
 
-    async def lookup(self, client_reference: str) -> LookupResponse:
-        """The rail's status for a reference (the proxy already retried; raises if unavailable)."""
-        response = await self._read.get("/v1/lookup", params={"client_reference": client_reference})
+    async def lookup(self, client_reference: str, payout_id: str | None = None) -> LookupResponse:
+        """The rail's status for a reference (the proxy already retried; raises if unavailable).
+
+        `absent` is the proxy's judgement, made on its attempt records and margins (of the payout
+        when `payout_id` is given); the caller must not judge absence with its own clock.
+        """
+        params = {"client_reference": client_reference}
+        if payout_id is not None:
+            params["payout_id"] = payout_id
+        response = await self._read.get("/v1/lookup", params=params)
         if response.status_code == 503:
             raise LookupUnavailable(response.json().get("message", "lookup unavailable"))
         if response.status_code != 200:

@@ -13,6 +13,8 @@ RailProxyError
  |                            byte reached the rail (connect error/timeout, 503 NOT_ACCEPTED)
  +-- LookupUnavailable        503 LOOKUP_UNAVAILABLE: read-only lookup failed after bounded retry
  +-- ProxyClientError         raised by railproxy.client for protocol errors
+ +-- StartupRefused           the process must not start: an experiment switch is off outside a
+                              verified experiment mode against the rail stub (FR-29)
 """
 
 from __future__ import annotations
@@ -84,3 +86,9 @@ class LookupUnavailable(RailProxyError):
 
 class ProxyClientError(RailProxyError):
     code = "PROXY_CLIENT_ERROR"
+
+
+class StartupRefused(RailProxyError):
+    """Raised before anything starts; the message names the variable to change."""
+
+    code = "STARTUP_REFUSED"

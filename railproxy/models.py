@@ -113,5 +113,11 @@ class LookupResponse(BaseModel):
     client_reference: str
     status: Literal["settled", "pending", "declined", "not_found"]
     observed_at: datetime
-    # Passed through from the rail: its view is complete for submissions received before this.
+    # Passed through from the rail, on the rail's clock: its view is complete for submissions
+    # received from `complete_from` until `complete_through`.
     complete_through: datetime | None = None
+    complete_from: datetime | None = None
+    # The proxy's judgement (docs/rail.md "When is a payout absent?"): True only when the rail's
+    # window covers every recorded attempt of the reference with the Connection's margins.
+    absent: bool = False
+    reason: str = ""

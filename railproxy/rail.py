@@ -142,6 +142,7 @@ async def lookup(
                     status=data["status"],
                     observed_at=datetime.now(UTC),
                     complete_through=data.get("complete_through"),
+                    complete_from=data.get("complete_from"),
                 )
             last = f"HTTP {response.status_code}"
         except (httpx.HTTPError, ValueError, KeyError) as exc:

@@ -1,6 +1,7 @@
 """Resilience at the rail Connection boundary (STD01-08): breaker, bulkhead, rate limit, evidence.
 
-All three gates reject BEFORE an attempt is recorded, so every rejection here is NOT_SUBMITTED.
+All these gates reject BEFORE an attempt is recorded (and after the fence has taken the token:
+see `railproxy.service`), so every rejection here is NOT_SUBMITTED.
 Single event loop, no threads: plain attributes are enough, no locks needed except the bulkhead's
 condition.
 """

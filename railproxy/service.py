@@ -1,11 +1,16 @@
 """The submit path of the rail proxy: gates, fenced recording, one forward, recorded outcome.
 
 Order matters and is the safety argument:
-1. cheap gates (deadline budget, rate limit, breaker, bulkhead) reject with nothing recorded;
-2. ONE transaction fences the token (FR-17), guards the payout (FR-18) and records the attempt
-   (FR-19) -- committed before any byte goes to the rail;
-3. exactly one forward, never retried (UC-05), bounded by min(rail timeout, caller deadline);
-4. the outcome is recorded (FR-20); an unrecorded outcome leaves the attempt "in flight", which
+1. the fence first, in its own short transaction: the account's high-water mark is raised to T
+   (T >= mark) or the request is refused as STALE_TOKEN (FR-17), before anything can refuse it
+   for another reason -- so a newer holder's token is on record even when a gate then turns its
+   request away, and an older holder is refused by the fence, not only by the attempt guard;
+2. gates (deadline budget, rate limit, breaker, bulkhead) reject with no attempt recorded:
+   NOT_SUBMITTED;
+3. ONE transaction fences the token again (a newer one may have arrived meanwhile), guards the
+   payout (FR-18) and records the attempt (FR-19) -- committed before any byte goes to the rail;
+4. exactly one forward, never retried (UC-05), bounded by min(rail timeout, caller deadline);
+5. the outcome is recorded (FR-20); an unrecorded outcome leaves the attempt "in flight", which
    recovery treats as ambiguous -- never as "safe to resubmit".
 """
 
@@ -19,7 +24,7 @@ from datetime import UTC, datetime
 import asyncpg
 
 from payouts.logs import get_logger
-from railproxy import rail, store
+from railproxy import absence, rail, store
 from railproxy.errors import DeadlineExceeded, RailNotReached, StoreUnavailable
 from railproxy.metrics import ProxyMetrics
 from railproxy.models import CERTAINTY_OF, LookupResponse, Outcome, SubmitRequest, SubmitResponse
@@ -76,6 +81,7 @@ class RailProxy:
     async def submit(self, req: SubmitRequest) -> SubmitResponse:
         """Raises a `Rejected` (NOT_SUBMITTED) or returns the recorded outcome."""
         self.metrics.requests.inc()
+        await self._raise_fence(req)
         remaining = self._remaining_s(req)
         if remaining < self.settings.min_useful_budget_s:
             raise DeadlineExceeded(f"only {remaining:.3f}s left before the caller's deadline")
@@ -87,6 +93,22 @@ class RailProxy:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return await asyncio.shield(task)
+
+    async def _raise_fence(self, req: SubmitRequest) -> None:
+        """Step 1: the account's high-water mark takes T before any gate (or StaleToken).
+
+        What it prevents: a newer holder T2 whose submit a gate refuses (an open breaker, say)
+        would otherwise leave the mark at T1, and the thawed older holder T1 would pass this
+        fence, held back from paying a second time only by the per-payout attempt guard.
+        It costs a database round trip before the rate limit. That is acceptable: the rate limit
+        and the breaker protect the rail, not our database, whose load is bounded by the pool
+        (`db_pool_max`): a flood waits for a connection instead of opening more.
+        """
+        try:
+            await store.raise_fence(self.pool, req, self.settings)
+        except _STORE_ERRORS as exc:
+            # Nothing was recorded or forwarded: NOT_SUBMITTED, never a 500.
+            raise StoreUnavailable(f"could not raise the fence: {type(exc).__name__}") from exc
 
     async def _admitted(self, req: SubmitRequest, remaining: float) -> SubmitResponse:
         async with self.bulkhead.slot(wait_s=remaining - self.settings.min_useful_budget_s):
@@ -184,7 +206,12 @@ class RailProxy:
         # Left in flight (outcome NULL): recovery treats it as ambiguous, never as resubmittable.
         log.error("rail.outcome_unrecorded", attempt_id=attempt_id, outcome=answer.outcome.value)
 
-    async def lookup(self, client_reference: str) -> LookupResponse:
+    async def lookup(self, client_reference: str, payout_id: str | None = None) -> LookupResponse:
+        """The rail's status for a reference and, for a `not_found`, whether it proves absence.
+
+        The judgement uses this proxy's records (every attempt of the reference, or of the payout
+        when given) and the Connection's margins, never the caller's clock.
+        """
         try:
             result = await rail.lookup(
                 self.lookup_http,
@@ -196,8 +223,29 @@ class RailProxy:
         except Exception:
             self.metrics.lookups.labels(result="unavailable").inc()
             raise
-        self.metrics.lookups.labels(result=result.status).inc()
+        if result.status == "not_found":
+            result = await self._judge_absence(result, payout_id)
+        self.metrics.lookups.labels(result="absent" if result.absent else result.status).inc()
         return result
+
+    async def _judge_absence(self, found: LookupResponse, payout_id: str | None) -> LookupResponse:
+        # Money could move while our records say it did not if a not_found were taken as absence
+        # for an instruction the rail has not ingested yet, or from a window its records do not
+        # cover: absence.judge demands the rail's window cover every attempt with both margins.
+        try:
+            records = await store.get_attempts_by_reference(self.pool, found.client_reference)
+        except _STORE_ERRORS as exc:
+            return found.model_copy(update={"reason": f"attempts unreadable: {type(exc).__name__}"})
+        if payout_id is not None:
+            records = [a for a in records if a.payout_id == payout_id]
+        verdict = absence.judge(
+            records,
+            found.complete_from,
+            found.complete_through,
+            ingest_bound_s=self.settings.absence_ingest_bound_s,
+            skew_margin_s=self.settings.absence_clock_skew_margin_s,
+        )
+        return found.model_copy(update={"absent": verdict.absent, "reason": verdict.reason})
 
     async def probe_loop(self) -> None:
         """Moves OPEN to HALF_OPEN after the open interval and probes with a read-only call."""

@@ -44,12 +44,35 @@ class ProxySettings(BaseSettings):
     lookup_base_delay_s: float = Field(default=0.05, ge=0)
     lookup_timeout_s: float = Field(default=2.0, gt=0)
 
+    # The absence rule (docs/rail.md "When is a payout absent?"): a `not_found` proves that an
+    # attempt never reached the rail only if the rail's stated completeness window covers it with
+    # these margins. Both 0 is the old, unsafe rule (negative controls only).
+    #: How long after the forward's deadline the rail may still ingest the request (connection
+    #: and processing lag): >= A-03's 30 s latency tail, doubled.
+    absence_ingest_bound_s: float = Field(default=60.0, ge=0)
+    #: The largest skew between our clocks (proxy, database) and the rail's.
+    absence_clock_skew_margin_s: float = Field(default=30.0, ge=0)
+
     # Health evidence window and freshness.
     health_window: int = Field(default=100, ge=1)
     health_valid_s: float = Field(default=5.0, gt=0)
 
-    # FR-29: experiment-only switches. Off is logged loudly at start-up.
+    # FR-29: experiment-only switches. Off is logged loudly at start-up, and refused unless the
+    # proxy is in experiment mode against the rail stub (see `railproxy.startup`).
     enforce_fencing: bool = True
     enforce_submission_guard: bool = True
+    # Experiment mode: the proxy starts only if its rail identifies itself as the rail stub
+    # (`GET /admin/identity` answers {"rail": "stub"}), waiting at most `experiment_verify_s`
+    # for it to answer. /health reports it as `experiment_mode`, which workers check in turn.
+    experiment_mode: bool = False
+    experiment_verify_s: float = Field(default=10.0, gt=0)
 
     db_pool_max: int = Field(default=10, ge=1)
+
+    def switches_off(self) -> list[str]:
+        """The environment variables of the experiment-only switches that are turned off."""
+        switches = {
+            "RAILPROXY_ENFORCE_FENCING": self.enforce_fencing,
+            "RAILPROXY_ENFORCE_SUBMISSION_GUARD": self.enforce_submission_guard,
+        }
+        return [name for name, on in switches.items() if not on]

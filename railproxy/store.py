@@ -49,19 +49,36 @@ WHERE attempt_id = $1 AND outcome IS NULL
 """
 
 
-async def record_attempt(pool: asyncpg.Pool, req: SubmitRequest, settings: ProxySettings) -> int:
-    """Fence, guard and record in ONE transaction; returns the attempt id. Raises a Rejected."""
+async def raise_fence(pool: asyncpg.Pool, req: SubmitRequest, settings: ProxySettings) -> None:
+    """Raise the account's high-water mark to T in its own short transaction, before any gate
+    looks at the request; raises `StaleToken` for a lower token. Commits even if a gate then
+    refuses the request, which is the point: the newest holder's token is on record here although
+    nothing was forwarded for it."""
     async with pool.acquire() as conn, conn.transaction():
-        if settings.enforce_fencing:
-            if await conn.fetchval(_FENCE, req.account_id, req.token) is None:
-                highest = await conn.fetchval(_HIGH, req.account_id)
-                raise StaleToken(
-                    f"token {req.token} is below the account's highest token {highest}",
-                    presented_token=req.token,
-                    highest_token=highest,
-                )
-        else:
-            await conn.fetchval(_FENCE_UNCHECKED, req.account_id, req.token)
+        await _fence(conn, req, settings)
+
+
+async def _fence(conn: asyncpg.Connection, req: SubmitRequest, settings: ProxySettings) -> None:
+    if not settings.enforce_fencing:
+        await conn.fetchval(_FENCE_UNCHECKED, req.account_id, req.token)
+        return
+    if await conn.fetchval(_FENCE, req.account_id, req.token) is None:
+        highest = await conn.fetchval(_HIGH, req.account_id)
+        raise StaleToken(
+            f"token {req.token} is below the account's highest token {highest}",
+            presented_token=req.token,
+            highest_token=highest,
+        )
+
+
+async def record_attempt(pool: asyncpg.Pool, req: SubmitRequest, settings: ProxySettings) -> int:
+    """Fence, guard and record in ONE transaction; returns the attempt id. Raises a Rejected.
+
+    The fence is checked again although `raise_fence` passed: a newer token may have arrived in
+    between (while this request waited at a gate or for a bulkhead slot), and it must win.
+    """
+    async with pool.acquire() as conn, conn.transaction():
+        await _fence(conn, req, settings)
         guarded = settings.enforce_submission_guard
         # Money could move twice if a payout were forwarded twice (a retry, a second worker, an
         # ambiguous attempt resubmitted: FR-18, FR-23). This check gives a clear answer; the
@@ -117,6 +134,17 @@ async def record_outcome(
 async def get_attempts(pool: asyncpg.Pool, payout_id: str) -> list[AttemptRecord]:
     rows = await pool.fetch(
         f"SELECT * FROM {S}.attempts WHERE payout_id = $1 ORDER BY attempt_id", payout_id
+    )
+    return [AttemptRecord.model_validate(_row(r)) for r in rows]
+
+
+async def get_attempts_by_reference(
+    pool: asyncpg.Pool, client_reference: str
+) -> list[AttemptRecord]:
+    """Every attempt that carried this client reference (index attempts_by_reference)."""
+    rows = await pool.fetch(
+        f"SELECT * FROM {S}.attempts WHERE client_reference = $1 ORDER BY attempt_id",
+        client_reference,
     )
     return [AttemptRecord.model_validate(_row(r)) for r in rows]
 

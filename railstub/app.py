@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from fastapi import FastAPI, Query
@@ -16,7 +17,7 @@ from pydantic import BaseModel, Field
 
 from payouts.logs import get_logger
 from railstub.behaviour import Action, Behaviour, decide
-from railstub.movements import LookupStatus, MovementLog
+from railstub.movements import LookupStatus, Movement, MovementLog
 from railstub.settings import StubSettings
 
 log = get_logger("railstub")
@@ -48,10 +49,11 @@ class NotAccepted(BaseModel):
 class LookupResponse(BaseModel):
     client_reference: str
     status: LookupStatus
-    # The rail's consistency statement (A-08): every submission it received before this instant
-    # is reflected in `status`. A `not_found` is definitive only for a submission that could not
-    # have reached the rail after it.
+    # The rail's consistency statement (A-08), on the rail's clock: every submission it received
+    # from `complete_from` until `complete_through` is reflected in `status`. A `not_found` is
+    # definitive only for a submission that could not have reached the rail outside that window.
     complete_through: datetime
+    complete_from: datetime
 
 
 class BehaviourPatch(BaseModel):
@@ -68,6 +70,7 @@ class BehaviourPatch(BaseModel):
     completion_delay_s: float | None = Field(default=None, ge=0, le=86_400)
     visibility_delay_s: float | None = Field(default=None, ge=0, le=86_400)
     stall_s: float | None = Field(default=None, ge=0, le=86_400)
+    clock_skew_s: float | None = Field(default=None, ge=-3600, le=3600)
     rules: list[Any] | None = None
 
 
@@ -76,14 +79,23 @@ class StubState:
 
     def __init__(self, settings: StubSettings) -> None:
         self.settings = settings
-        self.log = MovementLog()
-        self.reset()
+        # Opened (not cleared) at start: a restarted stub on the same file keeps its evidence.
+        self.log = MovementLog(settings.movements_path)
+        self.restore()
 
-    def reset(self) -> None:
+    def restore(self) -> None:
+        """The start-up behaviour and seed; stalls released. The movement log is kept."""
         self.behaviour = self.settings.behaviour()
         self.rng = random.Random(self.settings.seed)
-        self.log.clear()
         self.release_stalls()
+
+    def reset(self) -> None:
+        self.restore()
+        self.log.clear()
+
+    def reported(self, epoch_s: float) -> datetime:
+        """A true wall-clock instant as this rail reports it: on its own, possibly skewed, clock."""
+        return datetime.fromtimestamp(epoch_s + self.behaviour.clock_skew_s, UTC)
 
     def release_stalls(self) -> None:
         # A stalled request waits on the event it saw; setting it frees them all, a fresh one
@@ -104,6 +116,37 @@ def _unavailable() -> JSONResponse:
     return JSONResponse(status_code=503, content=NotAccepted().model_dump())
 
 
+def _receive(
+    stub: StubState, req: PaymentRequest, action: Action, latency_s: float
+) -> Movement | None:
+    """Record an instruction the moment the rail receives it, pending until its latency (and a
+    delayed completion) has passed; an instruction that never reaches the rail is not recorded."""
+    if action in (Action.UNAVAILABLE, Action.TIMEOUT_BEFORE):
+        return None
+    delay = stub.behaviour.completion_delay_s if action is Action.DELAYED else 0.0
+    movement = stub.log.record(
+        client_reference=req.client_reference,
+        account_id=req.account_id,
+        amount=req.amount,
+        declined=action is Action.DECLINE,
+        pending_s=latency_s + delay,
+    )
+    log.info("railstub.movement", action=action.value, client_reference=req.client_reference)
+    return movement
+
+
+def _evidence(stub: StubState, m: Movement, now: float) -> dict[str, object]:
+    return {
+        "movement_id": m.movement_id,
+        "client_reference": m.client_reference,
+        "account_id": m.account_id,
+        "amount": m.amount,
+        "status": m.status(now),
+        "recorded_at": stub.reported(m.recorded_at).isoformat(),
+        "settles_at": stub.reported(m.settles_at).isoformat(),
+    }
+
+
 def create_app(settings: StubSettings | None = None) -> FastAPI:
     settings = settings or StubSettings()
 
@@ -113,6 +156,7 @@ def create_app(settings: StubSettings | None = None) -> FastAPI:
         log.info("railstub.started", seed=settings.seed)
         yield
         app.state.stub.release_stalls()
+        app.state.stub.log.close()
 
     app = FastAPI(title="rail stub", version="1", lifespan=lifespan)
 
@@ -129,24 +173,19 @@ def create_app(settings: StubSettings | None = None) -> FastAPI:
         """Submit a payment. Non-idempotent: the same client_reference twice moves money twice."""
         stub = state()
         action, latency_s = decide(stub.behaviour, stub.rng, req.amount, req.client_reference)
+        movement = _receive(stub, req, action, latency_s)
         await asyncio.sleep(latency_s)
-        if action is Action.UNAVAILABLE:
-            return _unavailable()
-        if action is Action.TIMEOUT_BEFORE:
-            return await stub.stall()  # never records: the instruction is lost before the rail
-        movement = stub.log.record(
-            client_reference=req.client_reference,
-            account_id=req.account_id,
-            amount=req.amount,
-            declined=action is Action.DECLINE,
-            completion_delay_s=stub.behaviour.completion_delay_s if action is Action.DELAYED else 0,
-        )
-        log.info("railstub.movement", action=action.value, client_reference=req.client_reference)
+        if movement is None:
+            if action is Action.UNAVAILABLE:
+                return _unavailable()
+            return await stub.stall()  # never recorded: the instruction was lost before the rail
         if action is Action.TIMEOUT_AFTER:
             return await stub.stall()
         if action is Action.AMBIGUOUS:
             return JSONResponse(status_code=500, content={"code": "INTERNAL"})
-        status = movement.status(movement.recorded_at)
+        # The answer is the movement's status once its latency has passed (a delayed one is
+        # still pending then), computed from the record rather than from a second clock read.
+        status = movement.status(movement.recorded_at + latency_s)
         body = PaymentResponse(
             movement_id=movement.movement_id,
             client_reference=req.client_reference,
@@ -164,10 +203,20 @@ def create_app(settings: StubSettings | None = None) -> FastAPI:
         if stub.behaviour.outage:
             return _unavailable()
         delay = stub.behaviour.visibility_delay_s
-        status = stub.log.lookup(client_reference, delay)
-        complete = datetime.now(UTC) - timedelta(seconds=delay)
+        now = time.time()
+        status = stub.log.lookup(client_reference, delay, now)
+        # What this statement rests on: every instruction is recorded at receipt (the handler
+        # records before any await, so a lookup on this event loop sees it or it was not yet
+        # received), a movement recorded before `now - delay` is visible, and the log holds every
+        # record since `records_since` (while the stub is down it receives nothing, so a durable
+        # log stays complete across restarts). Never earlier than `records_since`: the window
+        # [complete_from, complete_through] is then empty rather than reversed.
+        since = stub.log.records_since
         return LookupResponse(
-            client_reference=client_reference, status=status, complete_through=complete
+            client_reference=client_reference,
+            status=status,
+            complete_through=stub.reported(max(now - delay, since)),
+            complete_from=stub.reported(since),
         )
 
     @app.get("/health", responses={503: {"model": NotAccepted}})
@@ -175,6 +224,11 @@ def create_app(settings: StubSettings | None = None) -> FastAPI:
         if state().behaviour.outage:
             return _unavailable()
         return {"status": "ok"}
+
+    @app.get("/admin/identity")
+    async def identity() -> dict[str, str]:
+        """Who this is: the rail stub. The rail proxy's experiment mode requires it (FR-29)."""
+        return {"rail": "stub"}
 
     @app.get("/admin/behaviour", response_model=Behaviour)
     async def get_behaviour() -> Behaviour:
@@ -194,7 +248,8 @@ def create_app(settings: StubSettings | None = None) -> FastAPI:
 
     @app.post("/admin/reset")
     async def reset() -> dict[str, str]:
-        """Clear the movement log, restore the start-up behaviour and seed, release stalls."""
+        """Clear the movement log (its completeness starts again now), restore the start-up
+        behaviour and seed, release stalls."""
         state().reset()
         return {"status": "reset"}
 
@@ -202,10 +257,12 @@ def create_app(settings: StubSettings | None = None) -> FastAPI:
     async def movements(client_reference: str | None = None) -> dict[str, Any]:
         """The evidence: every recorded instruction and the count per client reference."""
         stub = state()
+        now = time.time()
         return {
-            "movements": stub.log.snapshot(client_reference),
+            "movements": [_evidence(stub, m, now) for m in stub.log.snapshot(client_reference)],
             "counts": stub.log.counts(),
             "lookups": stub.log.lookups,
+            "complete_from": stub.reported(stub.log.records_since).isoformat(),
         }
 
     return app

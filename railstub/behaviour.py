@@ -62,6 +62,9 @@ class Behaviour(BaseModel):
     visibility_delay_s: float = Field(default=0.0, ge=0)
     #: How long a timeout behaviour stalls before answering 504 (admin reset releases it).
     stall_s: float = Field(default=60.0, ge=0)
+    #: How far the rail's clock is off (seconds, + = ahead): every wall-clock time the stub
+    #: reports (complete_through, complete_from, recorded_at) is shifted by it.
+    clock_skew_s: float = Field(default=0.0, ge=-3600, le=3600)
     rules: list[Rule] = Field(default_factory=list)
 
     @model_validator(mode="after")

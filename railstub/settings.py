@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from railstub.behaviour import Behaviour
@@ -17,6 +19,9 @@ class StubSettings(BaseSettings, Behaviour):
     #: Seeds the generator behind every random choice, so a run is reproducible.
     seed: int = 0
     log_level: str = "INFO"
+    #: The durable movement log (SQLite, `RAILSTUB_MOVEMENTS_PATH`): a restarted stub on the same
+    #: file knows every movement. Unset: an in-memory log that lives as long as the process.
+    movements_path: Path | None = None
 
     def behaviour(self) -> Behaviour:
         return Behaviour.model_validate(self.model_dump(include=set(Behaviour.model_fields)))

@@ -7,9 +7,11 @@ import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
+from temporalio.testing import WorkflowEnvironment
 
 from payouts.cli import main
 from payouts.migrate import migrate
@@ -98,14 +100,14 @@ def test_bad_batches_create_nothing(
         .replace("x2", f"x2-{prefix}")
     )
     assert main(["payout", "create", "--database-url", db, "--file", str(batch), "--no-start"]) == 2
-    assert message in capsys.readouterr().out
+    assert message in capsys.readouterr().err
     assert asyncio.run(count_payouts(db)) == before
 
 
 def test_operator_signal_requires_a_reason(capsys: pytest.CaptureFixture[str]) -> None:
     """abandon with a blank reason is refused before anything is sent."""
     assert main(["payout", "abandon", "po-1", "--operator", "ana", "--reason", "  "]) == 2
-    assert "--reason is required" in capsys.readouterr().out
+    assert "--reason is required" in capsys.readouterr().err
 
 
 def test_json_batch_is_accepted(db: str, tmp_path: Path) -> None:
@@ -117,3 +119,83 @@ def test_json_batch_is_accepted(db: str, tmp_path: Path) -> None:
         json.dumps([{"payout_id": f"j-{prefix}", "account_id": f"{prefix}00000", "amount": 5}])
     )
     assert main(["payout", "create", "--database-url", db, "--file", str(batch), "--no-start"]) == 0
+
+
+def test_single_payout_needs_account_and_amount(
+    db: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`payout create --amount 5` without --account says what is missing; nothing is created."""
+    before = asyncio.run(count_payouts(db))
+    assert main(["payout", "create", "--database-url", db, "--amount", "5", "--no-start"]) == 2
+    err = capsys.readouterr().err
+    assert "needs --account and --amount" in err and "None" not in err
+    assert asyncio.run(count_payouts(db)) == before
+
+
+def test_unreachable_temporal_creates_nothing(db: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """With Temporal unreachable, create fails with one line and exit 5 before writing a row, so
+    a retry is not refused as a duplicate."""
+    prefix = f"d{uuid.uuid4().hex[:5]}-"
+    seed(db, prefix, accounts=1, balance=100)
+    capsys.readouterr()
+    before = asyncio.run(count_payouts(db))
+    argv = ["payout", "create", "--database-url", db, "--temporal", "127.0.0.1:1"]
+    assert main([*argv, "--account", f"{prefix}00000", "--amount", "5"]) == 5
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Temporal at 127.0.0.1:1 is unreachable" in err[0]
+    assert asyncio.run(count_payouts(db)) == before
+
+
+def test_start_pending_starts_each_missing_workflow_once(
+    db: str, temporal_env: WorkflowEnvironment, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A PENDING payout without a workflow (created with --no-start, as after a failed start) is
+    started by `payout start-pending`, keyed by its workflow id: a second run starts nothing."""
+    address = temporal_env.client.service_client.config.target_host
+    prefix = f"e{uuid.uuid4().hex[:5]}-"
+    seed(db, prefix, accounts=1, balance=100)
+    create = ["payout", "create", "--database-url", db, "--account", f"{prefix}00000"]
+    assert main([*create, "--amount", "5", "--payout-id", f"{prefix}p", "--no-start"]) == 0
+    capsys.readouterr()
+    queue = f"q-{uuid.uuid4()}"  # nothing polls it: the workflow just waits
+    pending = ["payout", "start-pending", "--database-url", db, "--temporal", address]
+    assert main([*pending, "--task-queue", queue]) == 0
+    first = capsys.readouterr().out
+    assert main([*pending, "--task-queue", queue]) == 0
+    second = capsys.readouterr().out
+    assert "started 0 workflow(s)" not in first
+    assert "started 0 workflow(s)" in second
+    handle = temporal_env.client.get_workflow_handle(f"payout-{prefix}p")
+    assert (asyncio.run(_describe_status(handle))) == "RUNNING"
+
+
+async def _describe_status(handle: Any) -> str:
+    return str((await handle.describe()).status.name)
+
+
+def test_unknown_and_completed_payouts_have_their_own_exit_codes(
+    db: str, temporal_env: WorkflowEnvironment, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """status of an unknown payout exits 3; a signal to a payout whose workflow has ended exits 4;
+    each with one line on stderr and no traceback."""
+    address = temporal_env.client.service_client.config.target_host
+    assert main(["payout", "status", f"nope-{uuid.uuid4().hex[:6]}", "--temporal", address]) == 3
+    err = capsys.readouterr().err
+    assert err.startswith("error: unknown payout") and "Traceback" not in err
+    prefix = f"f{uuid.uuid4().hex[:5]}-"
+    seed(db, prefix, accounts=1, balance=100)
+    create = ["payout", "create", "--database-url", db, "--temporal", address]
+    create += ["--task-queue", f"q-{uuid.uuid4()}", "--account", f"{prefix}00000"]
+    assert main([*create, "--amount", "5", "--payout-id", f"{prefix}p"]) == 0
+    asyncio.run(_terminate(address, f"payout-{prefix}p"))
+    capsys.readouterr()
+    signal = ["payout", "abandon", f"{prefix}p", "--operator", "ana", "--reason", "test"]
+    assert main([*signal, "--temporal", address]) == 4
+    assert "has completed" in capsys.readouterr().err
+
+
+async def _terminate(address: str, workflow_id: str) -> None:
+    from temporalio.client import Client
+
+    client = await Client.connect(address)
+    await client.get_workflow_handle(workflow_id).terminate(reason="test: an ended workflow")

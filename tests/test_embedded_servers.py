@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import uuid
 from pathlib import Path
 
 import asyncpg
 import pytest
 
-from payouts.embedded import EmbeddedPostgres
+from payouts.embedded import (
+    EmbeddedPostgres,
+    _others_can_traverse,
+    _world_reachable_copy,
+    pg_data_dir,
+)
 
 
 async def test_database_fixture_is_a_real_postgres(database_url: str) -> None:
@@ -49,3 +57,47 @@ async def test_etcd_fixture_is_a_real_etcd(etcd_endpoints: list[str], key_prefix
         got = await client.get(f"{key_prefix}probe".encode())
         assert got is not None and got.value == b"1"
         assert put.header.revision >= 1
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the unprivileged-user path is root's")
+
+
+@needs_root
+def test_binaries_in_a_private_directory_are_copied_where_others_can_reach_them(
+    tmp_path: Path,
+) -> None:
+    """Under root, PostgreSQL runs as an unprivileged user: binaries under a 0700 directory (a
+    clone under /root or in `mktemp -d`) are used from a complete, world-traversable copy."""
+    private = tmp_path / "private"
+    (private / "pginstall" / "bin").mkdir(parents=True)
+    (private / "pginstall" / "bin" / "initdb").write_text("#!/bin/sh\n")
+    private.chmod(0o700)
+    label = f"test{uuid.uuid4().hex[:6]}"
+    copy = _world_reachable_copy(private / "pginstall", label)
+    try:
+        assert copy != private / "pginstall"
+        assert (copy / "bin" / "initdb").read_text() == "#!/bin/sh\n"
+        assert _others_can_traverse(copy / "bin")
+        # A second start reuses the complete copy.
+        assert _world_reachable_copy(private / "pginstall", label) == copy
+    finally:
+        shutil.rmtree(copy, ignore_errors=True)
+
+
+@needs_root
+@pytest.mark.slow
+async def test_a_cluster_under_a_private_directory_starts(tmp_path: Path) -> None:
+    """A run directory the unprivileged user cannot traverse still gets a working cluster: its
+    data goes to a folder under the temp directory named after the requested path."""
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    server = EmbeddedPostgres(data_dir=private / "run" / "pg")
+    assert server.data_dir == pg_data_dir(private / "run" / "pg") != private / "run" / "pg"
+    server.start()
+    try:
+        conn = await asyncpg.connect(server.url)
+        assert await conn.fetchval("SELECT 1") == 1
+        await conn.close()
+    finally:
+        server.stop(mode="immediate")
+        shutil.rmtree(server.data_dir.parent, ignore_errors=True)

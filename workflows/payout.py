@@ -4,23 +4,44 @@ Each step is a named activity so the Temporal UI shows a payout's progress: acqu
 re-read and claim, submit, post, release. Recovery (UC-04, FR-24) is decided by the payout's
 state and the rail proxy's attempt record, never by elapsed time. RAIL_AMBIGUOUS is resolved only
 by lookups by client reference or by an operator (UC-05).
+
+Owns: the order of the steps, their retry policies, the operator signals and the workflow's
+history size (continue-as-new). Must never: retry the submit, fail for an infrastructure reason
+(an outage of the lock service, the database, the rail or every worker only delays a payout,
+ARCHITECTURE §4), or let an operator command that cannot be carried out escape a signal handler.
+See docs/workflow.md.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from datetime import timedelta
+import dataclasses
+from datetime import datetime, timedelta
+from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 from temporalio.exceptions import TimeoutError as ActivityTimeout
 
 with workflow.unsafe.imports_passed_through():
+    from temporalio.converter import value_to_type
+
     from activities import models as m
     from ledger.states import TERMINAL_STATES, PayoutState
 
-# Database writes before handoff may be retried a few times; fenced rejections never are.
+# Patch ids (workflow.patched): each marks a change of the commands a workflow issues, so that
+# histories recorded before it (the replay corpus, and runs in flight at a deploy) replay as
+# they ran. Never rename one; remove the old branch only once no such history can exist.
+#: A valid `revoke` is queued and carried out by a coroutine of the run, not inside the handler.
+PATCH_QUEUED_REVOKE = "revoke-queued-outside-handler"
+#: The run continues as new after `max_lookups_per_run` lookups or when Temporal suggests it.
+PATCH_CONTINUE_AS_NEW = "continue-as-new"
+
+# Database writes before handoff may be retried a few times; fenced rejections never are. A write
+# that still fails is not fatal: the critical section ends, the grant is released, and the run
+# loop backs off, re-acquires and recovers by the payout's state.
 _DB_WRITE_RETRY = RetryPolicy(
     initial_interval=timedelta(milliseconds=200),
     maximum_interval=timedelta(seconds=2),
@@ -31,37 +52,65 @@ _DB_WRITE_RETRY = RetryPolicy(
 # second payment, because the rail has no idempotency key. A failed or timed-out submit goes to
 # state-based recovery instead, which reads the proxy's attempt record as evidence.
 _SUBMIT_ONCE = RetryPolicy(maximum_attempts=1)
-_READ_RETRY = RetryPolicy(
-    initial_interval=timedelta(milliseconds=500),
-    backoff_coefficient=2.0,
-    maximum_interval=timedelta(seconds=10),
-    maximum_attempts=4,
-)
+#: The latest rejected signals handed to the next run (all of them are in the audit log).
+_CARRIED_REJECTIONS = 50
+
+
+def _unlimited_retry(inp: m.PayoutInput) -> RetryPolicy:
+    """Reads, lookups, escalation, audit and revoke: no attempt limit, capped backoff.
+
+    Why no limit (ARCHITECTURE §4): an outage of the database, the proxy, the lock service or every
+    worker must only delay a payout. A bounded policy turned a few seconds of outage into a failed
+    workflow, which REJECT_DUPLICATE then forbids restarting: the payout was stranded. These
+    activities move no money, so repeating one is harmless; an attempt retried by Temporal adds
+    no history event, so waiting out a long outage does not grow the history either. Errors an
+    activity marks non-retryable (a refusal, not an outage) still end the attempt at once.
+    """
+    cap = max(0.1, inp.read_retry_max_interval_s)
+    return RetryPolicy(
+        initial_interval=timedelta(seconds=min(0.5, cap)),
+        backoff_coefficient=2.0,
+        maximum_interval=timedelta(seconds=cap),
+        maximum_attempts=0,  # unlimited
+    )
 
 
 @workflow.defn(name="PayoutWorkflow")
 class PayoutWorkflow:
-    def __init__(self) -> None:
+    @workflow.init
+    def __init__(self, inp: m.PayoutInput) -> None:
+        # State is restored here, not in run(): signals delivered in a run's first activation
+        # are handled before run() starts, and must see the carried state (escalation, ...).
+        self._input = inp
         self._state = PayoutState.PENDING.value
         self._token = 0
         self._attempt: m.AttemptView | None = None
         self._client_reference = ""
         self._escalated = False
+        self._ambiguous_since: datetime | None = None
         self._abandon: m.OperatorCommand | None = None
+        self._revokes: list[m.OperatorCommand] = []  # accepted, not carried out yet
+        self._revoker_stopped = False
         self._rejections: list[m.SignalRejection] = []
         self._last_error = ""
         self._steps = 0
-        self._input: m.PayoutInput | None = None
+        self._lookups = 0  # in this run; bounds the history (continue-as-new)
+        self._runs = 1
         self._resolution = ""  # "settled" or "absent", from the rail's lookup evidence
         self._contended = False  # the last acquire found the key held by another grant
+        if inp.carried is not None:
+            self._restore(inp.carried)
 
     # ------------------------------------------------------------------ entry point
 
     @workflow.run
     async def run(self, inp: m.PayoutInput) -> m.PayoutStatus:
-        self._input = inp
+        revoker = asyncio.create_task(self._carry_out_revokes())
         backoff_round = 0
         while self._state not in TERMINAL_STATES:
+            if self._continue_as_new_due():
+                # A safe point: no critical section is open and no grant is held.
+                await self._continue_as_new(revoker)
             if self._state == PayoutState.RAIL_AMBIGUOUS.value and not self._resolution_known():
                 await self._resolve_ambiguity(inp)
                 continue
@@ -83,6 +132,7 @@ class PayoutWorkflow:
             else:
                 backoff_round += 1
                 await workflow.sleep(self._backoff(inp, backoff_round))
+        await self._drop_pending_revokes(revoker)
         await workflow.wait_condition(workflow.all_handlers_finished)
         return self.status()
 
@@ -91,19 +141,25 @@ class PayoutWorkflow:
     @workflow.query
     def status(self) -> m.PayoutStatus:
         return m.PayoutStatus(
-            payout_id=self._input.payout_id if self._input else "",
+            payout_id=self._input.payout_id,
             state=self._state,
             token=self._token,
             attempt=self._attempt,
             escalated=self._escalated,
             rejected_signals=list(self._rejections),
             last_error=self._last_error,
+            pending_revokes=len(self._revokes),
+            runs=self._runs,
         )
 
+    # The handlers take the raw payload (`Any`) and decode it themselves: a payload the SDK
+    # could not decode into OperatorCommand would otherwise be dropped before our code saw it,
+    # unaudited. Nothing in a handler may raise: every refusal is recorded and reported.
+
     @workflow.signal
-    async def abandon(self, cmd: m.OperatorCommand) -> None:
+    async def abandon(self, payload: Any = None) -> None:
         """Operator: RAIL_AMBIGUOUS -> ABANDONED, only after the resolution SLA escalated."""
-        why = _missing_identity(cmd)
+        cmd, why = _operator_command(payload)
         if not why and self._state != PayoutState.RAIL_AMBIGUOUS.value:
             why = f"abandon is only valid in RAIL_AMBIGUOUS, payout is {self._state}"
         if not why and not self._escalated:
@@ -111,18 +167,52 @@ class PayoutWorkflow:
         if why:
             await self._reject("abandon", cmd, why)
             return
+        # Carried out by the run loop under a grant (abandon_payout is a fenced write).
         self._abandon = cmd
 
     @workflow.signal
-    async def revoke(self, cmd: m.OperatorCommand) -> None:
+    async def revoke(self, payload: Any = None) -> None:
         """Operator: force-revoke this payout's lock through the lock service (UC-06)."""
-        why = _missing_identity(cmd)
+        cmd, why = _operator_command(payload)
         if not why and self._state in TERMINAL_STATES:
             why = f"payout is terminal ({self._state}); nothing to revoke"
         if why:
             await self._reject("revoke", cmd, why)
             return
-        assert self._input is not None
+        if workflow.patched(PATCH_QUEUED_REVOKE):
+            # Queued, and carried out by `_carry_out_revokes` with unlimited retries: a revoke
+            # sent while the lock service is down is carried out when it returns, and a pending
+            # one survives continue-as-new. The handler itself finishes at once.
+            self._revokes.append(cmd)
+            return
+        # Histories recorded before the patch ran the revoke inside the handler: replay them as
+        # they ran, but let no failure out of the handler.
+        try:
+            await self._revoke_now(cmd)
+        except ActivityError as err:
+            await self._reject("revoke", cmd, f"revoke could not be carried out: {_cause(err)}")
+
+    async def _reject(self, signal: str, cmd: m.OperatorCommand, why: str) -> None:
+        rejection = m.SignalRejection(
+            signal=signal, operator=cmd.operator, reason=cmd.reason, why=why
+        )
+        self._rejections.append(rejection)
+        workflow.logger.warning("operator signal rejected: %s (%s)", signal, why)
+        # The rejection is audited like any operator action (FR-30), retried until the database
+        # takes it; a non-retryable failure is reported in the status, never raised.
+        try:
+            await workflow.execute_activity(
+                m.RECORD_SIGNAL_REJECTED,
+                rejection,
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=_unlimited_retry(self._input),
+            )
+        except ActivityError as err:
+            self._last_error = f"could not audit the rejected {signal} signal: {_cause(err)}"
+
+    # ------------------------------------------------------------------ operator revokes
+
+    async def _revoke_now(self, cmd: m.OperatorCommand) -> None:
         await workflow.execute_activity(
             m.REVOKE_LOCK,
             m.RevokeRequest(
@@ -132,26 +222,97 @@ class PayoutWorkflow:
                 payout_id=self._input.payout_id,
             ),
             start_to_close_timeout=timedelta(seconds=30),
-            retry_policy=_READ_RETRY,
+            retry_policy=_unlimited_retry(self._input),
         )
 
-    async def _reject(self, signal: str, cmd: m.OperatorCommand, why: str) -> None:
-        rejection = m.SignalRejection(
-            signal=signal, operator=cmd.operator, reason=cmd.reason, why=why
-        )
-        self._rejections.append(rejection)
-        workflow.logger.warning("operator signal rejected: %s (%s)", signal, why)
-        # The rejection is audited like any operator action (FR-30); failing to audit it must
-        # not fail the workflow, so the activity's own failure is swallowed after its retries.
-        try:
-            await workflow.execute_activity(
-                m.RECORD_SIGNAL_REJECTED,
-                rejection,
-                start_to_close_timeout=timedelta(seconds=30),
-                retry_policy=_READ_RETRY,
+    async def _carry_out_revokes(self) -> None:
+        """Carry out queued revokes one by one, for as long as the run lasts.
+
+        A command leaves the queue only once it is carried out or refused for good (the lock
+        service rejected it: recorded as a signal rejection). Cancelled (continue-as-new, or the
+        payout became terminal), the command in flight stays queued.
+        """
+        while True:
+            await workflow.wait_condition(lambda: bool(self._revokes) or self._revoker_stopped)
+            if self._revoker_stopped:
+                return  # the cancellation was absorbed by an audit activity in `_reject`
+            cmd = self._revokes[0]
+            try:
+                await self._revoke_now(cmd)
+            except ActivityError as err:
+                if isinstance(err.cause, CancelledError):
+                    return
+                self._revokes.pop(0)
+                await self._reject("revoke", cmd, f"revoke could not be carried out: {_cause(err)}")
+                continue
+            self._revokes.pop(0)
+
+    async def _stop(self, revoker: asyncio.Task[None]) -> None:
+        self._revoker_stopped = True
+        revoker.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await revoker
+
+    async def _drop_pending_revokes(self, revoker: asyncio.Task[None]) -> None:
+        """The payout is terminal: a revoke not carried out by now is reported, not carried out,
+        because the account's lock may already belong to its next payout."""
+        await self._stop(revoker)
+        while self._revokes:
+            cmd = self._revokes.pop(0)
+            await self._reject(
+                "revoke", cmd, f"payout reached {self._state} before the revoke was carried out"
             )
-        except ActivityError:
-            workflow.logger.warning("could not audit the rejected %s signal", signal)
+
+    # ------------------------------------------------------------------ continue-as-new
+
+    def _continue_as_new_due(self) -> bool:
+        due = (
+            self._lookups >= max(1, self._input.max_lookups_per_run)
+            or workflow.info().is_continue_as_new_suggested()
+        )
+        # Checked last, so that the patch marker is written only when a run does continue as new.
+        return due and workflow.patched(PATCH_CONTINUE_AS_NEW)
+
+    async def _continue_as_new(self, revoker: asyncio.Task[None]) -> None:
+        """Hand the payout to a fresh run with an empty history, carrying what only the workflow
+        knows. Called only between critical sections, so no grant is held across the gap."""
+        await self._stop(revoker)  # a revoke in flight stays queued and is carried
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        workflow.logger.info("continuing as new after %s lookups", self._lookups)
+        workflow.continue_as_new(dataclasses.replace(self._input, carried=self._carry()))
+
+    def _carry(self) -> m.CarriedState:
+        return m.CarriedState(
+            state=self._state,
+            token=self._token,
+            attempt=self._attempt,
+            client_reference=self._client_reference,
+            escalated=self._escalated,
+            ambiguous_since=self._ambiguous_since.isoformat() if self._ambiguous_since else None,
+            resolution=self._resolution,
+            abandon=self._abandon,
+            pending_revokes=list(self._revokes),
+            # Every rejection is audited in the payment database; the carried list only feeds the
+            # status query, so a flood of bad signals cannot grow the next run's input unbounded.
+            rejected_signals=self._rejections[-_CARRIED_REJECTIONS:],
+            last_error=self._last_error,
+            runs=self._runs,
+        )
+
+    def _restore(self, c: m.CarriedState) -> None:
+        self._state = c.state
+        self._token = c.token
+        self._attempt = c.attempt
+        self._client_reference = c.client_reference
+        self._escalated = c.escalated
+        if c.ambiguous_since:
+            self._ambiguous_since = datetime.fromisoformat(c.ambiguous_since)
+        self._resolution = c.resolution
+        self._abandon = c.abandon
+        self._revokes = list(c.pending_revokes)
+        self._rejections = list(c.rejected_signals)
+        self._last_error = c.last_error
+        self._runs = c.runs + 1
 
     # ------------------------------------------------------------------ steps
 
@@ -204,10 +365,13 @@ class PayoutWorkflow:
     async def _on_holder(
         self, activity: str, req: m.StepRequest, queue: str, retry: RetryPolicy
     ) -> m.PayoutView:
-        assert self._input is not None
         # The critical-section activities run on the lock holder's own task queue. If that
         # worker dies, nothing polls the queue and schedule-to-start (or the heartbeat timeout,
-        # mid-activity) fires; the workflow then re-acquires with a new, higher token.
+        # mid-activity) fires; the workflow then re-acquires with a new, higher token. Every one
+        # of these steps heartbeats for its whole duration (`_holder_step` in the activities),
+        # also while it legitimately waits, e.g. post_to_ledger on the contended rail_clearing
+        # balance row's lock: so the heartbeat timeout fires only when the worker is gone, and
+        # start-to-close still bounds a step whose worker lives but hangs.
         view: m.PayoutView = await workflow.execute_activity(
             activity,
             req,
@@ -333,7 +497,11 @@ class PayoutWorkflow:
             if state == PayoutState.PENDING.value:
                 # The claim did not happen (e.g. another holder's work in flight): retry later.
                 return False
-            raise ApplicationError(f"unexpected payout state {state}", non_retryable=True)
+            # A state this code does not know (a newer deployment's?): never a reason to fail
+            # the workflow. Report it, back off and read the state afresh under a new grant.
+            self._last_error = f"unexpected payout state {state}"
+            workflow.logger.error("unexpected payout state %s", state)
+            return False
 
     async def _release(self, inp: m.PayoutInput, grant: m.AcquireResult) -> None:
         try:
@@ -356,10 +524,35 @@ class PayoutWorkflow:
         return bool(self._resolution) or self._abandon is not None
 
     async def _resolve_ambiguity(self, inp: m.PayoutInput) -> None:
-        """Bounded lookups by client reference on durable timers until the rail's evidence
-        settles it, or, past the resolution SLA, an operator abandons it. Never resubmits."""
-        started = workflow.now()
+        """Lookups by client reference on durable timers until the rail's evidence settles it,
+        or, past the resolution SLA, an operator abandons it. Never resubmits. Returns early when
+        the run is due to continue as new."""
+        if self._ambiguous_since is None:
+            # The SLA runs from the first lookup of the first run, not of the latest run.
+            self._ambiguous_since = workflow.now()
         while not self._resolution_known():
+            if self._continue_as_new_due():
+                return
+            result = await self._lookup(inp)
+            if result.status == "settled":
+                self._resolution = "settled"
+                return
+            if result.status in ("absent", "declined"):
+                self._resolution = "absent"
+                return
+            waited = (workflow.now() - self._ambiguous_since).total_seconds()
+            if not self._escalated and waited >= inp.resolution_sla_s:
+                await self._escalate(inp)
+            # A durable timer: the next lookup, or an operator's abandon, whichever comes first.
+            with contextlib.suppress(TimeoutError):
+                await workflow.wait_condition(
+                    lambda: self._abandon is not None,
+                    timeout=timedelta(seconds=inp.lookup_interval_s),
+                )
+
+    async def _lookup(self, inp: m.PayoutInput) -> m.LookupResult:
+        self._lookups += 1
+        try:
             result: m.LookupResult = await workflow.execute_activity(
                 m.LOOKUP_RAIL,
                 m.LookupRequest(
@@ -369,40 +562,50 @@ class PayoutWorkflow:
                 ),
                 result_type=m.LookupResult,
                 start_to_close_timeout=timedelta(seconds=60),
-                retry_policy=_READ_RETRY,
+                retry_policy=_unlimited_retry(inp),
             )
-            if result.status == "settled":
-                self._resolution = "settled"
-                return
-            if result.status in ("absent", "declined"):
-                self._resolution = "absent"
-                return
-            waited = (workflow.now() - started).total_seconds()
-            if not self._escalated and waited >= inp.resolution_sla_s:
-                self._escalated = True
-                await workflow.execute_activity(
-                    m.ESCALATE_AMBIGUOUS,
-                    m.StepRequest(
-                        payout_id=inp.payout_id,
-                        account_id=inp.account_id,
-                        token=self._token,
-                        context=self._context(inp, "escalate"),
-                    ),
-                    start_to_close_timeout=timedelta(seconds=30),
-                    retry_policy=_READ_RETRY,
-                )
-            # A durable timer: the next lookup, or an operator's abandon, whichever comes first.
-            with contextlib.suppress(TimeoutError):
-                await workflow.wait_condition(
-                    lambda: self._abandon is not None,
-                    timeout=timedelta(seconds=inp.lookup_interval_s),
-                )
+        except ActivityError as err:
+            # Only a non-retryable failure gets here. Not evidence of anything: look again later.
+            self._last_error = f"lookup failed: {_cause(err)}"
+            return m.LookupResult(status="unavailable", detail=self._last_error)
+        return result
+
+    async def _escalate(self, inp: m.PayoutInput) -> None:
+        # Escalated from here on, whether or not the alert's audit row is written: the SLA has
+        # passed, so an operator may abandon (A-10).
+        self._escalated = True
+        try:
+            await workflow.execute_activity(
+                m.ESCALATE_AMBIGUOUS,
+                m.StepRequest(
+                    payout_id=inp.payout_id,
+                    account_id=inp.account_id,
+                    token=self._token,
+                    context=self._context(inp, "escalate"),
+                ),
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=_unlimited_retry(inp),
+            )
+        except ActivityError as err:
+            self._last_error = f"escalation not recorded: {_cause(err)}"
+
+
+def _operator_command(payload: Any) -> tuple[m.OperatorCommand, str]:
+    """Decode a signal's payload; the second value says why it is refused ("" when valid)."""
+    if isinstance(payload, m.OperatorCommand):
+        cmd = payload
+    else:
+        try:
+            cmd = value_to_type(m.OperatorCommand, payload if payload is not None else {})
+        except (TypeError, ValueError) as exc:
+            return m.OperatorCommand(), f"invalid payload: {exc}"[:500]
+    return cmd, _missing_identity(cmd)
 
 
 def _missing_identity(cmd: m.OperatorCommand) -> str:
-    if not cmd.operator or not cmd.operator.strip():
+    if not isinstance(cmd.operator, str) or not cmd.operator.strip():
         return "an operator identity is required"
-    if not cmd.reason or not cmd.reason.strip():
+    if not isinstance(cmd.reason, str) or not cmd.reason.strip():
         return "a reason is required"
     return ""
 

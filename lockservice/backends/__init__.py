@@ -18,10 +18,15 @@ async def create_backend(
     database_url: str | None = None,
     etcd_endpoints: list[str] | None = None,
     prefix: str = "",
+    etcd_history_retention_s: float | None = None,
+    etcd_compact_every_s: float | None = None,
 ) -> LockBackend:
     """A started backend; `prefix` namespaces every key so that users of one server never collide.
 
-    Raises InvalidRequest for a missing address and BackendUnavailable if the server is down.
+    With both `etcd_*` values, the etcd backend also runs retention and compaction (the lock
+    server always passes them; tests that need a quiet etcd leave them out).
+    Raises InvalidRequest for a missing address or an impossible retention, and
+    BackendUnavailable if the server is down.
     """
     if kind == "postgres":
         if not database_url:
@@ -33,6 +38,12 @@ async def create_backend(
         if not etcd_endpoints:
             raise InvalidRequest("the etcd lock backend needs etcd_endpoints")
         from lockservice.backends.etcd import EtcdBackend
+        from lockservice.backends.etcd_retention import RetentionPolicy
 
-        return await EtcdBackend.start(etcd_endpoints, prefix)
+        policy = None
+        if etcd_history_retention_s is not None and etcd_compact_every_s is not None:
+            if not 0 < etcd_compact_every_s < etcd_history_retention_s:
+                raise InvalidRequest("etcd compaction must run more often than the retention")
+            policy = RetentionPolicy(etcd_history_retention_s, etcd_compact_every_s)
+        return await EtcdBackend.start(etcd_endpoints, prefix, policy)
     raise InvalidRequest(f"unknown lock backend {kind!r}")

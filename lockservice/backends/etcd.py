@@ -11,13 +11,20 @@ Key layout (`P` = prefix; `|` cannot occur in a lock key, so waiter ranges never
   P__waiters/{key}|{sid}   lease = session                         (inspect().waiters)
   P__meta/epoch            decimal epoch                           (bumped by the restore procedure)
   P__audit/{ts}-{uuid}     JSON audit record of force_revoke / bump_epoch
-  P__history/{key}/{sid}-{uuid}  JSON {epoch, session_id, acquired_at}: one per grant, written in
-                           the acquire txn, never leased: its create_revision IS the token base
-                           (the name cannot carry the token: the revision is known only after)
+  P__grants/{due}/{key}/{sid}-{uuid}  JSON {epoch, session_id, acquired_at[, base]}: one per
+                           grant, written in the acquire txn, never leased: its create_revision IS
+                           the token base (the name cannot carry the token: the revision is known
+                           only after); `due` (its start) sorts by time, so retention finds what
+                           fell out of the window without a scan (etcd_retention; a re-filed record
+                           carries `base`)
+  P__history/{key}/...     the same, as written before retention existed: read, never pruned
   P__ended/{key}/{token:020d}  JSON {ended_at, end_reason}: written in the release / revoke /
                            close / bump txn that ends the grant
-  P__sessions/{lease}      JSON {ttl_s, expires_at}: the lease deadline as of the last keepalive
-                           through this backend (never leased: it dates an unrecorded expiry)
+  P__sessions/{lease}      JSON {valid_until, ttl_s}: the lease deadline (never lowered) as of
+                           the last open, grant, or keepalive while holding a grant, through a
+                           lock server (never leased: it dates an unrecorded expiry; pruned two
+                           windows after it)
+  P__meta/retained_since   ISO time: grants that ended before it may have been pruned
 The epoch lives in etcd and is restored with a snapshot: the restore procedure (bump_epoch with
 min_epoch from the enforcement points' fences) is what moves tokens above the pre-restore ones.
 """
@@ -60,6 +67,7 @@ from lockservice.api import (
     validate_ttl,
     validate_wait,
 )
+from lockservice.backends import etcd_retention as retention
 
 _BACKEND = "etcd"
 _RPC_TIMEOUT_S = 5
@@ -155,7 +163,9 @@ def _ordered_by_revision(
 class EtcdBackend:
     """LockBackend over an etcd cluster. Create with `await EtcdBackend.start(...)`."""
 
-    def __init__(self, client: aetcd.Client, prefix: str) -> None:
+    def __init__(
+        self, client: aetcd.Client, prefix: str, policy: retention.RetentionPolicy | None = None
+    ) -> None:
         self._c = client
         self._t = client.transactions
         self._prefix = prefix
@@ -164,10 +174,21 @@ class EtcdBackend:
         # Lease deadline per session as last renewed through this backend: the time BEFORE the
         # request + TTL, so never later than etcd's own; saves a TTL RPC on every acquire.
         self._deadlines: dict[int, datetime] = {}
+        self.maintenance = (
+            retention.EtcdMaintenance(client, prefix, policy) if policy is not None else None
+        )
+        #: Watches that met a compacted revision (each only woke its waiter); tests read it.
+        self.compacted_watches = 0
 
     @classmethod
-    async def start(cls, endpoints: list[str], prefix: str = "") -> EtcdBackend:
-        backend = cls(_client(endpoints), prefix)
+    async def start(
+        cls,
+        endpoints: list[str],
+        prefix: str = "",
+        policy: retention.RetentionPolicy | None = None,
+    ) -> EtcdBackend:
+        """Connect; with a `policy`, also run retention and compaction in the background."""
+        backend = cls(_client(endpoints), prefix, policy)
         with _unavailable_on_error():
             await backend._c.connect()
             # Create the epoch key once, so that every grant can compare against its value.
@@ -177,6 +198,8 @@ class EtcdBackend:
                 failure=[],
             )
             await backend._load_epoch()
+        if backend.maintenance is not None:
+            backend.maintenance.start()
         return backend
 
     # ------------------------------------------------------------------ keys
@@ -190,27 +213,54 @@ class EtcdBackend:
     def _waiters(self, key: str) -> bytes:
         return f"{self._prefix}__waiters/{key}|".encode()
 
-    def _history(self, key: str, sid: str) -> bytes:
-        return f"{self._prefix}__history/{key}/{sid}-{uuid.uuid4().hex[:12]}".encode()
+    def _history(self, key: str, sid: str, acquired_at: datetime) -> bytes:
+        return retention.history_name(self._prefix, acquired_at, key, sid)
 
     def _ended(self, key: str, token: int, reason: str) -> Any:
         """The txn op that records the end of grant `token` of `key` (no lease: durable)."""
         body = {"ended_at": datetime.now(UTC).isoformat(), "end_reason": reason}
-        name = f"{self._prefix}__ended/{key}/{token:020d}".encode()
+        name = retention.ended_name(self._prefix, key, token)
         return self._t.put(name, json.dumps(body).encode())
 
     def _session_record(self, lease: int) -> bytes:
-        return f"{self._prefix}__sessions/{lease}".encode()
+        return retention.session_name(self._prefix, lease)
 
-    async def _remember_deadline(self, lease: int, ttl_s: float, sent: datetime) -> datetime:
-        """Cache and persist the lease deadline known after a grant or refresh sent at `sent`."""
+    def _session_put(self, lease: int, deadline: datetime) -> Any:
+        """The txn op that records the lease deadline that dates an unrecorded expiry, never
+        lowering it: a lock server whose cached deadline is older than one another server
+        recorded leaves that one. `valid_until` comes first and is always an ISO UTC stamp, so
+        etcd's byte comparison of two records is time order (and a record of the former
+        `{"ttl_s", "expires_at"}` form compares lower, so it is replaced)."""
+        ttl_s = max(0.0, (deadline - datetime.now(UTC)).total_seconds())
+        name = self._session_record(lease)
+        record = json.dumps({"valid_until": deadline.astimezone(UTC).isoformat(), "ttl_s": ttl_s})
+        put = self._t.put(name, record.encode())
+        return self._t.txn(
+            compare=[self._t.value(name) < record.encode()],  # false when absent: etcd's rule
+            success=[put],
+            failure=[self._t.txn(compare=[self._t.create(name) == 0], success=[put], failure=[])],
+        )
+
+    async def _remember_deadline(
+        self, lease: int, ttl_s: float, sent: datetime, *, persist: bool = True
+    ) -> datetime:
+        """Cache (and, if `persist`, record) the lease deadline known after a request sent at
+        `sent`."""
         deadline = sent + timedelta(seconds=ttl_s)
         self._deadlines[lease] = deadline
         while len(self._deadlines) > _MAX_CACHED_DEADLINES:  # sessions that expired silently
             del self._deadlines[next(iter(self._deadlines))]
-        record = json.dumps({"ttl_s": ttl_s, "expires_at": deadline.isoformat()})
-        await self._c.put(self._session_record(lease), record.encode())
+        if persist:
+            await self._c.transaction(
+                compare=[], success=[self._session_put(lease, deadline)], failure=[]
+            )
         return deadline
+
+    async def _holds_a_grant(self, lease: int) -> bool:
+        """Does the lease carry a lock key? A read: an idle session's keepalive writes nothing."""
+        info = await self._c.get_lease_info(lease, keys=True)
+        mine = f"{self._prefix}__lock/".encode()
+        return any(k.startswith(mine) for k in info.keys)
 
     async def _load_epoch(self) -> int:
         got = await self._c.get(self._epoch_key)
@@ -241,7 +291,12 @@ class EtcdBackend:
             if reply is None or reply.TTL <= 0:
                 self._deadlines.pop(lease, None)
                 raise SessionNotFound(f"session {session_id} is unknown or expired")
-            expires_at = await self._remember_deadline(lease, float(reply.TTL), sent)
+            # The session record only dates the expiry of a grant the session holds: a
+            # heartbeat of an idle session is a lease refresh and a read, never an MVCC write.
+            # A grant's own txn records the deadline known then (see _try_acquire).
+            expires_at = await self._remember_deadline(
+                lease, float(reply.TTL), sent, persist=await self._holds_a_grant(lease)
+            )
         return Session(session_id=session_id, ttl_s=float(reply.TTL), expires_at=expires_at)
 
     async def close_session(self, session_id: str) -> None:
@@ -300,7 +355,7 @@ class EtcdBackend:
         first = await self._try_acquire(lease, key)
         if isinstance(first, Grant):
             return first
-        seen_mod = first
+        seen_rev = first
         if wait == 0:
             await self._require_session(lease)
             return NotAcquired(key=key, reason="held")
@@ -312,31 +367,41 @@ class EtcdBackend:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     return NotAcquired(key=key, reason="timeout")
-                if not await self._wait_for_delete(key, seen_mod, min(remaining, _WATCH_SLICE_S)):
+                if not await self._wait_for_delete(key, seen_rev, min(remaining, _WATCH_SLICE_S)):
                     continue  # the holder we saw still holds it
                 attempt = await self._try_acquire(lease, key)
                 if isinstance(attempt, Grant):
                     return attempt
-                seen_mod = attempt
+                seen_rev = attempt
         finally:
             with contextlib.suppress(*_ERRORS):
                 await self._c.delete(waiter)
 
-    async def _wait_for_delete(self, key: str, seen_mod: int, budget_s: float) -> bool:
-        """Watch the lock key from just after the holder we saw. True when it may be free now:
-        a DELETE came (release, revoke, lease expiry), or the watch failed, which is only a
-        wake-up. False when the budget ran out quietly: that holder still holds the key."""
+    async def _wait_for_delete(self, key: str, seen_rev: int, budget_s: float) -> bool:
+        """Watch the lock key from just after the revision at which we saw it held. True when
+        it may be free now: a DELETE came (release, revoke, lease expiry), or the watch failed,
+        which is only a wake-up. False when the budget ran out quietly: that holder still holds
+        the key.
+
+        Compaction (etcd_retention) may remove `seen_rev + 1` while a long hold is watched: the
+        watch then fails with RevisionCompactedError, which wakes the waiter; its next attempt
+        reads the key again and returns a fresh revision to watch from, so it never spins on a
+        compacted one and never misses a DELETE (none happened up to the revision it read)."""
         try:
-            await self._c.watch_once(
+            got = await self._c.watch_once(
                 self._lock(key),
                 timeout=budget_s,
-                start_revision=seen_mod + 1,
+                start_revision=seen_rev + 1,
                 kind=aetcd.rtypes.EventKind.DELETE,
             )
         except aetcd.exceptions.WatchTimeoutError:
             return False
-        except _ERRORS:
-            return True
+        except _ERRORS as exc:
+            got = exc
+        # aetcd hands a compaction that cancels the watch over as the "event" (or raises it when
+        # the watch is created on a compacted revision): either way, only a wake-up.
+        if isinstance(got, aetcd.exceptions.RevisionCompactedError):
+            self.compacted_watches += 1
         return True
 
     async def _require_session(self, lease: int) -> None:
@@ -345,13 +410,17 @@ class EtcdBackend:
                 raise SessionNotFound(f"session {lease} is unknown or expired")
 
     async def _try_acquire(self, lease: int, key: str) -> Grant | int:
-        """The grant, or the ModRevision of the current holder's key (to watch from)."""
+        """The grant, or the revision at which the key was read held (to watch from)."""
         lock, last = self._lock(key), self._last(key)
         sid = str(lease)
         for _ in range(_CAS_ATTEMPTS):
             epoch = self._epoch
             now = datetime.now(UTC)
             record = json.dumps({"epoch": epoch, "session_id": sid, "acquired_at": now.isoformat()})
+            known_deadline = self._deadlines.get(lease)
+            # The grant records its session's deadline as known now, so that an expiry of this
+            # grant is dated even if no keepalive comes through here while it is held.
+            session = [self._session_put(lease, known_deadline)] if known_deadline else []
             with _unavailable_on_error():
                 ok, responses = await self._c.transaction(
                     # Free key AND the epoch we compose with is current: one atomic decision.
@@ -363,8 +432,9 @@ class EtcdBackend:
                         self._t.put(lock, sid.encode(), lease=lease),
                         self._t.put(last, record.encode()),
                         # Grant history: same txn, so every grant is recorded exactly once.
-                        self._t.put(self._history(key, sid), record.encode()),
+                        self._t.put(self._history(key, sid, now), record.encode()),
                         self._t.get(lock),
+                        *session,
                     ],
                     failure=[self._t.get(lock), self._t.get(self._epoch_key)],
                 )
@@ -372,11 +442,14 @@ class EtcdBackend:
                 kv = responses[3][0][1]
                 # FR-10: the token base is the ModRevision written by this very transaction.
                 token = compose_token(epoch, kv.mod_revision)
-                expires_at = self._deadlines.get(lease)
+                expires_at = known_deadline
                 if expires_at is None:  # session kept alive elsewhere: ask etcd (one more RPC)
+                    sent = datetime.now(UTC)
                     with _unavailable_on_error():
-                        remaining = await self._remaining(lease)
-                    expires_at = datetime.now(UTC) + (remaining or timedelta(0))
+                        remaining = await self._remaining(lease) or timedelta(0)
+                        expires_at = await self._remember_deadline(
+                            lease, remaining.total_seconds(), sent
+                        )
                 events.acquired(_BACKEND, key, token, sid)
                 return Grant(
                     key=key, token=token, session_id=sid, acquired_at=now, expires_at=expires_at
@@ -385,23 +458,26 @@ class EtcdBackend:
             if epoch_kv:
                 self._epoch = int(epoch_kv[0][0])
             if holder:
-                # Held (also by this very session: no re-entrancy, DR-04).
-                return int(holder[0][1].mod_revision)
+                # Held (also by this very session: no re-entrancy, DR-04). Watch from the
+                # revision of this read: recent, so not compacted, and no DELETE came before it.
+                return int(holder[0][1].header.revision)
         raise BackendUnavailable("the epoch kept changing while acquiring; retry")
 
     async def renew(self, grant: Grant) -> Grant:
         validate_key(grant.key)
         lease = _lease_id(grant.session_id)
         ok = False
-        remaining: timedelta | None = None
+        expires_at: datetime | None = None
         if lease is not None:
             with _unavailable_on_error():
                 ok = await self._still_valid(grant)
                 if ok:
+                    sent = datetime.now(UTC)
                     reply = await self._c.refresh_lease(lease)
                     ok = reply is not None and reply.TTL > 0
-                    remaining = timedelta(seconds=reply.TTL) if ok else None
-        if not ok or remaining is None:
+                    if ok:  # held: the moved deadline is what dates this grant's expiry
+                        expires_at = await self._remember_deadline(lease, float(reply.TTL), sent)
+        if not ok or expires_at is None:
             events.renew_failed(_BACKEND, grant.key, grant.token, grant.session_id)
             raise NotHeld(f"grant {grant.token} on {grant.key!r} is no longer valid")
         return Grant(
@@ -409,7 +485,7 @@ class EtcdBackend:
             token=grant.token,
             session_id=grant.session_id,
             acquired_at=grant.acquired_at,
-            expires_at=datetime.now(UTC) + remaining,
+            expires_at=expires_at,
         )
 
     def _grant_compare(self, grant: Grant) -> list[Any]:
@@ -588,34 +664,49 @@ class EtcdBackend:
         """
         if limit is not None and limit < 0:
             raise InvalidRequest("limit must not be negative")
-        roots = {n: f"{self._prefix}{n}/".encode() for n in ("__history", "__ended", "__lock")}
+        names = ("__history", "__ended", "__lock")
+        roots = {n: f"{self._prefix}{n}/".encode() for n in names}
+        grants = retention.grants_root(self._prefix)
         with _unavailable_on_error():
             _, got = await self._c.transaction(
                 compare=[],
                 success=[
-                    self._t.get(
-                        r + key_prefix.encode(),
-                        aetcd.utils.prefix_range_end(r + key_prefix.encode()),
-                    )
-                    for r in roots.values()
+                    *(
+                        self._t.get(
+                            r + key_prefix.encode(),
+                            aetcd.utils.prefix_range_end(r + key_prefix.encode()),
+                        )
+                        for r in roots.values()
+                    ),
+                    # Filed by due time first, so the key prefix is filtered here.
+                    self._t.get(grants, aetcd.utils.prefix_range_end(grants)),
                 ],
                 failure=[],
             )
+        history = [
+            (kv.key[len(roots["__history"]) :].decode().rsplit("/", 1)[0], value, kv)
+            for value, kv in got[0]
+        ]
+        for value, kv in got[3]:
+            key = retention.history_key_of(self._prefix, kv.key)
+            if key.startswith(key_prefix):
+                history.append((key, value, kv))
         ended: dict[tuple[str, int], dict[str, Any]] = {}
         for value, kv in got[1]:
             key, token = kv.key[len(roots["__ended"]) :].decode().rsplit("/", 1)
             ended[(key, int(token))] = {**json.loads(value), "revision": kv.create_revision}
         current = {kv.key[len(roots["__lock"]) :].decode(): kv.mod_revision for _, kv in got[2]}
         records: list[tuple[GrantRecord, int | None, int, int | None]] = []
-        for value, kv in got[0]:
-            key = kv.key[len(roots["__history"]) :].decode().rsplit("/", 1)[0]
+        for key, value, kv in history:
             body = json.loads(value)
             # The history key is written once, by the granting txn: its create_revision is the
-            # lock key's ModRevision, i.e. the token base (FR-10).
-            token = compose_token(body["epoch"], kv.create_revision)
+            # lock key's ModRevision, i.e. the token base (FR-10). A record re-filed by
+            # retention carries that base in its body.
+            base = int(body.get("base", kv.create_revision))
+            token = compose_token(body["epoch"], base)
             end = ended.get((key, token))
             open_lease: int | None = None
-            if end is None and current.get(key) != kv.create_revision:
+            if end is None and current.get(key) != base:
                 open_lease = _lease_id(body["session_id"])
             records.append(
                 (
@@ -628,7 +719,7 @@ class EtcdBackend:
                         end_reason=end["end_reason"] if end else None,
                     ),
                     open_lease,
-                    kv.create_revision,
+                    base,
                     end["revision"] if end else None,
                 )
             )
@@ -646,7 +737,7 @@ class EtcdBackend:
             got = await self._c.get(self._session_record(lease))
         if got is None:
             return rec
-        deadline = datetime.fromisoformat(json.loads(got.value)["expires_at"])
+        deadline = retention.session_deadline(got.value)
         if deadline > datetime.now(UTC):
             return rec
         return dataclasses.replace(rec, ended_at=deadline, end_reason="expired")
@@ -657,6 +748,14 @@ class EtcdBackend:
             got = await self._c.get_prefix(f"{self._prefix}__audit/".encode(), sort_order="ascend")
         return [json.loads(kv.value) for kv in got]
 
+    async def history_retained_since(self) -> datetime | None:
+        """Grants that ended before this time may have been pruned (None: nothing was)."""
+        with _unavailable_on_error():
+            got = await self._c.get(retention.retained_since_name(self._prefix))
+        return datetime.fromisoformat(got.value.decode()) if got is not None else None
+
     async def close(self) -> None:
+        if self.maintenance is not None:
+            await self.maintenance.stop()
         with contextlib.suppress(*_ERRORS):
             await asyncio.wait_for(self._c.close(), 5)

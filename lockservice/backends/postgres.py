@@ -466,6 +466,10 @@ class PostgresBackend:
         events.epoch_bumped(_BACKEND, old, new, operator, reason)
         return new
 
+    async def history_retained_since(self) -> datetime | None:
+        """The grant_history table is never pruned."""
+        return None
+
     async def grant_history(
         self, key_prefix: str = "", *, limit: int | None = None
     ) -> list[GrantRecord]:

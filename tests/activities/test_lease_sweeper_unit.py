@@ -109,7 +109,8 @@ async def test_unit_a_grant_with_a_step_running_is_kept() -> None:
         async def long_step(_self: PayoutActivities, _req: m.StepRequest) -> None:
             await step_may_end.wait()
 
-        step = asyncio.create_task(_holder_step(long_step)(acts, req))
+        # In an activity context: holder steps heartbeat while they run.
+        step = asyncio.create_task(_activity_env().run(_holder_step(long_step), acts, req))
         await eventually(lambda: acts._leases[(lock_key("acct-2"), req.token)].active == 1)
         await _grant(acts, "acct-2-idle")  # a witness with no step: proves sweeps happened
         sweeper = asyncio.create_task(acts.sweep_idle_leases(idle_s=0.05, every_s=0.01))

@@ -164,6 +164,8 @@ class World:
             "rail_url": self.stub.url,
             "rail_timeout_s": 2.0,
             "db_pool_max": 2,
+            # The negative controls turn experiment switches off: allowed only against the stub.
+            "experiment_mode": True,
         }
         settings = ProxySettings(**(base | overrides))
         server = ServerThread(create_proxy(settings))

@@ -92,6 +92,17 @@ def test_an_audited_transition_out_of_a_terminal_state_is_inv08() -> None:
     assert check(ev)["INV-08"] == ["p audit#2 POSTED->CLAIMED"]
 
 
+def test_inv07_does_not_judge_writes_before_a_pruned_historys_horizon() -> None:
+    """A write whose grant fell out of a pruned history (etcd retention) is not INV-07 when it
+    was made before the horizon; the same write after the horizon still is."""
+    before = Evidence(writes=[write(1, 5, when=10)], grants_complete_since=at(20))
+    assert "INV-07" not in broken(before)
+    after = Evidence(writes=[write(1, 5, when=30)], grants_complete_since=at(20))
+    assert "INV-07" in broken(after)
+    complete = Evidence(writes=[write(1, 5, when=10)])  # no horizon: the history is complete
+    assert "INV-07" in broken(complete)
+
+
 def moved(ref: str, status: str = "settled", mid: str = "m") -> RailMovement:
     return RailMovement(movement_id=f"{mid}-{ref}", client_reference=ref, amount=100, status=status)
 

@@ -5,6 +5,7 @@ answers (the latter as unit tests over httpx.MockTransport)."""
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime
 
 import httpx
 import pytest
@@ -59,6 +60,23 @@ async def test_unit_mock_transport_parses_history_and_passes_prefix() -> None:
     [grant] = await source()
     assert (grant.key, grant.token, grant.ended_at, grant.seq) == ("payout:a", 7, None, 0)
     assert seen[0].url.params["prefix"] == "payout:"
+
+
+async def test_unit_mock_transport_carries_the_history_horizon() -> None:
+    """Unit (MockTransport): a pruned history's `retained_since` reaches the checker."""
+    body = {"grants": [GRANT], "truncated": False, "retained_since": "2026-01-01T00:00:00+00:00"}
+    source = lock_server_grant_source(
+        "http://lock", transport=httpx.MockTransport(lambda _: httpx.Response(200, json=body))
+    )
+    grants = await source()
+    assert getattr(grants, "complete_since", None) == datetime(2026, 1, 1, tzinfo=UTC)
+    complete = lock_server_grant_source(
+        "http://lock",
+        transport=httpx.MockTransport(
+            lambda _: httpx.Response(200, json={"grants": [], "truncated": False})
+        ),
+    )
+    assert getattr(await complete(), "complete_since", "missing") is None
 
 
 @pytest.mark.parametrize(

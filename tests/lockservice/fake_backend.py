@@ -144,5 +144,8 @@ class FakeBackend:
         )
         return [r for r in recs if r.key.startswith(key_prefix)][:limit]
 
+    async def history_retained_since(self) -> datetime | None:
+        return None
+
     async def close(self) -> None:
         return None

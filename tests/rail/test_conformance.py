@@ -43,6 +43,8 @@ async def test_unguarded_connection_fails_duplicate_checks(
     scenario: str, make_proxy: MakeProxy, stub: Stub, closed_port: int
 ) -> None:
     """Negative control: a connection without the submission guard is caught by the suite."""
-    harness = _harness(make_proxy, stub, closed_port, enforce_submission_guard=False)
+    harness = _harness(
+        make_proxy, stub, closed_port, enforce_submission_guard=False, experiment_mode=True
+    )
     with pytest.raises(AssertionError):
         await CHECKS[scenario](harness)

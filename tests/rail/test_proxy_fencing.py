@@ -49,7 +49,7 @@ async def test_negative_control_fencing_disabled_forwards_stale_token(
     make_proxy: MakeProxy, stub: Stub
 ) -> None:
     """With RAILPROXY_ENFORCE_FENCING=false the stale submit goes through (the check can fail)."""
-    proxy = await make_proxy(enforce_fencing=False)
+    proxy = await make_proxy(enforce_fencing=False, experiment_mode=True)
     account = f"a-{uuid.uuid4().hex[:8]}"
     await proxy.client.submit(submit_request(account_id=account, token=5))
     stale_req = submit_request(account_id=account, token=4)
@@ -90,7 +90,7 @@ async def test_negative_control_guard_disabled_pays_twice(
     make_proxy: MakeProxy, stub: Stub
 ) -> None:
     """With the submission guard off, concurrent submits reach the rail repeatedly (detectable)."""
-    proxy = await make_proxy(enforce_submission_guard=False)
+    proxy = await make_proxy(enforce_submission_guard=False, experiment_mode=True)
     labels, reference = await _concurrent_submits(proxy, 5)
     assert labels == ["ACKED"] * 5
     assert len(await stub.movements(reference)) == 5
@@ -113,7 +113,13 @@ async def test_unknown_outcome_blocks_resubmission_under_any_token(
 async def test_disabled_enforcement_is_logged_loudly(rail_db: str, stub: Stub) -> None:
     """Starting with fencing or the guard disabled emits WARNING events naming the switch."""
     app = create_app(
-        proxy_settings(rail_db, stub.url, enforce_fencing=False, enforce_submission_guard=False)
+        proxy_settings(
+            rail_db,
+            stub.url,
+            enforce_fencing=False,
+            enforce_submission_guard=False,
+            experiment_mode=True,
+        )
     )
     with structlog.testing.capture_logs() as events:
         async with app.router.lifespan_context(app):

@@ -112,6 +112,7 @@ async def test_etcd_backend_with_fencing_off_is_wired_and_loud(
             async with httpx.AsyncClient(timeout=10) as http:
                 proxy = (await http.get(f"{stack.railproxy_url}/health")).json()
             assert proxy["fencing_enforced"] is False
+            assert proxy["experiment_mode"] is True  # verified against the stub (FR-29)
             assert proxy["submission_guard_enforced"] is False
             assert await _acquire_token(stack.lock_url, "stack-test:etcd") > 0
             lock_env = stack._procs["lock-server"].env

@@ -27,18 +27,27 @@ class MockWorld:
     )  # ack|decline|unknown|not_submitted
     lookup_script: list[str] = field(default_factory=lambda: ["settled"])
     acquire_script: list[str] = field(default_factory=list)  # "unavailable" | "held" | "dead_queue"
-    claim_script: list[str] = field(default_factory=list)  # "fenced"
+    claim_script: list[str] = field(default_factory=list)  # "fenced" | a state to report
     attempt: m.AttemptView | None = None
     calls: list[tuple[str, int]] = field(default_factory=list)
     rejected: list[m.SignalRejection] = field(default_factory=list)
     revokes: list[m.RevokeRequest] = field(default_factory=list)
     escalations: int = 0
+    # Outages: while set, these activities fail with a retryable error (an unreachable service).
+    lock_service_down: bool = False  # revoke_lock
+    lookup_failures: int = 0  # the next N lookup attempts fail
+    escalate_failures: int = 0  # the next N escalate attempts fail
+    failed_attempts: dict[str, int] = field(default_factory=dict)
+
+    def fail(self, name: str, message: str) -> None:
+        self.failed_attempts[name] = self.failed_attempts.get(name, 0) + 1
+        raise ApplicationError(message, type="Unavailable")
 
     def view(self, **kw: Any) -> m.PayoutView:
         return m.PayoutView(
             payout_id="po-1",
             account_id="acct-1",
-            state=self.state,
+            state=kw.pop("state", self.state),
             amount=100,
             client_reference="ref-po-1",
             attempt=self.attempt,
@@ -64,8 +73,11 @@ class MockWorld:
         @activity.defn(name=m.REREAD_AND_CLAIM)
         async def claim(req: m.StepRequest) -> m.PayoutView:
             world.calls.append(("claim", req.token))
-            if world.claim_script and world.claim_script.pop(0) == "fenced":
+            step = world.claim_script.pop(0) if world.claim_script else ""
+            if step == "fenced":
                 raise ApplicationError("fenced", type=m.FENCED_OUT, non_retryable=True)
+            if step:
+                return world.view(state=step)  # what a state unknown to the workflow looks like
             if world.state == "PENDING":
                 world.state = "CLAIMED" if world.funds_ok else "FAILED"
             return world.view()
@@ -107,6 +119,9 @@ class MockWorld:
 
         @activity.defn(name=m.LOOKUP_RAIL)
         async def lookup(req: m.LookupRequest) -> m.LookupResult:
+            if world.lookup_failures > 0:
+                world.lookup_failures -= 1
+                world.fail("lookup", "rail proxy unreachable")
             status = world.lookup_script.pop(0) if world.lookup_script else "pending"
             world.calls.append(("lookup:" + status, 0))
             return m.LookupResult(status=status)
@@ -125,11 +140,16 @@ class MockWorld:
 
         @activity.defn(name=m.ESCALATE_AMBIGUOUS)
         async def escalate(req: m.StepRequest) -> None:
+            if world.escalate_failures > 0:
+                world.escalate_failures -= 1
+                world.fail("escalate", "payment database unreachable")
             world.escalations += 1
             world.calls.append(("escalate", 0))
 
         @activity.defn(name=m.REVOKE_LOCK)
         async def revoke(req: m.RevokeRequest) -> None:
+            if world.lock_service_down:
+                world.fail("revoke", "lock service unreachable")
             world.revokes.append(req)
             world.calls.append(("revoke", 0))
 

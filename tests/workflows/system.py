@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,6 +75,20 @@ class System:
     proxy_url: str
     log_dir: Path
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    # name -> (args, env, health URL): how each process was started, to restart it the same way
+    specs: dict[str, tuple[list[str], dict[str, str], str]] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ outages
+    def stop_service(self, name: str) -> None:
+        """Stop one process (lock, stub, proxy): a real outage, its port left dead."""
+        stop(self.procs[name])
+
+    def start_service(self, name: str) -> None:
+        """Start a stopped process again, on the same port and settings, and wait for health."""
+        args, env, health = self.specs[name]
+        log = self.log_dir / f"{name}.log"
+        self.procs[name] = spawn(args, env, log)
+        wait_healthy(health, self.procs[name], log)
 
     # ------------------------------------------------------------------ rail stub admin
     def stub_set(self, **behaviour: Any) -> None:
@@ -96,8 +110,12 @@ class System:
 
 
 @contextlib.contextmanager
-def running_system(database_url: str, log_dir: Path) -> Iterator[System]:
+def running_system(
+    database_url: str, log_dir: Path, env: Mapping[str, Mapping[str, str]] | None = None
+) -> Iterator[System]:
+    """`env` adds to (or overrides) a service's environment, by name: "lock", "stub", "proxy"."""
     log_dir.mkdir(parents=True, exist_ok=True)
+    extra = env or {}
     ports = {name: free_port() for name in ("lock", "stub", "proxy")}
     sys_ = System(
         database_url=database_url,
@@ -126,6 +144,8 @@ def running_system(database_url: str, log_dir: Path) -> Iterator[System]:
                 "RAILSTUB_LATENCY_FIXED_MS": "5",
                 "RAILSTUB_AMBIGUITY_RATE": "0",
                 "RAILSTUB_STALL_S": "4",
+                # Durable, like a real rail's records (a restarted stub keeps its evidence).
+                "RAILSTUB_MOVEMENTS_PATH": str(log_dir / "movements.sqlite"),
             },
             f"{sys_.stub_url}/health",
         ),
@@ -137,15 +157,19 @@ def running_system(database_url: str, log_dir: Path) -> Iterator[System]:
                 "RAILPROXY_RAIL_URL": sys_.stub_url,
                 "RAILPROXY_PORT": str(ports["proxy"]),
                 "RAILPROXY_RAIL_TIMEOUT_S": "3",
+                # One host, one clock, a loopback connection: the test rail has no skew and
+                # ingests at once, so small margins keep "absent" proofs within a test's time.
+                # (test_slow_rail runs with the shipped defaults and with both at 0.)
+                "RAILPROXY_ABSENCE_INGEST_BOUND_S": "1",
+                "RAILPROXY_ABSENCE_CLOCK_SKEW_MARGIN_S": "0.5",
             },
             f"{sys_.proxy_url}/health",
         ),
     ]
     try:
-        for name, args, env, health in specs:
-            log = log_dir / f"{name}.log"
-            sys_.procs[name] = spawn(args, env, log)
-            wait_healthy(health, sys_.procs[name], log)
+        for name, args, own, health in specs:
+            sys_.specs[name] = (args, {**own, **extra.get(name, {})}, health)
+            sys_.start_service(name)
         yield sys_
     finally:
         for proc in sys_.procs.values():
@@ -163,9 +187,22 @@ class InProcessWorker:
 
 @contextlib.asynccontextmanager
 async def in_process_workers(
-    client: Client, system: System, shared_queue: str, count: int = 1, *, ttl_s: float = 3.0
+    client: Client,
+    system: System,
+    shared_queue: str,
+    count: int = 1,
+    *,
+    ttl_s: float = 3.0,
+    database_url: str | None = None,
+    proxy_url: str | None = None,
 ) -> AsyncIterator[list[InProcessWorker]]:
-    pool = await asyncpg.create_pool(system.database_url, min_size=1, max_size=10)
+    """Workers running the real activities. `database_url` / `proxy_url` point them elsewhere
+    (e.g. at a dead port: workers that are up but cannot reach their database or the proxy)."""
+    # min_size=0: a pool at a dead port is created empty and fails each acquire, like a worker
+    # whose database is unreachable.
+    pool = await asyncpg.create_pool(
+        database_url or system.database_url, min_size=0 if database_url else 1, max_size=10
+    )
     store = PayoutStore(pool)
     workers: list[InProcessWorker] = []
     try:
@@ -174,7 +211,9 @@ async def in_process_workers(
                 locks = await stack.enter_async_context(
                     LockClient(system.lock_url, ttl_s=ttl_s, heartbeat_s=ttl_s / 4)
                 )
-                proxy = await stack.enter_async_context(RailProxyClient(system.proxy_url))
+                proxy = await stack.enter_async_context(
+                    RailProxyClient(proxy_url or system.proxy_url)
+                )
                 name = f"w{i}-{uuid.uuid4().hex[:6]}"
                 holder_queue = f"{shared_queue}-holder-{name}"
                 acts = PayoutActivities(

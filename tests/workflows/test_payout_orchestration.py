@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from temporalio.client import WorkflowHandle
@@ -200,3 +200,175 @@ async def test_dead_holder_queue_leads_to_reacquire(temporal_env: WorkflowEnviro
     assert result.state == "POSTED"
     assert world.names()[0] == "acquire:dead_queue"
     assert [t for n, t in world.calls if n == "submit"] == [2]
+
+
+# ---------------------------------------------------------------------- never fails (issue 12.3)
+
+RESILIENT = {"read_retry_max_interval_s": 0.1}
+#: Attempts the bounded read policy allowed before issue 12 (maximum_attempts=4).
+OLD_READ_ATTEMPTS = 4
+
+
+async def wait_status(
+    handle: WorkflowHandle[PayoutWorkflow, m.PayoutStatus],
+    pred: Callable[[m.PayoutStatus], bool],
+    timeout_s: float = 60.0,
+) -> m.PayoutStatus:
+    """Poll the status query of the workflow's latest run until `pred` holds."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        status = await handle.query(PayoutWorkflow.status)
+        if pred(status):
+            return status
+        assert asyncio.get_running_loop().time() < deadline, f"never reached: {status}"
+        await asyncio.sleep(0.05)
+
+
+async def test_revoke_during_a_lock_service_outage_is_carried_out_when_it_returns(
+    temporal_env: WorkflowEnvironment,
+) -> None:
+    """A revoke whose activity fails past the old retry budget does not fail the workflow: it
+    stays pending, the payout goes on, and the revoke is carried out once the service returns."""
+    world = new_world(submit_script=["unknown"], lookup_script=[], lock_service_down=True)
+    async with running(temporal_env, world) as q:
+        handle = await start(temporal_env, q, resolution_sla_s=3600, **RESILIENT)
+        await wait_status(handle, lambda s: s.state == "RAIL_AMBIGUOUS")
+        await handle.signal(
+            PayoutWorkflow.revoke, m.OperatorCommand(operator="bob", reason="stuck holder")
+        )
+        while world.failed_attempts.get("revoke", 0) <= OLD_READ_ATTEMPTS:
+            await asyncio.sleep(0.05)
+        assert (await handle.query(PayoutWorkflow.status)).pending_revokes == 1
+        world.lock_service_down = False
+        await wait_status(handle, lambda s: s.pending_revokes == 0)
+        world.lookup_script = ["settled"]
+        result = await handle.result()
+    assert result.state == "POSTED"
+    assert [r.operator for r in world.revokes] == ["bob"]
+    assert result.rejected_signals == []
+
+
+async def test_lookups_and_escalation_failing_past_the_old_budget_only_delay(
+    temporal_env: WorkflowEnvironment,
+) -> None:
+    """Failing lookups and a failing escalation are retried past 4 attempts; the payout is then
+    escalated, abandoned by an operator and ends ABANDONED (submitted once)."""
+    world = new_world(
+        submit_script=["unknown"], lookup_script=[], lookup_failures=6, escalate_failures=6
+    )
+    async with running(temporal_env, world) as q:
+        handle = await start(temporal_env, q, resolution_sla_s=0.5, **RESILIENT)
+        await wait_status(handle, lambda s: s.escalated)
+        await handle.signal(
+            PayoutWorkflow.abandon, m.OperatorCommand(operator="ana", reason="rail: no record")
+        )
+        result = await handle.result()
+    assert result.state == "ABANDONED"
+    assert world.failed_attempts == {"lookup": 6, "escalate": 6}
+    assert world.escalations == 1 and world.names().count("submit") == 1
+
+
+async def test_invalid_signal_payloads_are_rejected_and_audited_not_fatal(
+    temporal_env: WorkflowEnvironment,
+) -> None:
+    """A payload that is not an operator command, or none at all, is rejected and audited; the
+    workflow goes on and completes."""
+    world = new_world(submit_script=["unknown"], lookup_script=[])
+    async with running(temporal_env, world) as q:
+        handle = await start(temporal_env, q, resolution_sla_s=3600, **RESILIENT)
+        await wait_status(handle, lambda s: s.state == "RAIL_AMBIGUOUS")
+        await handle.signal("abandon", "not a command")
+        await handle.signal("revoke", {"operator": 42, "reason": "x"})
+        await handle.signal("revoke")
+        await wait_status(handle, lambda s: len(s.rejected_signals) == 3)
+        world.lookup_script = ["settled"]
+        result = await handle.result()
+    assert result.state == "POSTED"
+    whys = [r.why for r in result.rejected_signals]
+    assert whys[0].startswith("invalid payload") and whys[1].startswith("invalid payload")
+    assert whys[2] == "an operator identity is required"
+    assert len(world.rejected) == 3 and world.revokes == []
+
+
+async def test_an_unexpected_state_backs_off_and_reads_again(
+    temporal_env: WorkflowEnvironment,
+) -> None:
+    """A state the workflow does not know is reported and retried under a new grant, not fatal."""
+    world = new_world(claim_script=["SOMETHING_NEW"])
+    async with running(temporal_env, world) as q:
+        result = await (await start(temporal_env, q)).result()
+    assert result.state == "POSTED"
+    assert [t for n, t in world.calls if n == "claim"] == [1, 2]
+    assert world.names().count("submit") == 1
+
+
+async def test_continue_as_new_carries_escalation_and_an_accepted_abandon(
+    temporal_env: WorkflowEnvironment,
+) -> None:
+    """Past max_lookups_per_run the workflow continues as new; the escalation (and when the
+    ambiguity began) survives, it is not escalated again, and an abandon sent to the latest run
+    is carried out."""
+    world = new_world(submit_script=["unknown"], lookup_script=[])
+    async with running(temporal_env, world) as q:
+        started = await start(temporal_env, q, resolution_sla_s=0.5, max_lookups_per_run=3)
+        latest = temporal_env.client.get_workflow_handle_for(PayoutWorkflow.run, started.id)
+        await wait_status(latest, lambda s: s.escalated and s.runs >= 3)
+        await latest.signal(
+            PayoutWorkflow.abandon, m.OperatorCommand(operator="ana", reason="rail: no record")
+        )
+        result = await latest.result()
+        first = await temporal_env.client.get_workflow_handle(
+            started.id, run_id=started.first_execution_run_id
+        ).describe()
+    assert result.state == "ABANDONED" and result.escalated and result.runs >= 3
+    assert first.status is not None and first.status.name == "CONTINUED_AS_NEW"
+    assert world.escalations == 1
+    assert world.names().count("submit") == 1
+    assert world.names().count("lookup:pending") >= 6
+
+
+async def test_continue_as_new_carries_a_pending_revoke(
+    temporal_env: WorkflowEnvironment,
+) -> None:
+    """A revoke still waiting for the lock service when the run continues as new is carried to
+    the next run and carried out there."""
+    world = new_world(submit_script=["unknown"], lookup_script=[], lock_service_down=True)
+    async with running(temporal_env, world) as q:
+        started = await start(
+            temporal_env, q, resolution_sla_s=3600, max_lookups_per_run=3, **RESILIENT
+        )
+        latest = temporal_env.client.get_workflow_handle_for(PayoutWorkflow.run, started.id)
+        await wait_status(latest, lambda s: s.state == "RAIL_AMBIGUOUS")
+        await latest.signal(
+            PayoutWorkflow.revoke, m.OperatorCommand(operator="bob", reason="stuck holder")
+        )
+        await wait_status(latest, lambda s: s.runs >= 2 and s.pending_revokes == 1)
+        world.lock_service_down = False
+        await wait_status(latest, lambda s: s.pending_revokes == 0)
+        world.lookup_script = ["settled"]
+        result = await latest.result()
+    assert result.state == "POSTED" and result.runs >= 2
+    assert {r.operator for r in world.revokes} == {"bob"}
+    assert result.rejected_signals == []
+
+
+async def test_a_revoke_still_pending_when_the_payout_ends_is_reported_not_carried_out(
+    temporal_env: WorkflowEnvironment,
+) -> None:
+    """A payout that becomes terminal while its revoke waits for the lock service reports the
+    revoke as rejected (the account's lock may belong to its next payout by then) and completes."""
+    world = new_world(submit_script=["unknown"], lookup_script=[], lock_service_down=True)
+    async with running(temporal_env, world) as q:
+        handle = await start(temporal_env, q, resolution_sla_s=3600, **RESILIENT)
+        await wait_status(handle, lambda s: s.state == "RAIL_AMBIGUOUS")
+        await handle.signal(
+            PayoutWorkflow.revoke, m.OperatorCommand(operator="bob", reason="stuck holder")
+        )
+        await wait_status(handle, lambda s: s.pending_revokes == 1)
+        world.lookup_script = ["settled"]
+        result = await handle.result()
+    assert result.state == "POSTED" and result.pending_revokes == 0
+    assert [r.why for r in result.rejected_signals] == [
+        "payout reached POSTED before the revoke was carried out"
+    ]
+    assert world.revokes == [] and [r.operator for r in world.rejected] == ["bob"]

@@ -1,9 +1,10 @@
 """Replay tests: histories recorded from real runs (tests/workflows/test_payout_integration.py
-with RECORD_HISTORIES=1) must replay against the current PayoutWorkflow without a
+and, for `continued_as_new`, test_payout_resilience.py, with RECORD_HISTORIES=1) must replay against the current PayoutWorkflow without a
 non-determinism error; a deliberately non-deterministic change must be caught."""
 
 from __future__ import annotations
 
+import base64
 import json
 from datetime import timedelta
 from pathlib import Path
@@ -14,7 +15,7 @@ from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 
 from activities import models as m
-from workflows.payout import PayoutWorkflow
+from workflows.payout import PATCH_CONTINUE_AS_NEW, PayoutWorkflow
 
 HISTORIES = Path(__file__).parent / "histories"
 REQUIRED = {
@@ -24,6 +25,7 @@ REQUIRED = {
     "ambiguous_abandoned",
     "worker_killed_recovered",
     "revoke",
+    "continued_as_new",  # the first run of an ambiguous payout, ending in ContinueAsNew
 }
 
 
@@ -73,3 +75,20 @@ def test_histories_were_recorded_from_real_runs() -> None:
         m.POST_TO_LEDGER,
         m.RELEASE_LOCK,
     } <= names
+
+
+def test_the_continue_as_new_history_hands_its_state_to_the_next_run() -> None:
+    """The corpus' continue-as-new history ends in ContinueAsNew behind its patch marker, and
+    the next run's input carries the ambiguous payout's state and its escalation."""
+    events = json.loads((HISTORIES / "continued_as_new.json").read_text())["events"]
+    assert events[-1]["eventType"] == "EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW"
+    markers = [
+        e["markerRecordedEventAttributes"]["details"]["patch-data"]["payloads"][0]["data"]
+        for e in events
+        if e["eventType"] == "EVENT_TYPE_MARKER_RECORDED"
+    ]
+    assert [json.loads(base64.b64decode(d))["id"] for d in markers] == [PATCH_CONTINUE_AS_NEW]
+    attrs = events[-1]["workflowExecutionContinuedAsNewEventAttributes"]
+    carried = json.loads(base64.b64decode(attrs["input"]["payloads"][0]["data"]))["carried"]
+    assert carried["state"] == "RAIL_AMBIGUOUS" and carried["escalated"] is True
+    assert carried["ambiguous_since"] and carried["runs"] == 1

@@ -1,0 +1,75 @@
+"""Long commands stop their whole stack on SIGTERM and SIGHUP, as `payouts up` does on Ctrl-C.
+
+Python's default SIGTERM handling ended `payouts demo` at once and left ten processes running
+(PostgreSQL, Temporal, the lock server, rail services, workers). Here the real command runs until
+its stack has written `stack.json` (addresses and pids), gets the signal, and then none of the
+recorded processes may be alive.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.stack.conftest import assert_all_gone
+
+PAYOUTS = [sys.executable, "-m", "payouts.cli"]
+
+
+def _wait_for_workers(
+    run_dir: Path, proc: subprocess.Popen[str], timeout_s: float
+) -> dict[str, int]:
+    """The pids a stack under `run_dir` recorded, once its workers are among them."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "the command ended before its stack was up"
+        for stack_json in run_dir.glob("**/stack.json"):
+            try:
+                procs = json.loads(stack_json.read_text())["processes"]
+            except (ValueError, KeyError):  # being written
+                continue
+            pids = {name: int(p["pid"]) for name, p in procs.items()}
+            if any(name.startswith("worker") for name in pids):
+                return pids
+        time.sleep(0.5)
+    raise AssertionError(f"no workers recorded in {stack_json} after {timeout_s}s")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_demo_stops_every_child_on_signal(
+    signum: signal.Signals,
+    stack_env: dict[str, str],
+    stack_dir: Path,
+    external_database_url: str | None,
+) -> None:
+    """`payouts demo` killed by SIGTERM/SIGHUP mid-run exits 130 with no process of its stack
+    left alive."""
+    env = dict(stack_env)
+    if external_database_url:
+        env["DATABASE_URL"] = external_database_url
+    argv = [*PAYOUTS, "demo", "--payouts", "400", "--accounts", "5", "--workers", "1"]
+    proc = subprocess.Popen(
+        [*argv, "--no-pause", "--run-dir", str(stack_dir)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        pids = _wait_for_workers(stack_dir, proc, timeout_s=180)
+        os.kill(proc.pid, signum)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    assert "every process was stopped" in err
+    assert_all_gone(pids)

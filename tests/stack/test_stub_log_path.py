@@ -1,0 +1,24 @@
+"""The stack gives the rail stub a durable movement log under its run directory (unit: no
+process is started), so `payouts up`, the demo and chaos restarts keep the rail's evidence."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from payouts.stack_config import StackConfig
+from payouts.stack_services import Addresses, ServiceFactory
+
+
+def test_unit_stub_movement_log_lives_in_the_run_directory(tmp_path: Path) -> None:
+    addresses = Addresses(
+        database_url="postgresql://x/y",
+        etcd_endpoints=(),
+        temporal_address="127.0.0.1:1",
+        ui_url="http://127.0.0.1:2",
+        lock_url="http://127.0.0.1:3",
+        railstub_url="http://127.0.0.1:4",
+        railproxy_url="http://127.0.0.1:5",
+        finledger_url="http://127.0.0.1:6",
+    )
+    stub = ServiceFactory(StackConfig(run_dir=tmp_path), addresses, {}).railstub()
+    assert stub.env["RAILSTUB_MOVEMENTS_PATH"] == str(tmp_path / "railstub-movements.sqlite")
