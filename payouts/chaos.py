@@ -233,6 +233,16 @@ async def _check(stack: Stack, window_start: Any, *, settled: bool) -> tuple[Any
     return rec, inv
 
 
+async def _wait_for_rail_answers(injector: FaultInjector, progress: Callable[[str], None]) -> None:
+    """A rail_slow window's submissions may still be in the rail's hands (a payout can be
+    terminal, e.g. FAILED by an unsound "absent", while the rail has yet to settle it): the
+    rail's log is complete evidence only once it answered them all."""
+    rail_wait = injector.rail_answered_by - time.monotonic()
+    if rail_wait > 0:
+        progress(f"waiting {rail_wait:.0f}s for the rail to answer the slowed submissions")
+        await asyncio.sleep(rail_wait)
+
+
 async def run_chaos(
     opts: ChaosOptions, progress: Callable[[str], None] = lambda _s: None
 ) -> dict[str, Any]:
@@ -275,6 +285,9 @@ async def run_chaos(
         # Fault #0 is always an armed pause: arm it before the workload starts, so that the
         # armed worker is polling when the first submissions happen (the guaranteed gap).
         armed = await injector.arm(schedule[0])
+        # The absence rule proves nothing about times before the rail's records begin (minus
+        # its skew margin): a workload started sooner would leave lost instructions ambiguous.
+        await stack.wait_for_rail_history()
         progress(f"starting {opts.payouts} payout workflows on {opts.accounts} accounts")
         t0 = time.monotonic()
         await start_workflows(stack.temporal_address, config.task_queue, specs, **CHAOS_WORKFLOW)
@@ -290,13 +303,7 @@ async def run_chaos(
             with contextlib.suppress(asyncio.CancelledError):
                 await monitor
             await injector.close()
-        # A rail_slow window's submissions may still be in the rail's hands (a payout can be
-        # terminal, e.g. FAILED by an unsound "absent", while the rail has yet to settle it):
-        # the rail's log is complete evidence only once it answered them all.
-        rail_wait = injector.rail_answered_by - time.monotonic()
-        if rail_wait > 0:
-            progress(f"waiting {rail_wait:.0f}s for the rail to answer the slowed submissions")
-            await asyncio.sleep(rail_wait)
+        await _wait_for_rail_answers(injector, progress)
         states = await _states(url, prefix)
         progress("running reconciliation and the invariant checker")
         rec, inv = await _check(stack, window_start, settled=settled)

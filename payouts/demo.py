@@ -217,6 +217,7 @@ async def _workload(
     ids = [s.payout_id for s in specs]
     window_start = datetime.now(UTC) - timedelta(seconds=1)
     await create_payouts(stack.database_url, specs)
+    await stack.wait_for_rail_history()  # see Stack.wait_for_rail_history: sound absence
     await start_workflows(stack.temporal_address, config.task_queue, specs, lookup_interval_s=2.0)
     progress(
         f"started {len(specs)} payouts over {options.accounts} accounts "
