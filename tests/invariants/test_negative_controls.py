@@ -294,8 +294,9 @@ async def test_inv09_failed_payout_whose_money_the_rail_moved(world: World) -> N
 
 
 async def test_inv09_posted_payout_the_rail_has_no_record_of(world: World) -> None:
-    """The rail stub forgets its movement log (what a restart of the in-memory stub does; the
-    admin reset is the same loss): a POSTED payout then has no movement behind it."""
+    """The rail loses its movement log (the admin reset clears it: the loss a rail without a
+    durable log suffers on restart, as the stub did before issue 12): a POSTED payout then has
+    no movement behind it."""
     a = await world.account()
     payout_id = await world.pay(a, 1000)
     await world.stub.reset()
