@@ -21,11 +21,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import httpx
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from activities import models as m
+from ledger.invariants import check_invariants, lock_server_grant_source
+from ledger.reconcile import stub_movement_source
 from payouts.migrate import migrate
 from railproxy import ProxySettings
 from tests.workflows.rail_evidence import (
@@ -150,12 +153,34 @@ async def test_slow_rail_never_fails_a_payout_it_paid(
     assert len(movements) == PAYOUTS  # each instruction reached the rail once, and settled
     assert {mv["status"] for mv in movements} == {"settled"}
     assert all(r.attempt is not None and r.attempt.outcome == "UNKNOWN" for r in results.values())
+    flagged = await _inv09_flagged(system, set(results))
     if margins == "shipped":
         assert lost == []
         assert {r.state for r in results.values()} == {"POSTED"}
+        assert flagged == set()
     else:
         assert lost, f"the zero-margin control should lose money: {states}"
         assert all(states[ref] == "FAILED" for ref in lost)
+        # The invariant checker finds the same finance break by itself (INV-09).
+        failed = {pid for pid, r in results.items() if r.state == "FAILED"}
+        assert flagged == failed and failed
+
+
+async def _inv09_flagged(system: System, payout_ids: set[str]) -> set[str]:
+    """Which of these payouts the real invariant checker reports under INV-09 (the database is
+    shared with other tests, so only this test's payouts are looked at)."""
+    conn = await asyncpg.connect(system.database_url)
+    try:
+        report = await check_invariants(
+            conn,
+            stub_movement_source(system.stub_url),
+            lock_server_grant_source(system.lock_url),
+            sample_size=10_000,
+        )
+    finally:
+        await conn.close()
+    inv09 = next(r for r in report.results if r.invariant == "INV-09")
+    return {pid for pid in payout_ids if any(line.startswith(f"{pid} ") for line in inv09.sample)}
 
 
 def test_unit_nothing_moved_but_rail_settled_names_only_paid_dead_payouts() -> None:
