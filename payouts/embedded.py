@@ -98,22 +98,27 @@ def _others_can_traverse(path: Path) -> bool:
     return True
 
 
-def _world_reachable_copy(source: Path, label: str) -> Path:
-    """`source` itself when others can reach it, else a copy under the system's temp directory.
+def _world_reachable_copy(root: Path, parts: tuple[str, ...], label: str) -> Path:
+    """`root` itself when others can reach `root/parts[0]`, else a copy of `parts` (paths under
+    `root`, copied with their layout) under the system's temp directory; returns the new root.
 
     Under root, PostgreSQL runs as an unprivileged user, which cannot reach a clone under /root
     or in a `mktemp -d` directory (0700). The binaries are then copied once, keyed by where they
-    came from, to a place every user can traverse."""
-    if os.geteuid() != 0 or _others_can_traverse(source):
-        return source
-    digest = hashlib.sha256(str(source.resolve()).encode()).hexdigest()[:12]
+    came from, to a place every user can traverse. The layout is kept because the binaries find
+    their shared libraries by a relative rpath ($ORIGIN/../../../pgserver.libs)."""
+    if os.geteuid() != 0 or _others_can_traverse(root / parts[0]):
+        return root
+    digest = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:12]
     target = Path(tempfile.gettempdir()) / f"payouts-{label}-{digest}"
     done = target / ".complete"
     if not done.exists():
         staging = target.with_name(f"{target.name}.{os.getpid()}.tmp")
         shutil.rmtree(staging, ignore_errors=True)
-        shutil.copytree(source, staging, symlinks=True)
-        staging.chmod(0o755)
+        for part in parts:
+            if (root / part).exists():
+                shutil.copytree(root / part, staging / part, symlinks=True)
+        for folder in [staging, *[p for p in staging.rglob("*") if p.is_dir()]]:
+            folder.chmod(folder.stat().st_mode | 0o755)
         shutil.rmtree(target, ignore_errors=True)
         staging.rename(target)  # atomic: a concurrent start sees either nothing or a whole copy
         done.touch()
@@ -121,7 +126,9 @@ def _world_reachable_copy(source: Path, label: str) -> Path:
 
 
 def _pg_install() -> Path:
-    return _world_reachable_copy(_package_dir("pgserver") / "pginstall", "pginstall")
+    site = _package_dir("pgserver").parent
+    root = _world_reachable_copy(site, ("pgserver/pginstall", "pgserver.libs"), "pgserver")
+    return root / "pgserver" / "pginstall"
 
 
 def pg_data_dir(requested: Path) -> Path:

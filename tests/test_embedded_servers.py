@@ -67,19 +67,24 @@ def test_binaries_in_a_private_directory_are_copied_where_others_can_reach_them(
     tmp_path: Path,
 ) -> None:
     """Under root, PostgreSQL runs as an unprivileged user: binaries under a 0700 directory (a
-    clone under /root or in `mktemp -d`) are used from a complete, world-traversable copy."""
+    clone under /root or in `mktemp -d`) are used from a complete, world-traversable copy that
+    keeps the layout their relative rpath needs (bin/ beside ../../../pgserver.libs)."""
     private = tmp_path / "private"
-    (private / "pginstall" / "bin").mkdir(parents=True)
-    (private / "pginstall" / "bin" / "initdb").write_text("#!/bin/sh\n")
+    (private / "pgserver" / "pginstall" / "bin").mkdir(parents=True)
+    (private / "pgserver" / "pginstall" / "bin" / "initdb").write_text("#!/bin/sh\n")
+    (private / "pgserver.libs").mkdir()
+    (private / "pgserver.libs" / "libpq.so").write_text("lib")
     private.chmod(0o700)
     label = f"test{uuid.uuid4().hex[:6]}"
-    copy = _world_reachable_copy(private / "pginstall", label)
+    parts = ("pgserver/pginstall", "pgserver.libs")
+    copy = _world_reachable_copy(private, parts, label)
     try:
-        assert copy != private / "pginstall"
-        assert (copy / "bin" / "initdb").read_text() == "#!/bin/sh\n"
-        assert _others_can_traverse(copy / "bin")
+        assert copy != private
+        assert (copy / "pgserver" / "pginstall" / "bin" / "initdb").read_text() == "#!/bin/sh\n"
+        assert (copy / "pgserver.libs" / "libpq.so").read_text() == "lib"
+        assert _others_can_traverse(copy / "pgserver.libs")
         # A second start reuses the complete copy.
-        assert _world_reachable_copy(private / "pginstall", label) == copy
+        assert _world_reachable_copy(private, parts, label) == copy
     finally:
         shutil.rmtree(copy, ignore_errors=True)
 
