@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import shlex
 import signal
 import sys
 from pathlib import Path
@@ -43,6 +44,20 @@ def _summary(stack: Stack) -> str:
     return "\n".join(f"  {k.ljust(width)}  {v}" for k, v in rows)
 
 
+def exports(stack: Stack) -> str:
+    """Ready-to-paste `export` lines: every address a command needs, for this stack's ports."""
+    env = {
+        "DATABASE_URL": stack.database_url,
+        "TEMPORAL_ADDRESS": stack.temporal_address,
+        "LOCK_URL": stack.lock_url,
+        "WORKER_TASK_QUEUE": stack.config.task_queue,
+        "RECONCILE_RAIL_ADMIN_URL": stack.railstub_url,
+        "INVARIANTS_RAIL_ADMIN_URL": stack.railstub_url,
+        "INVARIANTS_LOCK_URL": stack.lock_url,
+    }
+    return "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items())
+
+
 async def _run(config: StackConfig, *, check: bool) -> int:
     loop = asyncio.get_running_loop()
     main = asyncio.current_task()
@@ -63,6 +78,7 @@ async def _run(config: StackConfig, *, check: bool) -> int:
     try:
         async with Stack(config, progress=_say) as stack:
             _say("stack is up\n" + _summary(stack))
+            _say("\nfor the payouts commands in another shell:\n" + exports(stack))
             if config.fencing is False:
                 _say("WARNING: fencing is OFF (FR-29): experiment mode only")
             if not check:

@@ -295,6 +295,9 @@ class ServiceFactory:
             # Off is refused outside experiment mode, which the worker verifies at the proxy.
             "WORKER_EXPERIMENT_MODE": _flag(not self.config.fencing),
             "WORKER_TASK_QUEUE": self.config.task_queue,
+            # The hourly reconcile Schedule runs in the workers: it reads this stack's rail log,
+            # on whatever port the stack gave the stub.
+            "RECONCILE_RAIL_ADMIN_URL": self.addr.railstub_url,
         }
         url = f"http://127.0.0.1:{metrics_port}"
         proc = self._python(

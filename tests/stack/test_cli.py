@@ -56,6 +56,13 @@ def test_up_runs_until_sigint_then_stops_every_child(
     output = "".join(lines)
     assert "stack is up" in output, output
     assert f"http://127.0.0.1:{env['PAYOUTS_TEMPORAL_UI_PORT']}" in output
+    # Ready-to-paste exports for every address a command needs, on the moved ports.
+    assert f"export TEMPORAL_ADDRESS=127.0.0.1:{env['PAYOUTS_TEMPORAL_PORT']}" in output
+    stub = f"http://127.0.0.1:{env['PAYOUTS_RAILSTUB_PORT']}"
+    assert f"export RECONCILE_RAIL_ADMIN_URL={stub}" in output
+    assert f"export INVARIANTS_RAIL_ADMIN_URL={stub}" in output
+    assert f"export LOCK_URL=http://127.0.0.1:{env['PAYOUTS_LOCK_PORT']}" in output
+    assert "export DATABASE_URL=" in output
     pids = _pids(output)
     assert {"temporal", "lock-server", "railstub", "railproxy"} <= set(pids)
     recorded = json.loads((stack_dir / "stack.json").read_text())["processes"]
