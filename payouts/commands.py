@@ -226,11 +226,16 @@ async def start_workflows(
     (running or finished) is skipped, so re-running after a partial failure starts exactly the
     missing ones and never a second workflow for a payout.
     """
-    from temporalio.common import WorkflowIDReusePolicy
+    from temporalio.common import (
+        SearchAttributePair,
+        TypedSearchAttributes,
+        WorkflowIDReusePolicy,
+    )
     from temporalio.exceptions import WorkflowAlreadyStartedError
 
     from activities.models import PayoutInput
     from workflows.payout import PayoutWorkflow
+    from workflows.search_attributes import PAYOUT_ACCOUNT, PAYOUT_ESCALATED, PAYOUT_STATE
 
     client = client or await connect_temporal(address)
     sem = asyncio.Semaphore(32)
@@ -250,6 +255,14 @@ async def start_workflows(
                     ),
                     id=f"payout-{s.payout_id}",
                     task_queue=queue,
+                    # Findable by state from the start, before its first workflow task runs.
+                    search_attributes=TypedSearchAttributes(
+                        [
+                            SearchAttributePair(PAYOUT_STATE, "PENDING"),
+                            SearchAttributePair(PAYOUT_ACCOUNT, s.account_id),
+                            SearchAttributePair(PAYOUT_ESCALATED, False),
+                        ]
+                    ),
                     # One workflow per payout, ever: a second start of the same payout is refused.
                     id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
                 )
@@ -404,6 +417,52 @@ def _cmd_start_pending(args: argparse.Namespace) -> int:
     return 0
 
 
+async def list_payouts(
+    address: str, state: str | None, account_id: str | None
+) -> list[dict[str, Any]]:
+    """Payout workflows by their search attributes (the query the Temporal UI and CLI take)."""
+    from workflows.search_attributes import (
+        PAYOUT_ACCOUNT,
+        PAYOUT_ESCALATED,
+        PAYOUT_STATE,
+        query,
+    )
+
+    client = await connect_temporal(address)
+    rows = []
+    async for wf in client.list_workflows(query(state, account_id)):
+        attrs = wf.typed_search_attributes
+        rows.append(
+            {
+                "workflow_id": wf.id,
+                "state": attrs.get(PAYOUT_STATE),
+                "account_id": attrs.get(PAYOUT_ACCOUNT),
+                "escalated": attrs.get(PAYOUT_ESCALATED),
+                "status": wf.status.name if wf.status else None,
+            }
+        )
+    return rows
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    from ledger.states import PayoutState
+
+    states = [s.value for s in PayoutState]
+    if args.state and args.state not in states:
+        raise CommandError(f"--state must be one of {', '.join(states)}")
+    if args.account and any(c in args.account for c in '"\\'):
+        raise CommandError("--account must not contain quotes or backslashes")
+    rows = asyncio.run(list_payouts(temporal_address(args), args.state, args.account))
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    for r in rows:
+        flag = "  escalated" if r["escalated"] else ""
+        print(f"{r['workflow_id']}  {r['state']}  account={r['account_id']}  {r['status']}{flag}")
+    print(f"{len(rows)} payout(s)")
+    return 0
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
     status = asyncio.run(payout_status(temporal_address(args), args.payout_id))
     print(json.dumps(status, indent=2, default=str))
@@ -461,17 +520,19 @@ def _guard(func: Any) -> Any:
     return run
 
 
-def register(sub: Any) -> None:
-    def common(p: argparse.ArgumentParser, *, db: bool = False, temporal: bool = False) -> None:
-        if db:
-            p.add_argument("--database-url", help="defaults to $DATABASE_URL")
-        if temporal:
-            p.add_argument(
-                "--temporal",
-                help=f"Temporal address (default $TEMPORAL_ADDRESS or {DEFAULT_TEMPORAL})",
-            )
-            p.add_argument("--task-queue", help=f"default $WORKER_TASK_QUEUE or {DEFAULT_QUEUE}")
+def common(p: argparse.ArgumentParser, *, db: bool = False, temporal: bool = False) -> None:
+    """The connection options a command needs."""
+    if db:
+        p.add_argument("--database-url", help="defaults to $DATABASE_URL")
+    if temporal:
+        p.add_argument(
+            "--temporal",
+            help=f"Temporal address (default $TEMPORAL_ADDRESS or {DEFAULT_TEMPORAL})",
+        )
+        p.add_argument("--task-queue", help=f"default $WORKER_TASK_QUEUE or {DEFAULT_QUEUE}")
 
+
+def register(sub: Any) -> None:
     seed = sub.add_parser(
         "seed", help="create funded accounts (re-runnable: tops up existing ones)"
     )
@@ -480,7 +541,11 @@ def register(sub: Any) -> None:
     seed.add_argument("--prefix", default="acct-", help="account ids are PREFIX00000, ...")
     common(seed, db=True)
     seed.set_defaults(func=_guard(_cmd_seed))
+    _register_payout(sub)
+    _register_lock(sub)
 
+
+def _register_payout(sub: Any) -> None:
     payout = sub.add_parser("payout", help="create payouts, query them, send operator signals")
     psub = payout.add_subparsers(dest="payout_command", required=True)
     create = psub.add_parser("create", help="create payouts and start their workflows")
@@ -508,6 +573,15 @@ def register(sub: Any) -> None:
     common(pending, db=True, temporal=True)
     pending.set_defaults(func=_guard(_cmd_start_pending))
 
+    lst = psub.add_parser(
+        "list", help="payouts by state (and account), from Temporal's search attributes"
+    )
+    lst.add_argument("--state", help="PENDING, CLAIMED, ..., RAIL_AMBIGUOUS, POSTED, ...")
+    lst.add_argument("--account", help="only this account's payouts")
+    lst.add_argument("--json", action="store_true", help="one JSON list instead of lines")
+    common(lst, temporal=True)
+    lst.set_defaults(func=_guard(_cmd_list))
+
     status = psub.add_parser("status", help="query a payout workflow's state, token, attempt")
     status.add_argument("payout_id")
     common(status, temporal=True)
@@ -524,6 +598,8 @@ def register(sub: Any) -> None:
         common(p, temporal=True)
         p.set_defaults(func=_guard(_cmd_signal), signal=name)
 
+
+def _register_lock(sub: Any) -> None:
     lock = sub.add_parser("lock", help="lock-service operator commands")
     lsub = lock.add_subparsers(dest="lock_command", required=True)
     rev = lsub.add_parser("revoke", help="force-revoke a lock (audited; next token is higher)")

@@ -64,6 +64,8 @@ _SKEW_MARGIN_ENV = "RAILPROXY_ABSENCE_CLOCK_SKEW_MARGIN_S"
 _PORT_LABELS = {
     "temporal": "Temporal",
     "temporal_ui": "Temporal Web UI",
+    "temporal_http": "Temporal HTTP API",
+    "temporal_metrics": "Temporal metrics",
     "lock": "lock server",
     "railstub": "rail stub",
     "railproxy": "rail proxy",
@@ -532,7 +534,8 @@ class Stack:
     def _check_ports(self) -> None:
         """Name every taken port with the variable that moves it, before anything starts."""
         cfg, p = self.config, self.config.ports
-        needed = ["temporal", "temporal_ui", "lock", "railstub", "railproxy"]
+        needed = ["temporal", "temporal_ui", "temporal_http", "temporal_metrics"]
+        needed += ["lock", "railstub", "railproxy"]
         if finledger_available():
             needed.append("finledger")
         if not cfg.database_url:

@@ -47,6 +47,9 @@ class Ports:
 
     temporal: int = 7233
     temporal_ui: int = 8233
+    #: The dev server's HTTP API and /metrics (None: free ports, chosen at start and recorded).
+    temporal_http: int | None = None
+    temporal_metrics: int | None = None
     lock: int = 8701
     railstub: int = 8710
     railproxy: int = 8720
@@ -60,6 +63,8 @@ class Ports:
     ENV_VARS = {
         "temporal": "PAYOUTS_TEMPORAL_PORT",
         "temporal_ui": "PAYOUTS_TEMPORAL_UI_PORT",
+        "temporal_http": "PAYOUTS_TEMPORAL_HTTP_PORT",
+        "temporal_metrics": "PAYOUTS_TEMPORAL_METRICS_PORT",
         "lock": "PAYOUTS_LOCK_PORT",
         "railstub": "PAYOUTS_RAILSTUB_PORT",
         "railproxy": "PAYOUTS_RAILPROXY_PORT",
@@ -91,6 +96,8 @@ class Ports:
             self,
             postgres=self.postgres or free_port(),
             etcd=self.etcd or free_port(),
+            temporal_http=self.temporal_http or free_port(),
+            temporal_metrics=self.temporal_metrics or free_port(),
         )
 
 

@@ -23,6 +23,7 @@ from payouts.stack_process import (
     command_check,
     http_check,
 )
+from workflows.search_attributes import dev_server_flags
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 WORKER_SCRIPT = PROJECT_ROOT / "worker_main.py"
@@ -150,6 +151,13 @@ class ServiceFactory:
                 str(p.temporal),
                 "--ui-port",
                 str(p.temporal_ui),
+                # Set, not left to the dev server's random choice: every port is known and moved
+                # by its variable.
+                "--http-port",
+                str(p.temporal_http),
+                "--metrics-port",
+                str(p.temporal_metrics),
+                *dev_server_flags(),
                 "--db-filename",
                 str(self.config.run_dir / "temporal.db"),
                 *TEMPORAL_SQLITE_PRAGMAS,

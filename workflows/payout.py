@@ -30,6 +30,7 @@ with workflow.unsafe.imports_passed_through():
 
     from activities import models as m
     from ledger.states import TERMINAL_STATES, PayoutState
+    from workflows.search_attributes import PAYOUT_ACCOUNT, PAYOUT_ESCALATED, PAYOUT_STATE
 
 # Patch ids (workflow.patched): each marks a change of the commands a workflow issues, so that
 # histories recorded before it (the replay corpus, and runs in flight at a deploy) replay as
@@ -38,6 +39,8 @@ with workflow.unsafe.imports_passed_through():
 PATCH_QUEUED_REVOKE = "revoke-queued-outside-handler"
 #: The run continues as new after `max_lookups_per_run` lookups or when Temporal suggests it.
 PATCH_CONTINUE_AS_NEW = "continue-as-new"
+#: State, account and escalation are upserted as search attributes at every change.
+PATCH_SEARCH_ATTRIBUTES = "search-attributes"
 
 # Database writes before handoff may be retried a few times; fenced rejections never are. A write
 # that still fails is not fatal: the critical section ends, the grant is released, and the run
@@ -98,6 +101,7 @@ class PayoutWorkflow:
         self._runs = 1
         self._resolution = ""  # "settled" or "absent", from the rail's lookup evidence
         self._contended = False  # the last acquire found the key held by another grant
+        self._published: tuple[str, bool] | None = None  # search attributes last upserted
         if inp.carried is not None:
             self._restore(inp.carried)
 
@@ -106,6 +110,7 @@ class PayoutWorkflow:
     @workflow.run
     async def run(self, inp: m.PayoutInput) -> m.PayoutStatus:
         revoker = asyncio.create_task(self._carry_out_revokes())
+        self._publish()
         backoff_round = 0
         while self._state not in TERMINAL_STATES:
             if self._continue_as_new_due():
@@ -390,6 +395,23 @@ class PayoutWorkflow:
         self._client_reference = view.client_reference or self._client_reference
         if view.attempt is not None:
             self._attempt = view.attempt
+        self._publish()
+
+    def _publish(self) -> None:
+        """Upsert state, account and escalation as search attributes when they changed, so that
+        operators find payouts by state in the Temporal UI and CLI (workflows.search_attributes).
+        Histories recorded before this patch replay without the upserts."""
+        now = (self._state, self._escalated)
+        if now == self._published or not workflow.patched(PATCH_SEARCH_ATTRIBUTES):
+            return
+        self._published = now
+        workflow.upsert_search_attributes(
+            [
+                PAYOUT_STATE.value_set(self._state),
+                PAYOUT_ACCOUNT.value_set(self._input.account_id),
+                PAYOUT_ESCALATED.value_set(self._escalated),
+            ]
+        )
 
     def _step(
         self, inp: m.PayoutInput, grant: m.AcquireResult, name: str, **kw: str
@@ -574,6 +596,7 @@ class PayoutWorkflow:
         # Escalated from here on, whether or not the alert's audit row is written: the SLA has
         # passed, so an operator may abandon (A-10).
         self._escalated = True
+        self._publish()
         try:
             await workflow.execute_activity(
                 m.ESCALATE_AMBIGUOUS,

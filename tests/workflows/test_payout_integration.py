@@ -8,6 +8,7 @@ Set RECORD_HISTORIES=1 to (re)write the replay histories under tests/workflows/h
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -15,6 +16,7 @@ import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import httpx
@@ -24,6 +26,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from activities import models as m
 from ledger.queries import ledger_discrepancies
+from payouts.embedded import temporal_binary
 from payouts.migrate import migrate
 from tests.workflows.system import (
     System,
@@ -116,6 +119,29 @@ async def test_happy_path_pays_once_and_posts(
     assert result.state == "POSTED"
     assert len(system.movements(payout_id)) == 1
     assert await balance_and_breaks(system.database_url, account_id) == (7_500, 0)
+    # Findable by state with the real `temporal` CLI (the search attributes it upserted).
+    address = temporal_env.client.service_client.config.target_host
+    query = f'PayoutState="POSTED" AND PayoutAccountId="{account_id}"'
+
+    async def listed() -> bool:
+        found = await asyncio.to_thread(temporal_list, address, query)
+        return [w["execution"]["workflowId"] for w in found] == [f"payout-{payout_id}"]
+
+    await wait_for(listed, timeout_s=30)
+
+
+def temporal_list(address: str, query: str) -> list[dict[str, Any]]:
+    """`temporal workflow list --query ... -o json`: the real CLI, as an operator runs it."""
+    argv = [temporal_binary(), "workflow", "list", "--address", address, "--query", query]
+    done = subprocess.run(
+        [*argv, "--output", "json"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    rows: list[dict[str, Any]] = json.loads(done.stdout or "[]")
+    return rows
 
 
 async def test_decline_fails_without_ledger(
