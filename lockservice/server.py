@@ -250,11 +250,12 @@ async def _checked_acquire(state: _State, session_id: str, key: str, wait: float
     be, wm = state.be(), state.watermark
     if wm is not None and wm.blocked:
         await wm.check(be)  # raises until an epoch bump moved the backend above the watermark
+    floor = None if wm is None else wm.mark  # before the grant: it must end up strictly above
     result = await be.acquire(session_id, key, wait)
     if wm is None or isinstance(result, NotAcquired):
         return result
     try:
-        await wm.after_grant(be, result.token)
+        await wm.after_grant(be, result.token, floor)
     except api.RestoreDetected:
         with contextlib.suppress(api.LockError, OSError, TimeoutError):
             await be.release(result)

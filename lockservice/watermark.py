@@ -11,10 +11,11 @@ Why it works: the counter only rises while the backend lives (PostgreSQL: the gr
 sequence; etcd: the cluster revision) and a restore from backup sets it back together with the
 per-key counters/ModRevisions the tokens come from. So "position now < position recorded before"
 means the data is older than what this server already issued on it, i.e. a restore without the
-epoch bump. Every grant is checked after the backend committed it and before it is answered: the
-position is read after the grant, so it can only be lower than a watermark written earlier if the
-data went back. A bump to a higher epoch puts the position above the watermark again (positions
-compare by epoch first), which clears the refusal.
+epoch bump (the start-up check). Every grant is also checked after the backend committed it and
+before it is answered: the grant itself raised the counter after the watermark taken before it
+was read, so the position read after it must be strictly above that watermark; equal or lower
+means the data went back (even by a single grant). A bump to a higher epoch puts the position
+above the watermark again (positions compare by epoch first), which clears the refusal.
 
 Limits (docs/locks-backends.md, "Restore procedure"):
 * a brand-new server (no file for this location) has nothing to compare with: it records a
@@ -79,6 +80,11 @@ def location_identity(
 def behind(pos: IssuancePosition, mark: Mark) -> bool:
     """True if the backend's position is older than one recorded before: restored data."""
     return (pos.epoch, pos.counter) < mark.position()
+
+
+def above(pos: IssuancePosition, mark: Mark) -> bool:
+    """True if the backend moved past `mark` (what a grant made after `mark` was read must do)."""
+    return (pos.epoch, pos.counter) > mark.position()
 
 
 class Watermark:
@@ -155,10 +161,16 @@ class Watermark:
 
     async def check(self, backend: LockBackend) -> None:
         """Start-up and before each grant while blocked: raise RestoreDetected if the backend is
-        behind; otherwise record its position (a baseline for a brand-new watermark)."""
+        behind (or, while refusing, until its epoch is above the watermark's); otherwise record
+        its position (a baseline for a brand-new watermark)."""
         floor = self._durable  # read BEFORE the position: a later read is never lower
         pos = await backend.issuance_position()
-        if floor is not None and behind(pos, floor):
+        # Once refusing, only an epoch bump clears it: the refused grants themselves moved the
+        # counter, so "no longer behind" proves nothing; a higher epoch puts every next token
+        # above every token issued before (floor.highest_token is in an epoch <= floor.epoch).
+        if floor is not None and (
+            behind(pos, floor) or (self._blocked and pos.epoch <= floor.epoch)
+        ):
             raise self._refuse(pos, floor)
         if self._blocked:
             self._blocked = False
@@ -168,11 +180,14 @@ class Watermark:
         highest = 0 if floor is None else floor.highest_token
         await self._advance(Mark(pos.epoch, pos.counter, highest))
 
-    async def after_grant(self, backend: LockBackend, token: int) -> None:
+    async def after_grant(self, backend: LockBackend, token: int, floor: Mark | None) -> None:
         """Before a grant is answered: refuse it if the backend went back, else make the position
-        (which covers this grant: read after its commit) and its token durable."""
-        floor = self._durable
+        (which covers this grant: read after its commit) and its token durable.
+
+        `floor` is `self.mark` taken BEFORE the grant was requested. The grant itself raised the
+        counter after that mark was read, so without a restore the position is strictly above
+        it; equal means the restored data reissued the increment we saw (one grant lost)."""
         pos = await backend.issuance_position()
-        if floor is not None and behind(pos, floor):
+        if floor is not None and not above(pos, floor):
             raise self._refuse(pos, floor)
         await self._advance(Mark(pos.epoch, pos.counter, token))

@@ -13,7 +13,8 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 
-from lockservice.api import Grant, RestoreDetected
+from lockservice.api import BackendUnavailable, Grant, RestoreDetected
+from lockservice.client import LockClient
 from lockservice.server import create_app
 from lockservice.watermark import LOCK_RESTORE_DETECTED, Mark, Watermark, location_identity
 from tests.lockservice.fake_backend import FakeBackend
@@ -23,9 +24,10 @@ _ID = location_identity("postgres", "", "postgresql://u:secret@db:5432/pay", [])
 
 async def _grant(fake: FakeBackend, wm: Watermark, key: str) -> int:
     s = await fake.open_session(60)
+    floor = wm.mark
     g = await fake.acquire(s.session_id, key, 0)
     assert isinstance(g, Grant)
-    await wm.after_grant(fake, g.token)
+    await wm.after_grant(fake, g.token, floor)
     return g.token
 
 
@@ -78,13 +80,16 @@ async def test_a_grant_on_restored_data_is_released_and_answered_503(tmp_path: P
     await wm.check(fake)
     await _grant(fake, wm, "a")
     await _grant(fake, wm, "b")
-    del fake.issued[:]  # restored beneath a running server: not blocked yet
+    # Restored beneath a running server, losing ONE grant: the next grant takes the counter back
+    # to exactly the watermark (not below it), which must be refused too.
+    del fake.issued[1:]
     transport = httpx.ASGITransport(app=create_app(fake, watermark=wm))
     async with httpx.AsyncClient(transport=transport, base_url="http://lock") as http:
         sid = (await http.post("/v1/sessions", json={"ttl_s": 60})).json()["session_id"]
-        r = await http.post("/v1/locks/acquire", json={"session_id": sid, "key": "c"})
-        assert r.status_code == 503 and r.json()["code"] == "restore_detected"
-        assert "c" not in fake.held  # the committed grant was released, its token never left
+        for _ in range(2):  # and it stays refused: the refused grants moved the counter again
+            r = await http.post("/v1/locks/acquire", json={"session_id": sid, "key": "c"})
+            assert r.status_code == 503 and r.json()["code"] == "restore_detected"
+            assert "c" not in fake.held  # the committed grant was released, never answered
         await fake.bump_epoch(0, "ops", "restored")
         r = await http.post("/v1/locks/acquire", json={"session_id": sid, "key": "c"})
         assert r.status_code == 200 and r.json()["token"] >= 1 << 40
@@ -97,3 +102,25 @@ def test_a_file_of_another_location_is_refused(tmp_path: Path) -> None:
     wm.path.write_text(json.dumps({**raw, "identity": "etcd|x|prefix="}))
     with pytest.raises(RuntimeError, match="belongs to"):
         Watermark.open(tmp_path, _ID)
+
+
+async def test_the_sdk_fails_closed_and_names_the_restore(tmp_path: Path) -> None:
+    """A worker's LockClient gets BackendUnavailable (fails closed, FR-27) whose message says
+    restore_detected, after its bounded retries; no lease is handed out."""
+    fake = FakeBackend()
+    wm = Watermark.open(tmp_path, _ID)
+    await wm.check(fake)
+    await _grant(fake, wm, "a")
+    del fake.issued[:]
+
+    async def no_sleep(_s: float) -> None:
+        return None
+
+    transport = httpx.ASGITransport(app=create_app(fake, watermark=wm))
+    client = LockClient("http://lock", attempts=2, sleep=no_sleep, transport=transport)
+    try:
+        with pytest.raises(BackendUnavailable, match="503 restore_detected"):
+            await client.acquire("payout:acct-1")
+    finally:
+        await client.close()
+    assert "payout:acct-1" not in fake.held
