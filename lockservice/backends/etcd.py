@@ -55,6 +55,7 @@ from lockservice.api import (
     Grant,
     GrantRecord,
     InvalidRequest,
+    IssuancePosition,
     LockInfo,
     NotAcquired,
     NotHeld,
@@ -62,6 +63,7 @@ from lockservice.api import (
     Session,
     SessionNotFound,
     compose_token,
+    next_epoch,
     validate_key,
     validate_operator,
     validate_ttl,
@@ -78,7 +80,6 @@ _RPC_TIMEOUT_S = 5
 _WATCH_SLICE_S = 5.0
 _CAS_ATTEMPTS = 20
 _MAX_CACHED_DEADLINES = 100_000
-MAX_EPOCH = (1 << 63) // TOKEN_EPOCH_STRIDE - 1
 
 _ERRORS: tuple[type[BaseException], ...] = (
     aetcd.exceptions.ClientError,
@@ -602,20 +603,23 @@ class EtcdBackend:
                 return RevokeResult(key, revoked, operator, reason, at)
         raise BackendUnavailable("the key kept changing while revoking; retry")
 
-    async def bump_epoch(self, min_epoch: int, operator: str, reason: str) -> int:
+    async def bump_epoch(
+        self, min_epoch: int, operator: str, reason: str, *, highest_fence_seen: int | None = None
+    ) -> int:
         operator, reason = validate_operator(operator, reason)
-        if not isinstance(min_epoch, int) or not (0 <= min_epoch <= MAX_EPOCH):
-            raise InvalidRequest(f"min_epoch must be an integer between 0 and {MAX_EPOCH}")
         locks = f"{self._prefix}__lock/".encode()
         for _ in range(_CAS_ATTEMPTS):
             with _unavailable_on_error():
                 got = await self._c.get(self._epoch_key)
                 old = int(got.value) if got is not None else 0
-                new = max(old + 1, min_epoch)
-                if new > MAX_EPOCH:
-                    raise InvalidRequest("the token epoch would overflow")
+                new = next_epoch(old, min_epoch, highest_fence_seen)  # bounded; before any write
                 audit, _ = self._audit(
-                    "bump_epoch", operator=operator, reason=reason, old_epoch=old, new_epoch=new
+                    "bump_epoch",
+                    operator=operator,
+                    reason=reason,
+                    old_epoch=old,
+                    new_epoch=new,
+                    highest_fence_seen=highest_fence_seen,
                 )
                 guard = (
                     self._t.mod(self._epoch_key) == got.mod_revision
@@ -648,9 +652,26 @@ class EtcdBackend:
                     with contextlib.suppress(*_ERRORS):
                         await self._c.transaction(compare=[], success=ended, failure=[])
                 self._epoch = new
-                events.epoch_bumped(_BACKEND, old, new, operator, reason)
+                events.epoch_bumped(
+                    _BACKEND, old, new, operator, reason, highest_fence_seen=highest_fence_seen
+                )
                 return new
         raise BackendUnavailable("the epoch kept changing while bumping; retry")
+
+    async def issuance_position(self) -> IssuancePosition:
+        """The cluster revision: every grant txn raises it (the token base IS a revision), and a
+        snapshot restore without --bump-revision sets it back to the snapshot's."""
+        with _unavailable_on_error():
+            got = await self._c.get(self._epoch_key)
+        if got is None:  # start() created it; only a restore of a pre-start snapshot lacks it
+            raise BackendUnavailable("the etcd epoch key is missing; restart the lock server")
+        return IssuancePosition(epoch=int(got.value), counter=int(got.header.revision))
+
+    async def highest_token_issued(self) -> int:
+        """Every ModRevision is at most the cluster revision, every epoch stored at most the
+        current one: compose_token(epoch, revision) bounds every token this data can issue."""
+        pos = await self.issuance_position()
+        return compose_token(pos.epoch, pos.counter)
 
     async def grant_history(
         self, key_prefix: str = "", *, limit: int | None = None

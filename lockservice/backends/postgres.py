@@ -34,6 +34,7 @@ from lockservice.api import (
     Grant,
     GrantRecord,
     InvalidRequest,
+    IssuancePosition,
     LockInfo,
     NotAcquired,
     NotHeld,
@@ -45,6 +46,7 @@ from lockservice.api import (
     validate_ttl,
     validate_wait,
 )
+from lockservice.api import next_epoch as _next_epoch
 
 _BACKEND = "postgres"
 _CHANNEL = "lockservice_release"
@@ -56,8 +58,6 @@ _WAIT_CAP_S = 5.0
 #: Spread over a key's waiters, so they do not all call the database the instant its holder's
 #: lease runs out.
 _EXPIRY_JITTER_S = 0.05
-#: epoch * TOKEN_EPOCH_STRIDE must fit in a bigint.
-MAX_EPOCH = (1 << 63) // TOKEN_EPOCH_STRIDE - 1
 
 _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     OSError,
@@ -422,10 +422,10 @@ class PostgresBackend:
         events.revoked(_BACKEND, key, revoked, operator, reason)
         return RevokeResult(key=key, revoked_token=revoked, operator=operator, reason=reason, at=at)
 
-    async def bump_epoch(self, min_epoch: int, operator: str, reason: str) -> int:
+    async def bump_epoch(
+        self, min_epoch: int, operator: str, reason: str, *, highest_fence_seen: int | None = None
+    ) -> int:
         operator, reason = validate_operator(operator, reason)
-        if not isinstance(min_epoch, int) or not (0 <= min_epoch <= MAX_EPOCH):
-            raise InvalidRequest(f"min_epoch must be an integer between 0 and {MAX_EPOCH}")
         with _unavailable_on_connection_error():
             async with self._pool.acquire() as conn, conn.transaction():
                 await conn.execute(
@@ -436,9 +436,8 @@ class PostgresBackend:
                     "SELECT epoch FROM lockservice.epochs WHERE prefix = $1 FOR UPDATE",
                     self._prefix,
                 )
-                new = max(old + 1, min_epoch)
-                if new > MAX_EPOCH:
-                    raise InvalidRequest("the token epoch would overflow")
+                # Bounded (raises before any write; the transaction rolls back).
+                new = _next_epoch(old, min_epoch, highest_fence_seen)
                 await conn.execute(
                     "UPDATE lockservice.epochs SET epoch = $2 WHERE prefix = $1", self._prefix, new
                 )
@@ -461,10 +460,41 @@ class PostgresBackend:
                     self._prefix,
                     operator,
                     reason,
-                    json.dumps({"old_epoch": old, "new_epoch": new, "min_epoch": min_epoch}),
+                    json.dumps(
+                        {
+                            "old_epoch": old,
+                            "new_epoch": new,
+                            "min_epoch": min_epoch,
+                            "highest_fence_seen": highest_fence_seen,
+                        }
+                    ),
                 )
-        events.epoch_bumped(_BACKEND, old, new, operator, reason)
+        events.epoch_bumped(
+            _BACKEND, old, new, operator, reason, highest_fence_seen=highest_fence_seen
+        )
         return new
+
+    async def issuance_position(self) -> IssuancePosition:
+        """Every grant inserts a grant_history row, so the row id sequence only rises, across
+        every prefix; a pg_dump/restore (or a restored data dir) sets it back."""
+        with _unavailable_on_connection_error():
+            row = await self._pool.fetchrow(
+                "SELECT coalesce((SELECT epoch FROM lockservice.epochs WHERE prefix = $1), 0)"
+                " AS epoch, (SELECT CASE WHEN is_called THEN last_value ELSE 0 END"
+                " FROM lockservice.grant_history_id_seq) AS counter",
+                self._prefix,
+            )
+        return IssuancePosition(epoch=row["epoch"], counter=row["counter"])
+
+    async def highest_token_issued(self) -> int:
+        """Over every key of every prefix (the fences do not say which prefix issued them)."""
+        with _unavailable_on_connection_error():
+            high: int = await self._pool.fetchval(
+                "SELECT greatest("
+                " (SELECT coalesce(max(last_token), 0) FROM lockservice.key_counters),"
+                " (SELECT coalesce(max(token), 0) FROM lockservice.grant_history))"
+            )
+        return high
 
     async def history_retained_since(self) -> datetime | None:
         """The grant_history table is never pruned."""

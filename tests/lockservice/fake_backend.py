@@ -125,10 +125,19 @@ class FakeBackend:
         next(self._seq)  # the next token is higher than the revoked one
         return RevokeResult(key, g.token if g else None, operator, reason, self._now())
 
-    async def bump_epoch(self, min_epoch: int, operator: str, reason: str) -> int:
+    async def bump_epoch(
+        self, min_epoch: int, operator: str, reason: str, *, highest_fence_seen: int | None = None
+    ) -> int:
         self._check("bump_epoch")
-        self.epoch = max(self.epoch + 1, min_epoch)
+        self.epoch = api.next_epoch(self.epoch, min_epoch, highest_fence_seen)
         return self.epoch
+
+    async def issuance_position(self) -> api.IssuancePosition:
+        self._check("issuance_position")
+        return api.IssuancePosition(self.epoch, len(self.issued))
+
+    async def highest_token_issued(self) -> int:
+        return max((g.token for g in self.issued), default=0)
 
     async def grant_history(
         self, key_prefix: str = "", *, limit: int | None = None
