@@ -9,7 +9,6 @@ control), 0 when violations WERE found and 1 when none were; 2 when the run coul
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 import uuid
@@ -21,6 +20,7 @@ from payouts.chaos_faults import ChaosError
 from payouts.chaos_schedule import ScheduleError
 from payouts.logs import configure_logging
 from payouts.stack_config import StackError
+from payouts.stoppable import run_stoppable
 
 
 def _progress(line: str) -> None:
@@ -75,10 +75,13 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
     with open(run_dir / "chaos.log", "a") as events:
         configure_logging("chaos", stream=events)
         try:
-            summary = asyncio.run(run_chaos(opts, progress=_progress))
+            summary = run_stoppable(run_chaos(opts, progress=_progress))
         except (ChaosError, ScheduleError, StackError) as exc:
             print(f"error: {exc} (logs under {run_dir})", file=sys.stderr)
             return 2
+        except KeyboardInterrupt:
+            print(f"interrupted; every process was stopped (logs under {run_dir})", file=sys.stderr)
+            return 130
     _print_human(summary)
     if args.json:
         print(json.dumps(summary, sort_keys=True, default=str), flush=True)

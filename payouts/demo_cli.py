@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from payouts.demo import DemoOptions, render, run_demo
+from payouts.logs import configure_logging
 from payouts.stoppable import run_stoppable
 
 
@@ -28,11 +29,15 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         run_dir=Path(args.run_dir),
         pause_experiment=not args.no_pause,
     )
-    try:
-        report = run_stoppable(run_demo(options, _progress))
-    except KeyboardInterrupt:
-        print("interrupted; every process was stopped", file=sys.stderr)
-        return 130
+    # The console gets the progress lines and the report; the JSON event stream goes to a file.
+    options.run_dir.mkdir(parents=True, exist_ok=True)
+    with open(options.run_dir / "demo.log", "a", encoding="utf-8") as events:
+        configure_logging("demo", stream=events)
+        try:
+            report = run_stoppable(run_demo(options, _progress))
+        except KeyboardInterrupt:
+            print("interrupted; every process was stopped", file=sys.stderr)
+            return 130
     print(render(report))
     if args.json:
         print(json.dumps(report, default=str, sort_keys=True))

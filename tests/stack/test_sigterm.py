@@ -42,6 +42,51 @@ def _wait_for_workers(
     raise AssertionError(f"no workers recorded in {stack_json} after {timeout_s}s")
 
 
+def _stopped(pid: int) -> bool:
+    """Whether `pid` is stopped (SIGSTOP): state T in /proc/PID/stat."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] == "T"
+
+
+@pytest.mark.slow
+def test_chaos_stops_every_child_even_a_frozen_worker(
+    stack_env: dict[str, str],
+    stack_dir: Path,
+    external_database_url: str | None,
+) -> None:
+    """`payouts chaos` gets SIGTERM while its armed pause holds a worker SIGSTOPped: it exits 130
+    and no process of its stack survives, the frozen worker included."""
+    env = dict(stack_env)
+    if external_database_url:
+        env["DATABASE_URL"] = external_database_url
+    argv = [*PAYOUTS, "chaos", "--payouts", "40", "--accounts", "5", "--workers", "2"]
+    proc = subprocess.Popen(
+        [*argv, "--seed", "11", "--run-dir", str(stack_dir)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        pids = _wait_for_workers(stack_dir, proc, timeout_s=180)
+        deadline = time.monotonic() + 150
+        while not any(_stopped(pid) for pid in pids.values()):
+            assert time.monotonic() < deadline, "the armed pause never froze a worker"
+            assert proc.poll() is None
+            time.sleep(0.5)
+            pids = _wait_for_workers(stack_dir, proc, timeout_s=30)
+        os.kill(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    assert_all_gone(pids)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
 def test_demo_stops_every_child_on_signal(
