@@ -38,6 +38,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from lockservice import api
 from lockservice.api import Grant, LockBackend, NotAcquired
+from lockservice.grants import GrantSigner
 from payouts.logs import get_logger
 
 T = TypeVar("T")
@@ -74,6 +75,10 @@ class GrantBody(BaseModel):
     session_id: str = _SESSION_ID
     acquired_at: datetime
     expires_at: datetime
+
+    #: The lock service's signature over the grant (lockservice.grants); ignored on input.
+    kid: str | None = None
+    signature: str | None = None
 
     def to_grant(self) -> Grant:
         return Grant(self.key, self.token, self.session_id, self.acquired_at, self.expires_at)
@@ -144,13 +149,16 @@ def _iso(dt: datetime | None) -> str | None:
     return None if dt is None else dt.isoformat()
 
 
-def _grant_json(g: Grant) -> dict[str, Any]:
+def _grant_json(g: Grant, signer: GrantSigner) -> dict[str, Any]:
+    signed = signer.sign(g)  # every grant that leaves this server is signed (INV-07)
     return {
         "key": g.key,
         "token": g.token,
         "session_id": g.session_id,
         "acquired_at": _iso(g.acquired_at),
         "expires_at": _iso(g.expires_at),
+        "kid": signed.kid,
+        "signature": signed.signature,
     }
 
 
@@ -198,6 +206,7 @@ class _State:
     backend: LockBackend | None
     metrics: _Metrics
     default_ttl_s: float
+    signer: GrantSigner
 
     def be(self) -> LockBackend:
         if self.backend is None:  # only between process start and the end of lifespan start-up
@@ -226,9 +235,15 @@ def create_app(
     *,
     default_ttl_s: float = 15.0,
     lifespan: Callable[[FastAPI], Any] | None = None,
+    signer: GrantSigner | None = None,
 ) -> FastAPI:
-    """The HTTP app over an already-connected backend (the caller closes the backend)."""
-    return _build(_State(backend, _Metrics(), default_ttl_s), lifespan)
+    """The HTTP app over an already-connected backend (the caller closes the backend).
+
+    Without `signer`, grants are signed with a fresh in-memory key that no enforcement point
+    knows: still never an unsigned grant, but only useful where nobody verifies (lock tests).
+    """
+    state = _State(backend, _Metrics(), default_ttl_s, signer or GrantSigner.ephemeral())
+    return _build(state, lifespan)
 
 
 def _build(  # noqa: PLR0915 - one route table, read top to bottom
@@ -337,7 +352,7 @@ def _build(  # noqa: PLR0915 - one route table, read top to bottom
                 "lock.not_acquired", key=key, session_id=body.session_id, reason=result.reason
             )
             return _error(409, "not_acquired", f"{key} not acquired", reason=result.reason)
-        return JSONResponse(_grant_json(result))
+        return JSONResponse(_grant_json(result, state.signer))
 
     @app.post("/v1/locks/renew", name="renew", response_model=GrantBody, responses=_ERRORS)
     async def renew(body: GrantBody) -> Response:
@@ -345,7 +360,7 @@ def _build(  # noqa: PLR0915 - one route table, read top to bottom
         api.validate_key(grant.key)
         renewed = await run("renew", lambda: state.be().renew(grant))  # backend: renew_failed
         _log.info("lock.renewed", key=grant.key, token=grant.token)
-        return JSONResponse(_grant_json(renewed))
+        return JSONResponse(_grant_json(renewed, state.signer))
 
     @app.post("/v1/locks/release", name="release", status_code=204, responses=_ERRORS)
     async def release(body: GrantBody) -> Response:
@@ -452,7 +467,10 @@ def app_from_settings(settings: Any) -> FastAPI:
     """The app for `python -m lockservice serve`: connects the backend in the lifespan."""
     from lockservice.backends import create_backend
 
-    state = _State(None, _Metrics(), float(settings.default_ttl_s))
+    if not settings.signing_key_path:
+        raise ValueError("LOCK_SIGNING_KEY_PATH is required: every grant is signed")
+    signer = GrantSigner.from_pem_file(settings.signing_key_path, settings.signing_key_id)
+    state = _State(None, _Metrics(), float(settings.default_ttl_s), signer)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -464,7 +482,7 @@ def app_from_settings(settings: Any) -> FastAPI:
             etcd_history_retention_s=settings.etcd_history_retention_s,
             etcd_compact_every_s=settings.etcd_compact_every_s,
         )
-        _log.info("lock.server_started", backend=settings.backend)
+        _log.info("lock.server_started", backend=settings.backend, signing_key_id=signer.kid)
         try:
             yield
         finally:
@@ -476,12 +494,22 @@ def app_from_settings(settings: Any) -> FastAPI:
 
 def main() -> None:
     """Build the backend from `LOCK_*` settings and serve until SIGINT/SIGTERM."""
+    import sys
+
     import uvicorn
 
     from lockservice.settings import LockSettings
     from payouts.logs import configure_logging
 
     settings = LockSettings()
+    if not settings.signing_key_path:
+        # Safe default: a lock server that cannot sign would issue grants nobody can verify.
+        print(  # noqa: T201 - the one-line refusal on stderr, before logging exists
+            "lock-server: LOCK_SIGNING_KEY_PATH is not set (the Ed25519 private key, PEM, that "
+            "signs every grant): refusing to start",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
     configure_logging("lock-server", level=settings.log_level)
     # The access log would print session ids in paths on every heartbeat; events cover requests.
     uvicorn.run(

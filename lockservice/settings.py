@@ -35,6 +35,11 @@ class LockSettings(BaseSettings):
     #: etcd backend: how often history is pruned and etcd compacted (each compaction keeps at least
     #: this much MVCC history, so waiters' watches rarely meet a compacted revision).
     etcd_compact_every_s: float = Field(default=300.0, ge=0.1)
+    #: Ed25519 private key (PEM) that signs every grant; the server refuses to start without it.
+    #: It never leaves this process: enforcement points get only the public key (ARCHITECTURE §9).
+    signing_key_path: str | None = None
+    #: The key id published with each signature; enforcement points look the public key up by it.
+    signing_key_id: str = "k1"
     log_level: str = "INFO"
 
     def etcd_endpoint_list(self) -> list[str]:
