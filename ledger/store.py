@@ -46,7 +46,7 @@ from ledger.records import (
     lock_key,
 )
 from ledger.states import IN_FLIGHT_STATES, PayoutState, check_transition, reachable_from
-from lockservice.grants import GrantError, GrantVerifier, SignedGrant
+from lockservice.grants import GrantError, GrantExpired, GrantVerifier, SignedGrant, is_expired
 from payouts.logs import get_logger
 
 __all__ = ["AlreadyAdvanced", "Payout", "PayoutStore", "lock_key"]
@@ -716,7 +716,14 @@ class PayoutStore:
         account_id, amount = await self._payout_account(conn, payout_id)
         if self._verifier is not None:
             try:
-                self._verifier.verify(grant, key=lock_key(account_id), token=token)
+                genuine = self._verifier.verify(
+                    grant, key=lock_key(account_id), token=token, check_expiry=False
+                )
+                if is_expired(genuine):
+                    # A stale holder is told it is fenced out first (as `_classify_miss` does):
+                    # read-only, an expired grant moves no fence, not even to its own token.
+                    await self._refuse_if_fenced(conn, account_id, token)
+                    raise GrantExpired(f"grant expired at {genuine.expires_at.isoformat()}")
             except GrantError as exc:
                 log.warning(
                     "grant.refused",
@@ -729,6 +736,15 @@ class PayoutStore:
                 metrics.GRANT_REFUSED.labels(operation=operation, reason=exc.code).inc()
                 raise InvalidGrant(str(exc), reason=exc.code) from None
         return account_id, amount
+
+    async def _refuse_if_fenced(
+        self, conn: asyncpg.Connection, account_id: str, token: int
+    ) -> None:
+        stored = await conn.fetchval(
+            "SELECT fence FROM paydb.balances WHERE account_id = $1", account_id
+        )
+        if self._enforce_fencing and stored is not None and int(stored) > token:
+            raise FencedOut(lock_key(account_id), token, int(stored))
 
     async def _payout_account(self, conn: asyncpg.Connection, payout_id: str) -> tuple[str, int]:
         row = await conn.fetchrow(

@@ -232,12 +232,15 @@ class GrantVerifier:
         key: str | None,
         token: int,
         now: datetime | None = None,
+        check_expiry: bool = True,
     ) -> SignedGrant:
         """The grant, if the lock service signed it for `key` and `token` and it has not expired
         by its own `expires_at` at `now` (UTC wall clock); a GrantError otherwise.
 
         `key=None` skips only the key comparison, for a caller that checks it itself once it
-        has read which account the write touches (`check_key`).
+        has read which account the write touches (`check_key`). `check_expiry=False` proves
+        only that the grant is genuine: an enforcement point that tells a stale holder "fenced
+        out" before "expired" checks the fence next and `check_not_expired` after it.
         """
         if grant is None:
             raise MissingGrant("no signed grant presented")
@@ -254,15 +257,25 @@ class GrantVerifier:
             check_key(g, key)
         if g.token != token:
             raise TokenMismatch(f"grant is for token {g.token}, the request presents {token}")
-        at = now or datetime.now(UTC)
-        if at >= g.expires_at:
-            raise GrantExpired(f"grant expired at {g.expires_at.isoformat()} (lock service's)")
+        if check_expiry:
+            check_not_expired(g, now)
         return g
 
     @classmethod
     def from_spec(cls, spec: str) -> GrantVerifier:
         """Public keys from a directory of `<kid>.pem` files, or a comma list of `kid=path`."""
         return cls(load_public_keys(spec))
+
+
+def is_expired(grant: SignedGrant, now: datetime | None = None) -> bool:
+    """Whether `now` (UTC wall clock) has reached the grant's own `expires_at`."""
+    return (now or datetime.now(UTC)) >= grant.expires_at
+
+
+def check_not_expired(grant: SignedGrant, now: datetime | None = None) -> None:
+    """GrantExpired once `now` (UTC wall clock) reaches the grant's own `expires_at`."""
+    if is_expired(grant, now):
+        raise GrantExpired(f"grant expired at {grant.expires_at.isoformat()} (lock service's)")
 
 
 def check_key(grant: SignedGrant, key: str) -> None:
@@ -349,6 +362,8 @@ __all__ = [
     "UnknownKeyId",
     "canonical_bytes",
     "check_key",
+    "check_not_expired",
     "generate_keypair",
+    "is_expired",
     "load_public_keys",
 ]

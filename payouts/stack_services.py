@@ -232,6 +232,10 @@ class ServiceFactory:
             # rail movement when a paused holder wakes up; only the experiment turns them off.
             "RAILPROXY_ENFORCE_FENCING": _flag(self.config.fencing),
             "RAILPROXY_ENFORCE_SUBMISSION_GUARD": _flag(self.config.fencing),
+            # ... and so is the grant check (INV-07): a paused holder's grant has expired by its
+            # own statement when it thaws, which alone would refuse it and hide the duplicate
+            # the negative control must show.
+            "RAILPROXY_VERIFY_GRANTS": _flag(self.config.fencing),
             # With them off the proxy starts only in experiment mode, which it verifies by asking
             # its rail (the local stub) to identify itself (railproxy.startup).
             "RAILPROXY_EXPERIMENT_MODE": _flag(not self.config.fencing),
@@ -309,6 +313,7 @@ class ServiceFactory:
             "WORKER_METRICS_PORT": str(metrics_port),
             # FR-29: the worker's own fencing checks; off only for the negative-control experiment.
             "WORKER_ENFORCE_FENCING": _flag(self.config.fencing),
+            "WORKER_VERIFY_GRANTS": _flag(self.config.fencing),
             # Off is refused outside experiment mode, which the worker verifies at the proxy.
             "WORKER_EXPERIMENT_MODE": _flag(not self.config.fencing),
             "WORKER_TASK_QUEUE": self.config.task_queue,

@@ -2,9 +2,12 @@
 
 Order matters and is the safety argument:
 0. the grant's signature first (INV-07): a grant the lock service did not issue for this
-   account's key and this token, or one expired by its own `expires_at`, is refused as
-   INVALID_GRANT -- nothing forwarded, no attempt recorded, the high-water mark untouched (a
-   made-up token could otherwise raise the mark above anything the lock service can issue);
+   account's key and this token is refused as INVALID_GRANT -- nothing forwarded, no attempt
+   recorded, the high-water mark untouched (a made-up token could otherwise raise the mark above
+   anything the lock service can issue). A genuine grant expired by its own `expires_at` is
+   refused too, without touching the mark: as STALE_TOKEN when a newer token is on record (a
+   stale holder is always told it is fenced out, as at the payment database), else as
+   INVALID_GRANT;
 1. the fence, in its own short transaction: the account's high-water mark is raised to T
    (T >= mark) or the request is refused as STALE_TOKEN (FR-17), before anything can refuse it
    for another reason -- so a newer holder's token is on record even when a gate then turns its
@@ -27,7 +30,7 @@ from datetime import UTC, datetime
 
 import asyncpg
 
-from lockservice.grants import GrantError, GrantVerifier
+from lockservice.grants import GrantError, GrantExpired, GrantVerifier, check_not_expired
 from payouts.logs import get_logger
 from railproxy import absence, rail, store
 from railproxy.errors import DeadlineExceeded, InvalidGrant, RailNotReached, StoreUnavailable
@@ -102,7 +105,7 @@ class RailProxy:
     async def submit(self, req: SubmitRequest) -> SubmitResponse:
         """Raises a `Rejected` (NOT_SUBMITTED) or returns the recorded outcome."""
         self.metrics.requests.inc()
-        self._verify_grant(req)
+        await self._verify_grant(req)
         await self._raise_fence(req)
         remaining = self._remaining_s(req)
         if remaining < self.settings.min_useful_budget_s:
@@ -116,8 +119,9 @@ class RailProxy:
         task.add_done_callback(self._tasks.discard)
         return await asyncio.shield(task)
 
-    def _verify_grant(self, req: SubmitRequest) -> None:
-        """Step 0: only a grant the lock service signed for this account and token passes.
+    async def _verify_grant(self, req: SubmitRequest) -> None:
+        """Step 0: only a grant the lock service signed for this account and token passes, and
+        only before its stated expiry.
 
         The signature says the lock service issued the token; it does not say the token is the
         newest: a genuine but superseded grant passes here and is refused by the fence next.
@@ -125,10 +129,26 @@ class RailProxy:
         if self.verifier is None:
             return
         grant = None if req.grant is None else req.grant.model_dump()
+        key = account_lock_key(req.account_id)
         try:
-            self.verifier.verify(grant, key=account_lock_key(req.account_id), token=req.token)
+            genuine = self.verifier.verify(grant, key=key, token=req.token, check_expiry=False)
         except GrantError as exc:
             raise InvalidGrant(str(exc), reason=exc.code, presented_token=req.token) from None
+        try:
+            check_not_expired(genuine)
+        except GrantExpired as exc:
+            # Read-only: an expired grant must not move the mark, even to its own genuine token.
+            await self._refuse_if_stale(req)
+            raise InvalidGrant(str(exc), reason=exc.code, presented_token=req.token) from None
+
+    async def _refuse_if_stale(self, req: SubmitRequest) -> None:
+        """StaleToken if a newer token than the request's is on record (no write)."""
+        if not self.settings.enforce_fencing:
+            return
+        try:
+            await store.check_not_stale(self.pool, req)
+        except _STORE_ERRORS as exc:
+            raise StoreUnavailable(f"could not read the fence: {type(exc).__name__}") from exc
 
     async def _raise_fence(self, req: SubmitRequest) -> None:
         """Step 1: the account's high-water mark takes T before any gate (or StaleToken).

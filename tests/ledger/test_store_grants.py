@@ -100,6 +100,20 @@ async def test_replayed_genuine_grant_after_a_newer_one_is_fenced_out(
         await vstore.mark_submitted(payout_id, 10, ctx, grant=account_grant(account, 10))
 
 
+async def test_expired_and_superseded_grant_is_fenced_out_not_invalid(
+    vstore: PayoutStore, pool: asyncpg.Pool, ctx: WorkContext
+) -> None:
+    """A paused holder's grant, expired and superseded, is told FencedOut; nothing written."""
+    account, payout_id = await _claimed(vstore, ctx, token=10)
+    await vstore.stamp_account_fence(payout_id, 12, grant=account_grant(account, 12))
+    before = await _fences(pool, payout_id)
+    with pytest.raises(FencedOut):
+        await vstore.mark_submitted(
+            payout_id, 10, ctx, grant=account_grant(account, 10, expires_in_s=-1)
+        )
+    assert await _fences(pool, payout_id) == before
+
+
 async def test_the_genuine_grant_takes_every_step(
     vstore: PayoutStore, pool: asyncpg.Pool, ctx: WorkContext
 ) -> None:

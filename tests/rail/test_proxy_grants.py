@@ -116,6 +116,18 @@ async def test_replayed_genuine_grant_after_a_newer_one_is_stale_not_invalid(
     assert await _mark(proxy, account) == 20
 
 
+async def test_expired_and_superseded_grant_is_told_stale(proxy: Proxy, stub: Stub) -> None:
+    """A paused holder wakes with a genuine grant both expired and superseded: it is told
+    STALE_TOKEN (fenced out first, as at the payment database), and nothing moves."""
+    account = await _established(proxy, token=20)
+    grant = account_grant(account, 19, expires_in_s=-1).to_json()
+    req = submit_request(account_id=account, token=19, grant=grant)
+    result = await proxy.client.submit(req)
+    assert (result.code, result.highest_token) == ("STALE_TOKEN", 20), result
+    assert await stub.movements(req.client_reference) == []
+    assert await _mark(proxy, account) == 20
+
+
 @pytest.mark.parametrize("kid", ["test-k1", "rotated-k2"])
 async def test_two_key_ids_are_accepted_at_once(
     make_proxy: MakeProxy, stub: Stub, tmp_path: Path, kid: str
