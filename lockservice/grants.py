@@ -25,6 +25,10 @@ Errors::
      +-- TokenMismatch         a genuine grant, but the request names another token
      +-- GrantExpired          expired by the lock service's own `expires_at`
 
+Order at the enforcement points: authenticity first (`verify(..., check_expiry=False)`), then,
+for an expired grant, a read-only look at the fence (a newer token on record: fenced out), then
+`check_not_expired`. A stale holder is told it is fenced out before it is told it expired.
+
 Rotation: the verifier accepts every key id it was given (several at once). To rotate, add the
 new public key to every enforcement point, switch the lock server's signing key, then remove the
 old public key once no grant signed by it can still be valid (one TTL later).
