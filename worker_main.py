@@ -35,6 +35,7 @@ from activities.reconcile import ReconcileActivities
 from ledger import PayoutStore
 from ledger.reconcile import ReconcileSettings, stub_movement_source
 from lockservice.client import LockClient
+from lockservice.grants import GrantVerifier
 from payouts.exiting import exit_now
 from payouts.logs import configure_logging, get_logger
 from payouts.pgutil import create_pool
@@ -74,6 +75,11 @@ class WorkerSettings(BaseSettings):
     # FR-29: experiment only. Off removes the fence condition from the payment database's writes;
     # it is logged loudly by the store at start-up, and refused unless in experiment mode.
     enforce_fencing: bool = True
+    # INV-07: the lock service's public keys (a directory of `<kid>.pem` files or `kid=path,...`);
+    # the payment store refuses every fenced write whose grant they do not verify. Required
+    # while `verify_grants` is on; off (no verification) is experiment-only, like fencing.
+    grant_public_keys: str | None = None
+    verify_grants: bool = True
     # Experiment mode: the worker starts only if its rail proxy reports `experiment_mode: true`
     # on /health (which the proxy sets only after verifying that its rail is the rail stub),
     # waiting at most `experiment_verify_s` for the proxy to answer.
@@ -99,16 +105,25 @@ async def check_start(settings: WorkerSettings) -> None:
     """Refuse fencing off outside experiment mode, and experiment mode unless the rail proxy is
     in (verified) experiment mode itself: so a worker with fencing off only ever talks to a
     proxy that talks to the rail stub, never to a real rail."""
+    off = [
+        name
+        for name, on in (
+            ("WORKER_ENFORCE_FENCING", settings.enforce_fencing),
+            ("WORKER_VERIFY_GRANTS", settings.verify_grants),
+        )
+        if not on
+    ]
     if not settings.experiment_mode:
-        if not settings.enforce_fencing:
+        if off:
             raise StartupRefused(
-                "WORKER_ENFORCE_FENCING=false is experiment-only (FR-29): refusing to start "
-                "without WORKER_EXPERIMENT_MODE=true and a rail proxy in experiment mode"
+                f"{' and '.join(f'{n}=false' for n in off)} is experiment-only (FR-29): refusing "
+                "to start without WORKER_EXPERIMENT_MODE=true and a rail proxy in experiment mode"
             )
+        grant_verifier(settings)  # the public keys must load, before anything starts
         return
     why = "WORKER_EXPERIMENT_MODE=true"
-    if not settings.enforce_fencing:
-        why += " (with WORKER_ENFORCE_FENCING=false)"
+    if off:
+        why += f" (with {' and '.join(f'{n}=false' for n in off)})"
     deadline = time.monotonic() + settings.experiment_verify_s
     async with RailProxyClient(settings.railproxy_url, read_timeout_s=2.0) as proxy:
         while True:
@@ -118,6 +133,7 @@ async def check_start(settings: WorkerSettings) -> None:
                 last = type(exc).__name__  # not listening yet? ask again until the deadline
             else:
                 if health.get("experiment_mode") is True:
+                    grant_verifier(settings)
                     return
                 raise StartupRefused(
                     f"{why} but the rail proxy at {settings.railproxy_url} is not in experiment "
@@ -132,6 +148,21 @@ async def check_start(settings: WorkerSettings) -> None:
             await asyncio.sleep(0.2)
 
 
+def grant_verifier(settings: WorkerSettings) -> GrantVerifier | None:
+    """The payment store's grant verifier; None only with WORKER_VERIFY_GRANTS=false."""
+    if not settings.verify_grants:
+        return None
+    if not settings.grant_public_keys:
+        raise StartupRefused(
+            "WORKER_GRANT_PUBLIC_KEYS is not set: the payment store verifies every grant with "
+            "the lock service's public keys (INV-07); refusing to start"
+        )
+    try:
+        return GrantVerifier.from_spec(settings.grant_public_keys)
+    except (OSError, ValueError) as exc:
+        raise StartupRefused(f"WORKER_GRANT_PUBLIC_KEYS: {exc}; refusing to start") from exc
+
+
 async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
     await check_start(settings)  # FR-29: before anything starts
     worker_queue = f"{settings.task_queue}-holder-{settings.worker_id}"
@@ -140,7 +171,9 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
     client = await Client.connect(settings.temporal_address, namespace=settings.namespace)
     pool = await create_pool(settings.database_url, min_size=1, max_size=10)
     try:
-        store = PayoutStore(pool, enforce_fencing=settings.enforce_fencing)
+        store = PayoutStore(
+            pool, enforce_fencing=settings.enforce_fencing, verifier=grant_verifier(settings)
+        )
         async with (
             LockClient(
                 settings.lock_url,

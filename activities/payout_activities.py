@@ -27,13 +27,21 @@ from temporalio.exceptions import ApplicationError
 from activities import models as m
 from ledger import AlreadyAdvanced, FencedOut, Payout, PayoutState, PayoutStore, UnknownPayout
 from ledger import WorkContext as LedgerContext
-from ledger.errors import InvalidTransition
-from lockservice.api import LockError
+from ledger.errors import InvalidGrant, InvalidTransition
+from lockservice.api import LockError, NotHeld
 from lockservice.client import Lease, LockClient, NotAcquiredError
+from lockservice.grants import SignedGrant
 from payouts.logs import get_logger
 from railproxy.client import RailProxyClient, SubmitResult
 from railproxy.errors import LookupUnavailable, ProxyClientError
-from railproxy.models import AttemptRecord, HandoffCertainty, Outcome, SubmitContext, SubmitRequest
+from railproxy.models import (
+    AttemptRecord,
+    GrantIn,
+    HandoffCertainty,
+    Outcome,
+    SubmitContext,
+    SubmitRequest,
+)
 
 log = get_logger("activities.payout")
 S = PayoutState
@@ -47,6 +55,19 @@ def lock_key(account_id: str) -> str:
 
 def _fenced(err: FencedOut | str) -> ApplicationError:
     return ApplicationError(str(err), type=m.FENCED_OUT, non_retryable=True)
+
+
+def _lost(req: m.StepRequest, reason: str) -> ApplicationError:
+    log.warning(
+        "lock.lost_detected",
+        key=lock_key(req.account_id),
+        token=req.token,
+        reason=reason,
+        payout_id=req.payout_id,
+    )
+    return ApplicationError(
+        f"grant {req.token} lost: {reason}", type=m.LOCK_LOST, non_retryable=True
+    )
 
 
 def _latest_live_attempt(attempts: list[AttemptRecord]) -> AttemptRecord | None:
@@ -117,6 +138,7 @@ class _HeldGrant:
     idle_since: float = field(default_factory=time.monotonic)
 
 
+GrantArg = SignedGrant | None
 _Step = Callable[["PayoutActivities", m.StepRequest], Awaitable[Any]]
 
 
@@ -226,16 +248,7 @@ class PayoutActivities:
         lease = held.lease if held is not None else None
         if lease is None or not lease.still_held():
             reason = "no such grant in this process" if lease is None else lease.lost_reason
-            log.warning(
-                "lock.lost_detected",
-                key=lock_key(req.account_id),
-                token=req.token,
-                reason=reason,
-                payout_id=req.payout_id,
-            )
-            raise ApplicationError(
-                f"grant {req.token} lost: {reason}", type=m.LOCK_LOST, non_retryable=True
-            )
+            raise _lost(req, str(reason))
         return lease
 
     def _held_quietly(self, req: m.StepRequest) -> bool:
@@ -248,15 +261,28 @@ class PayoutActivities:
         except UnknownPayout as exc:
             raise ApplicationError(str(exc), type=m.UNKNOWN_PAYOUT, non_retryable=True) from exc
 
+    async def _grant(self, req: m.StepRequest) -> SignedGrant | None:
+        """The step's lease, still held, and its signed grant to present (renewed when its
+        stated expiry is near); LockLost if the lease is gone or the renew is refused."""
+        lease = self._held(req)
+        try:
+            return await lease.signed_grant()
+        except NotHeld as exc:
+            raise _lost(req, f"renew refused: {exc}") from exc
+
     async def _write(
-        self, req: m.StepRequest, write: Callable[[], Awaitable[Payout | AlreadyAdvanced]]
+        self, req: m.StepRequest, write: Callable[[GrantArg], Awaitable[Payout | AlreadyAdvanced]]
     ) -> Payout:
         """Run one fenced write; FencedOut aborts the grant, AlreadyAdvanced re-reads."""
-        self._held(req)
+        grant = await self._grant(req)
         try:
-            result = await write()
+            result = await write(grant)
         except FencedOut as exc:
             raise _fenced(exc) from exc
+        except InvalidGrant as exc:
+            # Our own grant refused (expired by its statement, a key this store does not accept):
+            # writing under it is over; the workflow re-acquires, as for a lost lock.
+            raise _lost(req, f"payment database refused the grant: {exc.reason}") from exc
         except InvalidTransition as exc:
             raise ApplicationError(str(exc), type=m.INVALID_TRANSITION, non_retryable=True) from exc
         if isinstance(result, AlreadyAdvanced):
@@ -276,11 +302,13 @@ class PayoutActivities:
 
     async def _stamp_account_fence(self, req: m.StepRequest) -> None:
         """The fenced stamp of the account's balance row; FencedOut aborts the grant."""
-        self._held(req)
+        grant = await self._grant(req)
         try:
-            await self._store.stamp_account_fence(req.payout_id, req.token)
+            await self._store.stamp_account_fence(req.payout_id, req.token, grant=grant)
         except FencedOut as exc:
             raise _fenced(exc) from exc
+        except InvalidGrant as exc:
+            raise _lost(req, f"payment database refused the grant: {exc.reason}") from exc
 
     async def _attempt(self, payout_id: str) -> AttemptRecord | None:
         return _latest_live_attempt(await self._proxy.get_attempts(payout_id))
@@ -415,7 +443,10 @@ class PayoutActivities:
         payout = await self._current(req.payout_id)
         if payout.state == S.PENDING:
             payout = await self._write(
-                req, lambda: self._store.claim(req.payout_id, req.token, self._ctx(req.context))
+                req,
+                lambda g: self._store.claim(
+                    req.payout_id, req.token, self._ctx(req.context), grant=g
+                ),
             )
         else:
             await self._stamp_account_fence(req)
@@ -440,7 +471,7 @@ class PayoutActivities:
         payout = await self._current(req.payout_id)
         if payout.state != S.CLAIMED:
             return _view(payout, detail="not_claimed")
-        self._held(req)
+        grant = await self._grant(req)
         deadline = (
             datetime.fromisoformat(req.context.deadline_at)
             if req.context.deadline_at
@@ -452,6 +483,8 @@ class PayoutActivities:
             amount=payout.amount,
             client_reference=payout.client_reference,
             token=req.token,
+            # The proxy verifies the lock service's signature before anything else (INV-07).
+            grant=None if grant is None else GrantIn(**grant.to_json()),
             context=SubmitContext(
                 correlation_id=req.context.correlation_id[:_MAX_ID],
                 causation_id=(req.context.causation_id or payout.payout_id)[:_MAX_ID],
@@ -498,6 +531,9 @@ class PayoutActivities:
         self, req: m.StepRequest, payout: Payout, result: SubmitResult
     ) -> m.PayoutView:
         ctx = self._ctx(req.context)
+        if result.code == "INVALID_GRANT":
+            # Nothing was forwarded or recorded; our grant cannot be used there: re-acquire.
+            raise _lost(req, "rail proxy refused the grant")
         if result.code == "STALE_TOKEN":
             # The second enforcement point fenced us out: a newer grant exists.
             raise _fenced(
@@ -512,7 +548,7 @@ class PayoutActivities:
                 handoff_certainty=result.handoff_certainty.value,
             )
         payout = await self._write(
-            req, lambda: self._store.mark_submitted(payout.payout_id, req.token, ctx)
+            req, lambda g: self._store.mark_submitted(payout.payout_id, req.token, ctx, grant=g)
         )
         payout = await self._record_outcome(req, payout, result.outcome)
         attempt = m.AttemptView(
@@ -528,23 +564,24 @@ class PayoutActivities:
             return payout
         if outcome == Outcome.ACKED:
             return await self._write(
-                req, lambda: self._store.mark_acked(payout.payout_id, req.token, ctx)
+                req, lambda g: self._store.mark_acked(payout.payout_id, req.token, ctx, grant=g)
             )
         if outcome == Outcome.DECLINED:
             return await self._write(
                 req,
-                lambda: self._store.mark_declined(
-                    payout.payout_id, req.token, ctx, reason="declined_by_rail"
+                lambda g: self._store.mark_declined(
+                    payout.payout_id, req.token, ctx, reason="declined_by_rail", grant=g
                 ),
             )
         # UNKNOWN, or no outcome recorded: money may have moved. Never resubmitted (FR-23).
         return await self._write(
             req,
-            lambda: self._store.mark_ambiguous(
+            lambda g: self._store.mark_ambiguous(
                 payout.payout_id,
                 req.token,
                 ctx,
                 reason="no_outcome_recorded" if outcome is None else "outcome_unknown",
+                grant=g,
             ),
         )
 
@@ -563,8 +600,8 @@ class PayoutActivities:
                 return _view(payout)  # nothing was handed off: the workflow may submit
             payout = await self._write(
                 req,
-                lambda: self._store.mark_submitted(
-                    payout.payout_id, req.token, self._ctx(req.context)
+                lambda g: self._store.mark_submitted(
+                    payout.payout_id, req.token, self._ctx(req.context), grant=g
                 ),
             )
         if payout.state == S.RAIL_SUBMITTED:
@@ -576,7 +613,8 @@ class PayoutActivities:
     async def post_to_ledger(self, req: m.StepRequest) -> m.PayoutView:
         """UC-01 step 8: ledger rows, balance and POSTED in one fenced transaction."""
         payout = await self._write(
-            req, lambda: self._store.post(req.payout_id, req.token, self._ctx(req.context))
+            req,
+            lambda g: self._store.post(req.payout_id, req.token, self._ctx(req.context), grant=g),
         )
         return _view(payout)
 
@@ -586,12 +624,12 @@ class PayoutActivities:
         ctx = self._ctx(req.context)
         if req.resolution == "settled":
 
-            def write() -> Awaitable[Payout | AlreadyAdvanced]:
-                return self._store.resolve_settled(req.payout_id, req.token, ctx)
+            def write(g: GrantArg) -> Awaitable[Payout | AlreadyAdvanced]:
+                return self._store.resolve_settled(req.payout_id, req.token, ctx, grant=g)
         elif req.resolution == "absent":
 
-            def write() -> Awaitable[Payout | AlreadyAdvanced]:
-                return self._store.resolve_absent(req.payout_id, req.token, ctx)
+            def write(g: GrantArg) -> Awaitable[Payout | AlreadyAdvanced]:
+                return self._store.resolve_absent(req.payout_id, req.token, ctx, grant=g)
         else:
             raise ApplicationError(f"unknown resolution {req.resolution!r}", non_retryable=True)
         return _view(await self._write(req, write))
@@ -604,8 +642,13 @@ class PayoutActivities:
         return _view(
             await self._write(
                 req,
-                lambda: self._store.abandon(
-                    req.payout_id, req.token, ctx, operator=req.operator, reason=req.reason
+                lambda g: self._store.abandon(
+                    req.payout_id,
+                    req.token,
+                    ctx,
+                    operator=req.operator,
+                    reason=req.reason,
+                    grant=g,
                 ),
             )
         )

@@ -7,6 +7,8 @@ the transactional outbox rows.
 It must never:
 * accept a write presenting a token below the stored fence (INV-05) — equal is accepted, it is the
   same grant's next step;
+* with a grant verifier (as the worker builds the store), accept a fenced write whose signed
+  grant is not the lock service's for the payout's account and the token (INV-07, `InvalidGrant`);
 * leave a ledger group unbalanced, or let a balance drift from the sum of its entries (INV-03);
 * move a payout out of a terminal state (INV-08), or along an edge not in the transition table.
 
@@ -21,6 +23,7 @@ from ledger.errors import (
     DuplicatePayout,
     FencedOut,
     InvalidAmount,
+    InvalidGrant,
     InvalidIdentifier,
     InvalidInput,
     InvalidToken,
@@ -42,6 +45,7 @@ __all__ = [
     "DuplicatePayout",
     "FencedOut",
     "InvalidAmount",
+    "InvalidGrant",
     "InvalidIdentifier",
     "InvalidInput",
     "InvalidToken",

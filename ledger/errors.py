@@ -2,6 +2,8 @@
 
 PaydbError
  +-- FencedOut              presented token below the stored fence (FR-16); abort, never retry
+ +-- InvalidGrant           the grant is not the lock service's signed grant of the payout's
+ |                          account key for this token, or it expired (INV-07); nothing written
  +-- InvalidTransition      the pair is not in the table, or the payout is behind/elsewhere
  +-- UnknownAccount         no such account (or not a customer account where one is needed)
  +-- UnknownPayout          no such payout
@@ -36,6 +38,20 @@ class FencedOut(PaydbError):
         self.key = key
         self.presented_token = presented_token
         self.stored_token = stored_token
+
+
+class InvalidGrant(PaydbError):
+    """A fenced write presented no grant, or one the lock service did not sign for this write.
+
+    Distinct from FencedOut: a genuine but stale token is FencedOut; this one is not a token
+    the lock service issued for the account at all. `reason` is lockservice.grants' code.
+    """
+
+    code = "invalid_grant"
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class InvalidTransition(PaydbError):

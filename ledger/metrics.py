@@ -14,6 +14,11 @@ FENCED_OUT = Counter(
     "Writes to the payment database rejected because the presented token was below the fence.",
     ["operation"],
 )
+GRANT_REFUSED = Counter(
+    "paydb_grant_refused_total",
+    "Fenced writes refused because the grant was not the lock service's for the write (INV-07).",
+    ["operation", "reason"],
+)
 TRANSITIONS = Counter(
     "paydb_payout_transitions_total",
     "Payout state transitions committed.",

@@ -13,6 +13,7 @@ from-state -> `AlreadyAdvanced` (not an error); anything else -> `InvalidTransit
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 import asyncpg
@@ -25,6 +26,7 @@ from ledger.errors import (
     DuplicatePayout,
     FencedOut,
     InvalidAmount,
+    InvalidGrant,
     InvalidIdentifier,
     InvalidTransition,
     UnknownAccount,
@@ -44,11 +46,14 @@ from ledger.records import (
     lock_key,
 )
 from ledger.states import IN_FLIGHT_STATES, PayoutState, check_transition, reachable_from
+from lockservice.grants import GrantError, GrantExpired, GrantVerifier, SignedGrant, is_expired
 from payouts.logs import get_logger
 
 __all__ = ["AlreadyAdvanced", "Payout", "PayoutStore", "lock_key"]
 
 S = PayoutState
+#: What a fenced write may present: the signed grant (or its wire form); None = no grant.
+GrantLike = SignedGrant | Mapping[str, Any] | None
 log = get_logger("ledger.store")
 INSUFFICIENT_FUNDS = "insufficient_funds"
 
@@ -56,8 +61,18 @@ INSUFFICIENT_FUNDS = "insufficient_funds"
 class PayoutStore:
     """Accounts, funding, payouts and their fenced transitions, postings, and reads."""
 
-    def __init__(self, pool: asyncpg.Pool, *, enforce_fencing: bool = True) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        *,
+        enforce_fencing: bool = True,
+        verifier: GrantVerifier | None = None,
+    ) -> None:
         self._pool = pool
+        # INV-07: with a verifier, every fenced write needs the lock service's signed grant for
+        # the payout's account and the presented token. The worker always passes one; None is
+        # for tests and tools that write as a trusted caller (docs/payment-database.md).
+        self._verifier = verifier
         # FR-29: the experiment switch. Off, the fence condition is dropped from every statement
         # and a stale holder CAN move money: only ever for the UC-03 negative control.
         self._enforce_fencing = enforce_fencing
@@ -206,7 +221,9 @@ class PayoutStore:
 
     # ------------------------------------------------------------------ fenced transitions
 
-    async def claim(self, payout_id: str, token: int, ctx: WorkContext) -> Payout | AlreadyAdvanced:
+    async def claim(
+        self, payout_id: str, token: int, ctx: WorkContext, *, grant: GrantLike = None
+    ) -> Payout | AlreadyAdvanced:
         """PENDING -> CLAIMED, or PENDING -> FAILED(insufficient_funds) (UC-01 step 4, A-09).
 
         One transaction: the account's balance row is locked and fence-stamped, available funds
@@ -218,7 +235,9 @@ class PayoutStore:
         async with self._pool.acquire() as conn:
             try:
                 async with conn.transaction():
-                    account_id, amount = await self._payout_account(conn, payout_id)
+                    account_id, amount = await self._granted_account(
+                        conn, payout_id, token, grant, operation
+                    )
                     balance = await self._stamp_balance(
                         conn, account_id, token, operation, payout_id
                     )
@@ -247,7 +266,9 @@ class PayoutStore:
                 self._report_fenced_out(exc, payout_id, operation)
                 raise
 
-    async def stamp_account_fence(self, payout_id: str, token: int) -> None:
+    async def stamp_account_fence(
+        self, payout_id: str, token: int, *, grant: GrantLike = None
+    ) -> None:
         """Raise the fence of the payout's account's balance row to T, whatever state the payout
         is in (T >= fence: stamp T; lower: `FencedOut`). No payout row changes.
 
@@ -263,30 +284,50 @@ class PayoutStore:
         async with self._pool.acquire() as conn:
             try:
                 async with conn.transaction():
-                    account_id, _ = await self._payout_account(conn, payout_id)
+                    account_id, _ = await self._granted_account(
+                        conn, payout_id, token, grant, operation
+                    )
                     await self._stamp_balance(conn, account_id, token, operation, payout_id)
             except FencedOut as exc:
                 self._report_fenced_out(exc, payout_id, operation)
                 raise
 
     async def mark_submitted(
-        self, payout_id: str, token: int, ctx: WorkContext
+        self, payout_id: str, token: int, ctx: WorkContext, *, grant: GrantLike = None
     ) -> Payout | AlreadyAdvanced:
         """CLAIMED -> RAIL_SUBMITTED: the proxy has durably recorded the attempt."""
         return await self._simple(
-            "mark_submitted", payout_id, token, ctx, from_state=S.CLAIMED, to_state=S.RAIL_SUBMITTED
+            "mark_submitted",
+            payout_id,
+            token,
+            ctx,
+            grant=grant,
+            from_state=S.CLAIMED,
+            to_state=S.RAIL_SUBMITTED,
         )
 
     async def mark_acked(
-        self, payout_id: str, token: int, ctx: WorkContext
+        self, payout_id: str, token: int, ctx: WorkContext, *, grant: GrantLike = None
     ) -> Payout | AlreadyAdvanced:
         """RAIL_SUBMITTED -> RAIL_ACKED: the rail acknowledged."""
         return await self._simple(
-            "mark_acked", payout_id, token, ctx, from_state=S.RAIL_SUBMITTED, to_state=S.RAIL_ACKED
+            "mark_acked",
+            payout_id,
+            token,
+            ctx,
+            grant=grant,
+            from_state=S.RAIL_SUBMITTED,
+            to_state=S.RAIL_ACKED,
         )
 
     async def mark_declined(
-        self, payout_id: str, token: int, ctx: WorkContext, *, reason: str
+        self,
+        payout_id: str,
+        token: int,
+        ctx: WorkContext,
+        *,
+        reason: str,
+        grant: GrantLike = None,
     ) -> Payout | AlreadyAdvanced:
         """RAIL_SUBMITTED -> FAILED: a business decline; no ledger movement."""
         check_text(reason, "reason")
@@ -295,13 +336,20 @@ class PayoutStore:
             payout_id,
             token,
             ctx,
+            grant=grant,
             from_state=S.RAIL_SUBMITTED,
             to_state=S.FAILED,
             reason=reason,
         )
 
     async def mark_ambiguous(
-        self, payout_id: str, token: int, ctx: WorkContext, *, reason: str = "indeterminate"
+        self,
+        payout_id: str,
+        token: int,
+        ctx: WorkContext,
+        *,
+        reason: str = "indeterminate",
+        grant: GrantLike = None,
     ) -> Payout | AlreadyAdvanced:
         """RAIL_SUBMITTED -> RAIL_AMBIGUOUS: money may have moved; never submitted again."""
         check_text(reason, "reason")
@@ -310,13 +358,14 @@ class PayoutStore:
             payout_id,
             token,
             ctx,
+            grant=grant,
             from_state=S.RAIL_SUBMITTED,
             to_state=S.RAIL_AMBIGUOUS,
             details={"reason": reason},
         )
 
     async def resolve_settled(
-        self, payout_id: str, token: int, ctx: WorkContext
+        self, payout_id: str, token: int, ctx: WorkContext, *, grant: GrantLike = None
     ) -> Payout | AlreadyAdvanced:
         """RAIL_AMBIGUOUS -> RAIL_ACKED: a lookup by client reference found it settled."""
         return await self._simple(
@@ -324,12 +373,19 @@ class PayoutStore:
             payout_id,
             token,
             ctx,
+            grant=grant,
             from_state=S.RAIL_AMBIGUOUS,
             to_state=S.RAIL_ACKED,
         )
 
     async def resolve_absent(
-        self, payout_id: str, token: int, ctx: WorkContext, *, reason: str = "absent_at_rail"
+        self,
+        payout_id: str,
+        token: int,
+        ctx: WorkContext,
+        *,
+        reason: str = "absent_at_rail",
+        grant: GrantLike = None,
     ) -> Payout | AlreadyAdvanced:
         """RAIL_AMBIGUOUS -> FAILED: a lookup says the rail definitively never had it."""
         check_text(reason, "reason")
@@ -338,13 +394,21 @@ class PayoutStore:
             payout_id,
             token,
             ctx,
+            grant=grant,
             from_state=S.RAIL_AMBIGUOUS,
             to_state=S.FAILED,
             reason=reason,
         )
 
     async def abandon(
-        self, payout_id: str, token: int, ctx: WorkContext, *, operator: str, reason: str
+        self,
+        payout_id: str,
+        token: int,
+        ctx: WorkContext,
+        *,
+        operator: str,
+        reason: str,
+        grant: GrantLike = None,
     ) -> Payout | AlreadyAdvanced:
         """RAIL_AMBIGUOUS -> ABANDONED: break-glass, by an operator with identity and reason.
 
@@ -358,6 +422,7 @@ class PayoutStore:
             payout_id,
             token,
             ctx,
+            grant=grant,
             from_state=S.RAIL_AMBIGUOUS,
             to_state=S.ABANDONED,
             reason=f"abandoned: {reason}",
@@ -365,7 +430,9 @@ class PayoutStore:
             audit_actor=operator,
         )
 
-    async def post(self, payout_id: str, token: int, ctx: WorkContext) -> Payout | AlreadyAdvanced:
+    async def post(
+        self, payout_id: str, token: int, ctx: WorkContext, *, grant: GrantLike = None
+    ) -> Payout | AlreadyAdvanced:
         """RAIL_ACKED -> POSTED with the ledger and balance, in ONE transaction (UC-01 step 8).
 
         Money cannot be debited twice: the RAIL_ACKED -> POSTED update matches a row at most
@@ -379,7 +446,9 @@ class PayoutStore:
         async with self._pool.acquire() as conn:
             try:
                 async with conn.transaction():
-                    account_id, amount = await self._payout_account(conn, payout_id)
+                    account_id, amount = await self._granted_account(
+                        conn, payout_id, token, grant, operation
+                    )
                     await self._stamp_balance(conn, account_id, token, operation, payout_id)
                     result = await self._transition(
                         conn,
@@ -459,6 +528,7 @@ class PayoutStore:
         token: int,
         ctx: WorkContext,
         *,
+        grant: GrantLike,
         from_state: PayoutState,
         to_state: PayoutState,
         reason: str | None = None,
@@ -474,7 +544,9 @@ class PayoutStore:
         async with self._pool.acquire() as conn:
             try:
                 async with conn.transaction():
-                    account_id, _ = await self._payout_account(conn, payout_id)
+                    account_id, _ = await self._granted_account(
+                        conn, payout_id, token, grant, operation
+                    )
                     await self._stamp_balance(conn, account_id, token, operation, payout_id)
                     return await self._transition(
                         conn,
@@ -624,6 +696,55 @@ class PayoutStore:
         if stored is None:
             raise UnknownAccount(f"unknown account {account_id!r}")
         raise FencedOut(lock_key(account_id), token, int(stored))
+
+    async def _granted_account(
+        self,
+        conn: asyncpg.Connection,
+        payout_id: str,
+        token: int,
+        grant: GrantLike,
+        operation: str,
+    ) -> tuple[str, int]:
+        """The payout's account and amount, once the grant is proved to be the lock service's
+        grant of that account's key for `token` (INV-07); `InvalidGrant` otherwise.
+
+        Runs before any write of the transaction (only the payout's account is read first, to
+        know which key the grant must be for). What it prevents: a made-up token raising the
+        account's fence above anything the lock service can issue, or moving a payout. Whether
+        the genuine token is the newest is still the fence's decision, next.
+        """
+        account_id, amount = await self._payout_account(conn, payout_id)
+        if self._verifier is not None:
+            try:
+                genuine = self._verifier.verify(
+                    grant, key=lock_key(account_id), token=token, check_expiry=False
+                )
+                if is_expired(genuine):
+                    # A stale holder is told it is fenced out first (as `_classify_miss` does):
+                    # read-only, an expired grant moves no fence, not even to its own token.
+                    await self._refuse_if_fenced(conn, account_id, token)
+                    raise GrantExpired(f"grant expired at {genuine.expires_at.isoformat()}")
+            except GrantError as exc:
+                log.warning(
+                    "grant.refused",
+                    enforcement_point="paydb",
+                    reason=exc.code,
+                    payout_id=payout_id,
+                    operation=operation,
+                    presented_token=token,
+                )
+                metrics.GRANT_REFUSED.labels(operation=operation, reason=exc.code).inc()
+                raise InvalidGrant(str(exc), reason=exc.code) from None
+        return account_id, amount
+
+    async def _refuse_if_fenced(
+        self, conn: asyncpg.Connection, account_id: str, token: int
+    ) -> None:
+        stored = await conn.fetchval(
+            "SELECT fence FROM paydb.balances WHERE account_id = $1", account_id
+        )
+        if self._enforce_fencing and stored is not None and int(stored) > token:
+            raise FencedOut(lock_key(account_id), token, int(stored))
 
     async def _payout_account(self, conn: asyncpg.Connection, payout_id: str) -> tuple[str, int]:
         row = await conn.fetchrow(

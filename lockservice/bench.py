@@ -30,6 +30,7 @@ from typing import Any
 import httpx
 
 from lockservice.client import LockClient
+from lockservice.grants import generate_keypair
 from payouts.embedded import EmbeddedEtcd, EmbeddedPostgres, free_port
 from payouts.pgutil import create_database, drop_database
 
@@ -121,7 +122,15 @@ async def postgres_floor(database_url: str, n: int) -> list[float]:
 async def lock_server(env: dict[str, str], log: Path) -> AsyncIterator[str]:
     """A `python -m lockservice serve` subprocess on a free port; terminated on exit."""
     port = free_port()
-    full_env = {**os.environ, **env, "LOCK_PORT": str(port), "LOCK_HOST": "127.0.0.1"}
+    keys = generate_keypair(log.parent / "keys", "bench-k1")  # every grant is signed
+    full_env = {
+        **os.environ,
+        "LOCK_SIGNING_KEY_PATH": str(keys.private_path),
+        "LOCK_SIGNING_KEY_ID": keys.kid,
+        **env,
+        "LOCK_PORT": str(port),
+        "LOCK_HOST": "127.0.0.1",
+    }
     with log.open("ab") as out:
         proc = subprocess.Popen(  # noqa: ASYNC220 - start-up, outside the measured loop
             [sys.executable, "-m", "lockservice", "serve"], env=full_env, stdout=out, stderr=out

@@ -41,7 +41,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import Any
 from urllib.parse import quote
@@ -51,6 +51,7 @@ import httpx
 from lockservice import api
 from lockservice._http import KeepAliveTransport
 from lockservice.api import Grant, LockError
+from lockservice.grants import SignedGrant
 from payouts.logs import get_logger
 
 _log = get_logger("lockservice.client")
@@ -101,6 +102,8 @@ class Lease:
 
     grant: Grant
     _client: LockClient = field(repr=False)
+    #: The lock server's signature over `grant` (None only from a server that does not sign).
+    signed: SignedGrant | None = None
     lost: asyncio.Event = field(default_factory=asyncio.Event)
     lost_reason: str | None = None
     released: bool = False
@@ -127,6 +130,22 @@ class Lease:
             self._client._session_lost("deadline")
             return False
         return True
+
+    async def signed_grant(self, *, now: datetime | None = None) -> SignedGrant | None:
+        """The signed grant to present to an enforcement point, renewed first when its own
+        `expires_at` is less than `ttl_s * safety_margin` away (on this host's wall clock).
+
+        Why: a grant states the session's expiry when it was issued, and the session lives on by
+        heartbeat; an enforcement point refuses a grant past its stated expiry, so a long critical
+        section presents a renewed statement. NotHeld (and the lost signal) if the renew is
+        refused: the grant is gone, and so is the right to write under it.
+        """
+        if self.signed is None:
+            return None
+        margin = timedelta(seconds=self._client.ttl_s * self._client.safety_margin)
+        if (now or datetime.now(UTC)) >= self.signed.expires_at - margin:
+            await self._client.renew(self)
+        return self.signed
 
 
 class LockClient:
@@ -321,7 +340,7 @@ class LockClient:
                 # This acquire held nothing yet, so one more try under a fresh session is safe
                 # and spares the caller a backoff (a paused worker's waiters all fail at once).
                 continue
-            lease = Lease(_grant_of(data), self)
+            lease = Lease(_grant_of(data), self, _signed_of(data))
             self._leases.add(lease)
             return lease
         raise AssertionError("unreachable")  # the loop returns or raises
@@ -334,6 +353,7 @@ class LockClient:
             self._mark_lost(lease, "renew_refused")
             raise
         lease.grant = _grant_of(data)
+        lease.signed = _signed_of(data)
         return lease
 
     async def release(self, lease: Lease) -> None:
@@ -576,6 +596,13 @@ def _grant_of(data: dict[str, Any]) -> Grant:
         acquired_at=datetime.fromisoformat(str(data["acquired_at"])),
         expires_at=datetime.fromisoformat(str(data["expires_at"])),
     )
+
+
+def _signed_of(data: dict[str, Any]) -> SignedGrant | None:
+    """The signed form of a grant answer; the SDK does not verify it (the resources do)."""
+    if not data.get("signature") or not data.get("kid"):
+        return None
+    return SignedGrant.from_json(data)
 
 
 def _grant_body(g: Grant) -> dict[str, Any]:

@@ -1,13 +1,15 @@
 """The lock server: the `LockBackend` contract over HTTP/JSON (FastAPI), versioned under /v1.
 
 Owns: request validation, the mapping of contract errors to HTTP status codes and JSON bodies
-`{"code", "message"}`, the grant/renew/release/expiry events, and the Prometheus metrics.
+`{"code", "message"}`, the grant/renew/release/expiry events, the Prometheus metrics, and the
+Ed25519 signature on every grant it returns (acquire, renew: `kid` + `signature`, INV-07).
 Events: the backends emit `lock.acquired`, `lock.released`, `lock.renew_failed`, `lock.expired`,
 `lock.revoked`, `lock.epoch_bumped` and `alert` (lockservice.events); this layer adds only what
 they cannot see: `lock.not_acquired`, `lock.renewed`, `lock.session_expired`,
 `lock.release_failed`, `lock.session_opened`, `lock.session_closed`. One event per fact, never two.
 Must never: decide lease expiry itself (the backend's clock does), turn bad input into a 500 or a
-state change, or put a key, session or token into a metric label (NFR-09).
+state change, put a key, session or token into a metric label (NFR-09), return an unsigned grant,
+or start (`main`) without its signing key.
 
 Status codes: 200 ok, 204 no body, 404 unknown route or session, 409 not acquired / not held,
 422 invalid input (FastAPI's validation errors reshaped to the same JSON body), 503 backend
@@ -41,6 +43,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from lockservice import api
 from lockservice.api import Grant, LockBackend, NotAcquired
+from lockservice.grants import GrantSigner
 from lockservice.watermark import Watermark
 from payouts.logs import get_logger
 
@@ -78,6 +81,10 @@ class GrantBody(BaseModel):
     session_id: str = _SESSION_ID
     acquired_at: datetime
     expires_at: datetime
+
+    #: The lock service's signature over the grant (lockservice.grants); ignored on input.
+    kid: str | None = None
+    signature: str | None = None
 
     def to_grant(self) -> Grant:
         return Grant(self.key, self.token, self.session_id, self.acquired_at, self.expires_at)
@@ -149,13 +156,16 @@ def _iso(dt: datetime | None) -> str | None:
     return None if dt is None else dt.isoformat()
 
 
-def _grant_json(g: Grant) -> dict[str, Any]:
+def _grant_json(g: Grant, signer: GrantSigner) -> dict[str, Any]:
+    signed = signer.sign(g)  # every grant that leaves this server is signed (INV-07)
     return {
         "key": g.key,
         "token": g.token,
         "session_id": g.session_id,
         "acquired_at": _iso(g.acquired_at),
         "expires_at": _iso(g.expires_at),
+        "kid": signed.kid,
+        "signature": signed.signature,
     }
 
 
@@ -203,6 +213,7 @@ class _State:
     backend: LockBackend | None
     metrics: _Metrics
     default_ttl_s: float
+    signer: GrantSigner
     #: Restored-data detection (lockservice.watermark); None: off (no LOCK_STATE_DIR).
     watermark: Watermark | None = None
 
@@ -234,11 +245,17 @@ def create_app(
     default_ttl_s: float = 15.0,
     lifespan: Callable[[FastAPI], Any] | None = None,
     watermark: Watermark | None = None,
+    signer: GrantSigner | None = None,
 ) -> FastAPI:
     """The HTTP app over an already-connected backend (the caller closes the backend). With a
     `watermark` it refuses grants on restored data; call `await watermark.check(backend)` first
-    to detect a restore before the first acquire (app_from_settings does)."""
-    return _build(_State(backend, _Metrics(), default_ttl_s, watermark), lifespan)
+    to detect a restore before the first acquire (app_from_settings does).
+
+    Without `signer`, grants are signed with a fresh in-memory key that no enforcement point
+    knows: still never an unsigned grant, but only useful where nobody verifies (lock tests).
+    """
+    state = _State(backend, _Metrics(), default_ttl_s, signer or GrantSigner.ephemeral(), watermark)
+    return _build(state, lifespan)
 
 
 async def _checked_acquire(state: _State, session_id: str, key: str, wait: float) -> Any:
@@ -369,7 +386,7 @@ def _build(  # noqa: PLR0915 - one route table, read top to bottom
                 "lock.not_acquired", key=key, session_id=body.session_id, reason=result.reason
             )
             return _error(409, "not_acquired", f"{key} not acquired", reason=result.reason)
-        return JSONResponse(_grant_json(result))
+        return JSONResponse(_grant_json(result, state.signer))
 
     @app.post("/v1/locks/renew", name="renew", response_model=GrantBody, responses=_ERRORS)
     async def renew(body: GrantBody) -> Response:
@@ -377,7 +394,7 @@ def _build(  # noqa: PLR0915 - one route table, read top to bottom
         api.validate_key(grant.key)
         renewed = await run("renew", lambda: state.be().renew(grant))  # backend: renew_failed
         _log.info("lock.renewed", key=grant.key, token=grant.token)
-        return JSONResponse(_grant_json(renewed))
+        return JSONResponse(_grant_json(renewed, state.signer))
 
     @app.post("/v1/locks/release", name="release", status_code=204, responses=_ERRORS)
     async def release(body: GrantBody) -> Response:
@@ -485,7 +502,10 @@ def app_from_settings(settings: Any) -> FastAPI:
     from lockservice.backends import create_backend
     from lockservice.watermark import location_identity
 
-    state = _State(None, _Metrics(), float(settings.default_ttl_s))
+    if not settings.signing_key_path:
+        raise ValueError("LOCK_SIGNING_KEY_PATH is required: every grant is signed")
+    signer = GrantSigner.from_pem_file(settings.signing_key_path, settings.signing_key_id)
+    state = _State(None, _Metrics(), float(settings.default_ttl_s), signer)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -513,7 +533,7 @@ def app_from_settings(settings: Any) -> FastAPI:
             # first one after `bump-epoch` finds the backend ahead again.
             with contextlib.suppress(api.RestoreDetected):
                 await state.watermark.check(state.backend)
-        _log.info("lock.server_started", backend=settings.backend)
+        _log.info("lock.server_started", backend=settings.backend, signing_key_id=signer.kid)
         try:
             yield
         finally:
@@ -525,12 +545,22 @@ def app_from_settings(settings: Any) -> FastAPI:
 
 def main() -> None:
     """Build the backend from `LOCK_*` settings and serve until SIGINT/SIGTERM."""
+    import sys
+
     import uvicorn
 
     from lockservice.settings import LockSettings
     from payouts.logs import configure_logging
 
     settings = LockSettings()
+    if not settings.signing_key_path:
+        # Safe default: a lock server that cannot sign would issue grants nobody can verify.
+        print(  # noqa: T201 - the one-line refusal on stderr, before logging exists
+            "lock-server: LOCK_SIGNING_KEY_PATH is not set (the Ed25519 private key, PEM, that "
+            "signs every grant): refusing to start",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
     configure_logging("lock-server", level=settings.log_level)
     # The access log would print session ids in paths on every heartbeat; events cover requests.
     uvicorn.run(

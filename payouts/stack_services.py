@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from lockservice.grants import KeyPairFiles, generate_keypair
 from payouts.embedded import temporal_binary
 from payouts.stack_config import StackConfig
 from payouts.stack_process import (
@@ -27,6 +28,8 @@ from workflows.search_attributes import dev_server_flags
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 WORKER_SCRIPT = PROJECT_ROOT / "worker_main.py"
+#: Key id of the local stack's grant-signing key (lockservice.grants).
+STACK_KEY_ID = "stack-k1"
 #: The dev server's SQLite in WAL mode with NORMAL sync: it survives a crash of the server process
 #: (only an OS crash can lose the last commits), and every task no longer waits for an fsync,
 #: which on a 2-core machine is the difference between a busy and a saturated Temporal.
@@ -93,6 +96,16 @@ class ServiceFactory:
         self.addr = addresses
         self.base_env = base_env
         self.logs = config.run_dir / "logs"
+        self._keys: KeyPairFiles | None = None
+
+    @property
+    def grant_keys(self) -> KeyPairFiles:
+        """The stack's grant-signing key pair under `<run dir>/keys/`, generated on first start
+        and kept for the next (INV-07): the private key (0600) goes only to the lock server, the
+        public directory to the rail proxy and the workers."""
+        if self._keys is None:
+            self._keys = generate_keypair(self.config.run_dir / "keys", STACK_KEY_ID)
+        return self._keys
 
     def _env(self, name: str, own: Mapping[str, str]) -> dict[str, str]:
         env = dict(self.base_env)
@@ -180,6 +193,8 @@ class ServiceFactory:
             "LOCK_HOST": "127.0.0.1",
             "LOCK_PORT": str(port),
             "LOCK_DATABASE_URL": self.addr.database_url,
+            "LOCK_SIGNING_KEY_PATH": str(self.grant_keys.private_path),
+            "LOCK_SIGNING_KEY_ID": self.grant_keys.kid,
         }
         if self.addr.etcd_endpoints:
             own["LOCK_ETCD_ENDPOINTS"] = ",".join(self.addr.etcd_endpoints)
@@ -220,10 +235,15 @@ class ServiceFactory:
             "RAILPROXY_PORT": str(port),
             "RAILPROXY_DATABASE_URL": self.addr.database_url,
             "RAILPROXY_RAIL_URL": self.addr.railstub_url,
+            "RAILPROXY_GRANT_PUBLIC_KEYS": str(self.grant_keys.public_dir),
             # FR-29: the proxy's fence and per-payout submission guard are what stop a second
             # rail movement when a paused holder wakes up; only the experiment turns them off.
             "RAILPROXY_ENFORCE_FENCING": _flag(self.config.fencing),
             "RAILPROXY_ENFORCE_SUBMISSION_GUARD": _flag(self.config.fencing),
+            # ... and so is the grant check (INV-07): a paused holder's grant has expired by its
+            # own statement when it thaws, which alone would refuse it and hide the duplicate
+            # the negative control must show.
+            "RAILPROXY_VERIFY_GRANTS": _flag(self.config.fencing),
             # With them off the proxy starts only in experiment mode, which it verifies by asking
             # its rail (the local stub) to identify itself (railproxy.startup).
             "RAILPROXY_EXPERIMENT_MODE": _flag(not self.config.fencing),
@@ -296,10 +316,12 @@ class ServiceFactory:
             "WORKER_DATABASE_URL": self.addr.database_url,
             "WORKER_LOCK_URL": self.addr.lock_url,
             "WORKER_RAILPROXY_URL": self.addr.railproxy_url,
+            "WORKER_GRANT_PUBLIC_KEYS": str(self.grant_keys.public_dir),
             "WORKER_ID": name,
             "WORKER_METRICS_PORT": str(metrics_port),
             # FR-29: the worker's own fencing checks; off only for the negative-control experiment.
             "WORKER_ENFORCE_FENCING": _flag(self.config.fencing),
+            "WORKER_VERIFY_GRANTS": _flag(self.config.fencing),
             # Off is refused outside experiment mode, which the worker verifies at the proxy.
             "WORKER_EXPERIMENT_MODE": _flag(not self.config.fencing),
             "WORKER_TASK_QUEUE": self.config.task_queue,

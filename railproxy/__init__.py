@@ -8,10 +8,11 @@ handoff certainty (STD01-06), and the breaker, bulkhead and rate limit of the Co
 
 Must never: forward an instruction before its attempt is durably recorded; forward a payout
 that already has an attempt which may have reached the rail (whatever the token); accept a token
-below the account's high-water mark; retry a submission at any layer; report NOT_SUBMITTED
-without authoritative evidence that nothing reached the rail; read or write another component's
-tables; start with an enforcement switched off outside an experiment mode verified against the
-rail stub (FR-29, `railproxy.startup`).
+below the account's high-water mark, or any token whose grant the lock service's public keys do
+not verify (INV-07: checked before the mark is touched; it holds no private key); retry a
+submission at any layer; report NOT_SUBMITTED without authoritative evidence that nothing reached
+the rail; read or write another component's tables; start with an enforcement switched off
+outside an experiment mode verified against the rail stub (FR-29, `railproxy.startup`).
 """
 
 from railproxy.app import create_app

@@ -18,7 +18,7 @@ from payouts.logs import get_logger
 from payouts.migrate import migrate
 from payouts.pgutil import create_pool
 from railproxy import store
-from railproxy.errors import LookupUnavailable, Rejected, StaleToken
+from railproxy.errors import InvalidGrant, LookupUnavailable, Rejected, StaleToken
 from railproxy.metrics import ProxyMetrics
 from railproxy.models import (
     IDENT,
@@ -33,12 +33,12 @@ from railproxy.models import (
 from railproxy.resilience import CircuitState
 from railproxy.service import RailProxy
 from railproxy.settings import ProxySettings
-from railproxy.startup import check_start
+from railproxy.startup import check_start, load_verifier
 
 log = get_logger("railproxy")
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorBody} for code in (409, 422, 429, 503, 504)
+    code: {"model": ErrorBody} for code in (403, 409, 422, 429, 503, 504)
 }
 
 
@@ -54,7 +54,7 @@ def create_app(settings: ProxySettings | None = None) -> FastAPI:
         await check_start(settings)  # FR-29: before anything starts; raises StartupRefused
         await migrate(settings.database_url, schemas={"railproxy"})
         pool = await create_pool(settings.database_url, min_size=1, max_size=settings.db_pool_max)
-        proxy = RailProxy(settings, pool, app.state.metrics)
+        proxy = RailProxy(settings, pool, app.state.metrics, load_verifier(settings))
         app.state.proxy = proxy
         _announce(settings)
         probes = asyncio.create_task(proxy.probe_loop())
@@ -162,6 +162,15 @@ def _rejected(p: RailProxy, req: SubmitRequest, exc: Rejected) -> JSONResponse:
         highest_token=exc.highest_token,
         correlation_id=req.context.correlation_id,
     )
+    if isinstance(exc, InvalidGrant):
+        # Nothing was forwarded or recorded, and the high-water mark was not touched.
+        log.warning(
+            "grant.refused",
+            enforcement_point="railproxy",
+            reason=exc.reason,
+            account_id=req.account_id,
+            presented_token=req.token,
+        )
     if isinstance(exc, StaleToken):
         log.warning(
             "lock.fenced_out",
@@ -244,6 +253,12 @@ def _announce(settings: ProxySettings) -> None:
             "fencing.disabled",
             enforcement_point="railproxy",
             message="EXPERIMENT ONLY: the rail proxy is NOT checking fencing tokens (FR-29)",
+        )
+    if not settings.verify_grants:
+        log.warning(
+            "grant_verification.disabled",
+            enforcement_point="railproxy",
+            message="EXPERIMENT ONLY: the rail proxy accepts tokens nobody signed (INV-07)",
         )
     if not settings.enforce_submission_guard:
         log.warning(

@@ -2,6 +2,8 @@
 
 RailProxyError
  +-- Rejected                 refused before anything was forwarded: handoff NOT_SUBMITTED
+ |    +-- InvalidGrant        403 INVALID_GRANT: the grant is missing, not signed by an accepted
+ |                            key, for another account's key or token, or expired (INV-07)
  |    +-- StaleToken          409 STALE_TOKEN: token below the account's high-water mark (FR-17)
  |    +-- DuplicateSubmission 409 DUPLICATE_SUBMISSION: the payout already has an attempt (FR-18)
  |    +-- CircuitOpen         503 CIRCUIT_OPEN: the breaker is OPEN or HALF_OPEN
@@ -37,6 +39,17 @@ class Rejected(RailProxyError):
         self.message = message
         self.presented_token = presented_token
         self.highest_token = highest_token
+
+
+class InvalidGrant(Rejected):
+    """Not a grant the lock service issued for this submission; `reason` names the check."""
+
+    code = "INVALID_GRANT"
+    http_status = 403
+
+    def __init__(self, message: str, *, reason: str, presented_token: int | None = None) -> None:
+        super().__init__(message, presented_token=presented_token)
+        self.reason = reason
 
 
 class StaleToken(Rejected):

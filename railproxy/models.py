@@ -47,6 +47,17 @@ class SubmitContext(BaseModel):
     deadline_at: AwareDatetime  # absolute: the proxy never starts a budget of its own
 
 
+class GrantIn(BaseModel):
+    """The lock service's signed grant, as its SDK received it (lockservice.grants)."""
+
+    key: str = Field(min_length=1, max_length=256)
+    token: int = Field(ge=0, le=MAX_BIGINT)
+    session_id: str = Field(min_length=1, max_length=128)
+    expires_at: AwareDatetime
+    kid: str = Field(min_length=1, max_length=64)
+    signature: str = Field(min_length=1, max_length=200)
+
+
 class SubmitRequest(BaseModel):
     payout_id: str = Field(min_length=1, max_length=128, pattern=IDENT)
     account_id: str = Field(min_length=1, max_length=128, pattern=IDENT)
@@ -54,6 +65,9 @@ class SubmitRequest(BaseModel):
     client_reference: str = Field(min_length=1, max_length=128, pattern=IDENT)
     token: int = Field(ge=0, le=MAX_BIGINT, description="fencing token of the caller's grant")
     context: SubmitContext
+    #: Verified before anything else; a missing one is refused as INVALID_GRANT (not 422), so
+    #: the refusal says what is wrong.
+    grant: GrantIn | None = None
 
 
 class SubmitResponse(BaseModel):

@@ -1,7 +1,14 @@
 """The submit path of the rail proxy: gates, fenced recording, one forward, recorded outcome.
 
 Order matters and is the safety argument:
-1. the fence first, in its own short transaction: the account's high-water mark is raised to T
+0. the grant's signature first (INV-07): a grant the lock service did not issue for this
+   account's key and this token is refused as INVALID_GRANT -- nothing forwarded, no attempt
+   recorded, the high-water mark untouched (a made-up token could otherwise raise the mark above
+   anything the lock service can issue). A genuine grant expired by its own `expires_at` is
+   refused too, without touching the mark: as STALE_TOKEN when a newer token is on record (a
+   stale holder is always told it is fenced out, as at the payment database), else as
+   INVALID_GRANT;
+1. the fence, in its own short transaction: the account's high-water mark is raised to T
    (T >= mark) or the request is refused as STALE_TOKEN (FR-17), before anything can refuse it
    for another reason -- so a newer holder's token is on record even when a gate then turns its
    request away, and an older holder is refused by the fence, not only by the attempt guard;
@@ -23,9 +30,10 @@ from datetime import UTC, datetime
 
 import asyncpg
 
+from lockservice.grants import GrantError, GrantExpired, GrantVerifier, check_not_expired
 from payouts.logs import get_logger
 from railproxy import absence, rail, store
-from railproxy.errors import DeadlineExceeded, RailNotReached, StoreUnavailable
+from railproxy.errors import DeadlineExceeded, InvalidGrant, RailNotReached, StoreUnavailable
 from railproxy.metrics import ProxyMetrics
 from railproxy.models import CERTAINTY_OF, LookupResponse, Outcome, SubmitRequest, SubmitResponse
 from railproxy.resilience import Bulkhead, CircuitBreaker, Evidence, TokenBucket, Transition
@@ -41,14 +49,30 @@ _STORE_ERRORS = (
 )
 
 log = get_logger("railproxy")
+
+
+def account_lock_key(account_id: str) -> str:
+    """The lock key whose grant may submit for `account_id`: the same spelling as
+    `ledger.records.lock_key` (a test holds them equal; the proxy does not import the ledger)."""
+    return f"payout:{account_id}"
+
+
 _OUTCOME_WRITE_ATTEMPTS = 3
 
 
 class RailProxy:
     """Runtime state of one proxy process; created in the app's lifespan."""
 
-    def __init__(self, settings: ProxySettings, pool: asyncpg.Pool, metrics: ProxyMetrics) -> None:
+    def __init__(
+        self,
+        settings: ProxySettings,
+        pool: asyncpg.Pool,
+        metrics: ProxyMetrics,
+        verifier: GrantVerifier | None,
+    ) -> None:
         self.settings = settings
+        # None only with RAILPROXY_VERIFY_GRANTS=false, which startup allows in experiment mode.
+        self.verifier = verifier
         self.pool = pool
         self.metrics = metrics
         self.submit_http = rail.submit_client(settings)
@@ -81,6 +105,7 @@ class RailProxy:
     async def submit(self, req: SubmitRequest) -> SubmitResponse:
         """Raises a `Rejected` (NOT_SUBMITTED) or returns the recorded outcome."""
         self.metrics.requests.inc()
+        await self._verify_grant(req)
         await self._raise_fence(req)
         remaining = self._remaining_s(req)
         if remaining < self.settings.min_useful_budget_s:
@@ -93,6 +118,37 @@ class RailProxy:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return await asyncio.shield(task)
+
+    async def _verify_grant(self, req: SubmitRequest) -> None:
+        """Step 0: only a grant the lock service signed for this account and token passes, and
+        only before its stated expiry.
+
+        The signature says the lock service issued the token; it does not say the token is the
+        newest: a genuine but superseded grant passes here and is refused by the fence next.
+        """
+        if self.verifier is None:
+            return
+        grant = None if req.grant is None else req.grant.model_dump()
+        key = account_lock_key(req.account_id)
+        try:
+            genuine = self.verifier.verify(grant, key=key, token=req.token, check_expiry=False)
+        except GrantError as exc:
+            raise InvalidGrant(str(exc), reason=exc.code, presented_token=req.token) from None
+        try:
+            check_not_expired(genuine)
+        except GrantExpired as exc:
+            # Read-only: an expired grant must not move the mark, even to its own genuine token.
+            await self._refuse_if_stale(req)
+            raise InvalidGrant(str(exc), reason=exc.code, presented_token=req.token) from None
+
+    async def _refuse_if_stale(self, req: SubmitRequest) -> None:
+        """StaleToken if a newer token than the request's is on record (no write)."""
+        if not self.settings.enforce_fencing:
+            return
+        try:
+            await store.check_not_stale(self.pool, req)
+        except _STORE_ERRORS as exc:
+            raise StoreUnavailable(f"could not read the fence: {type(exc).__name__}") from exc
 
     async def _raise_fence(self, req: SubmitRequest) -> None:
         """Step 1: the account's high-water mark takes T before any gate (or StaleToken).

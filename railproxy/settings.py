@@ -61,6 +61,12 @@ class ProxySettings(BaseSettings):
     # proxy is in experiment mode against the rail stub (see `railproxy.startup`).
     enforce_fencing: bool = True
     enforce_submission_guard: bool = True
+    #: INV-07: every submission's grant must carry the lock service's signature. Off, a made-up
+    #: token moves money and raises the account's high-water mark: negative control only.
+    verify_grants: bool = True
+    #: The lock service's public keys: a directory of `<kid>.pem` files or `kid=path,...`.
+    #: Every key id listed is accepted (rotation); required while `verify_grants` is on.
+    grant_public_keys: str | None = None
     # Experiment mode: the proxy starts only if its rail identifies itself as the rail stub
     # (`GET /admin/identity` answers {"rail": "stub"}), waiting at most `experiment_verify_s`
     # for it to answer. /health reports it as `experiment_mode`, which workers check in turn.
@@ -74,5 +80,6 @@ class ProxySettings(BaseSettings):
         switches = {
             "RAILPROXY_ENFORCE_FENCING": self.enforce_fencing,
             "RAILPROXY_ENFORCE_SUBMISSION_GUARD": self.enforce_submission_guard,
+            "RAILPROXY_VERIFY_GRANTS": self.verify_grants,
         }
         return [name for name, on in switches.items() if not on]

@@ -1,12 +1,14 @@
 """The rail proxy's start-up guard (FR-29): a switched-off enforcement never meets a real rail.
 
-`RAILPROXY_ENFORCE_FENCING` and `RAILPROXY_ENFORCE_SUBMISSION_GUARD` exist for negative controls
-only. With either of them off the proxy refuses to start unless `RAILPROXY_EXPERIMENT_MODE=true`,
-and experiment mode is itself verified rather than believed: the rail at `RAILPROXY_RAIL_URL`
-must identify itself as the rail stub (`GET /admin/identity` answers `{"rail": "stub"}`, an
-endpoint of the stub that no real rail has). The check runs before anything else starts (no
-migration, no pool, no port), and a refusal names the variable to change. Workers check the
-proxy's `experiment_mode` in turn before they run with their own fencing off.
+`RAILPROXY_ENFORCE_FENCING`, `RAILPROXY_ENFORCE_SUBMISSION_GUARD` and `RAILPROXY_VERIFY_GRANTS`
+exist for negative controls only. With any of them off the proxy refuses to start unless
+`RAILPROXY_EXPERIMENT_MODE=true`, and experiment mode is itself verified rather than believed:
+the rail at `RAILPROXY_RAIL_URL` must identify itself as the rail stub (`GET /admin/identity`
+answers `{"rail": "stub"}`, an endpoint of the stub that no real rail has). The check runs
+before anything else starts (no migration, no pool, no port), and a refusal names the variable
+to change. The grant verifier's public keys (`RAILPROXY_GRANT_PUBLIC_KEYS`) are loaded here too,
+so a proxy without them never starts. Workers check the proxy's `experiment_mode` in turn before
+they run with their own fencing off.
 
 Must never: start with a switch off outside a verified experiment mode; treat an unreachable or
 unknown rail as the stub.
@@ -20,6 +22,7 @@ from typing import Any
 
 import httpx
 
+from lockservice.grants import GrantVerifier
 from railproxy.errors import StartupRefused
 from railproxy.settings import ProxySettings
 
@@ -37,8 +40,25 @@ async def check_start(
             f"{_listed(off)} is experiment-only (FR-29): refusing to start without "
             "RAILPROXY_EXPERIMENT_MODE=true against the rail stub"
         )
+    load_verifier(settings)  # fails before anything starts if the keys are missing or bad
     if settings.experiment_mode:
         await verify_rail_is_stub(settings, off, transport=transport)
+
+
+def load_verifier(settings: ProxySettings) -> GrantVerifier | None:
+    """The grant verifier (None only with RAILPROXY_VERIFY_GRANTS=false); StartupRefused if the
+    public keys are not configured or cannot be read."""
+    if not settings.verify_grants:
+        return None
+    if not settings.grant_public_keys:
+        raise StartupRefused(
+            "RAILPROXY_GRANT_PUBLIC_KEYS is not set: the proxy verifies every grant's signature "
+            "with the lock service's public keys (INV-07); refusing to start"
+        )
+    try:
+        return GrantVerifier.from_spec(settings.grant_public_keys)
+    except (OSError, ValueError) as exc:
+        raise StartupRefused(f"RAILPROXY_GRANT_PUBLIC_KEYS: {exc}; refusing to start") from exc
 
 
 async def verify_rail_is_stub(

@@ -58,6 +58,17 @@ async def raise_fence(pool: asyncpg.Pool, req: SubmitRequest, settings: ProxySet
         await _fence(conn, req, settings)
 
 
+async def check_not_stale(pool: asyncpg.Pool, req: SubmitRequest) -> None:
+    """`StaleToken` if the account's mark is above T; reads only (an expired grant's request)."""
+    highest = await pool.fetchval(_HIGH, req.account_id)
+    if highest is not None and highest > req.token:
+        raise StaleToken(
+            f"token {req.token} is below the account's highest token {highest}",
+            presented_token=req.token,
+            highest_token=highest,
+        )
+
+
 async def _fence(conn: asyncpg.Connection, req: SubmitRequest, settings: ProxySettings) -> None:
     if not settings.enforce_fencing:
         await conn.fetchval(_FENCE_UNCHECKED, req.account_id, req.token)

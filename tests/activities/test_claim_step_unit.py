@@ -36,6 +36,7 @@ class MockStore:
     state: PayoutState
     fence: int = 0
     calls: list[tuple[str, int]] = field(default_factory=list)
+    grants: list[Any] = field(default_factory=list)  # the signed grant each write presented
 
     def _payout(self, state: PayoutState) -> Payout:
         return Payout(
@@ -59,14 +60,16 @@ class MockStore:
             raise FencedOut("payout:acct-1", token, self.fence)
         self.fence = token
 
-    async def claim(self, payout_id: str, token: int, ctx: Any) -> Payout:
+    async def claim(self, payout_id: str, token: int, ctx: Any, *, grant: Any = None) -> Payout:
         self.calls.append(("claim", token))
+        self.grants.append(grant)
         self._stamp(token)
         self.state = S.CLAIMED
         return self._payout(S.CLAIMED)
 
-    async def stamp_account_fence(self, payout_id: str, token: int) -> None:
+    async def stamp_account_fence(self, payout_id: str, token: int, *, grant: Any = None) -> None:
         self.calls.append(("stamp_account_fence", token))
+        self.grants.append(grant)
         self._stamp(token)
 
 
@@ -113,6 +116,9 @@ async def test_unit_pending_payout_is_claimed_which_stamps_the_fence() -> None:
         view = await _activity_env().run(acts.reread_and_claim, req)
     assert store.calls == [("claim", req.token)]
     assert view.state == "CLAIMED"
+    # The write presented the lease's signed grant (what the real store verifies).
+    [grant] = store.grants
+    assert (grant.key, grant.token) == ("payout:acct-1", req.token) and grant.signature
 
 
 @pytest.mark.parametrize(

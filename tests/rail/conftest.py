@@ -14,7 +14,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import pytest
@@ -24,8 +24,10 @@ from payouts.migrate import migrate
 from payouts.pgutil import create_database, drop_database
 from railproxy import ProxySettings, RailProxyClient, SubmitContext, SubmitRequest
 from railproxy import create_app as create_proxy
+from railproxy.models import GrantIn
 from railstub import StubSettings
 from railstub import create_app as create_stub
+from tests.grants import account_grant, public_keys
 from tests.servers import ServerThread
 
 
@@ -120,6 +122,7 @@ def proxy_settings(rail_db: str, rail_url: str, **overrides: Any) -> ProxySettin
         "breaker_min_samples": 5,
         "lookup_base_delay_s": 0.01,
         "db_pool_max": 5,
+        "grant_public_keys": public_keys(),
     }
     return ProxySettings(**(base | overrides))
 
@@ -160,11 +163,18 @@ def submit_request(
     token: int = 1,
     reference: str | None = None,
     deadline_s: float = 5.0,
+    grant: dict[str, Any] | Literal["signed"] | None = "signed",
 ) -> SubmitRequest:
+    """A submission; its grant is signed by the test key for the account and token unless the
+    test passes another grant (or None for none)."""
     payout_id = payout_id or f"p-{uuid.uuid4().hex[:12]}"
+    account_id = account_id or f"a-{uuid.uuid4().hex[:12]}"
+    if grant == "signed":
+        grant = account_grant(account_id, token).to_json()
     return SubmitRequest(
         payout_id=payout_id,
-        account_id=account_id or f"a-{uuid.uuid4().hex[:12]}",
+        account_id=account_id,
+        grant=None if grant is None else GrantIn(**grant),
         amount=amount,
         client_reference=reference or f"ref-{payout_id}",
         token=token,
@@ -213,3 +223,9 @@ async def wait_for(predicate: Callable[[], Awaitable[bool]], timeout_s: float = 
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached in time")
         await asyncio.sleep(0.02)
+
+
+def with_token(req: SubmitRequest, token: int) -> SubmitRequest:
+    """The same submission under another token, with that token's genuine grant."""
+    grant = GrantIn(**account_grant(req.account_id, token).to_json())
+    return req.model_copy(update={"token": token, "grant": grant})

@@ -12,13 +12,32 @@ from typing import Any
 
 import pytest
 
+from railproxy import RailProxyClient
+from railproxy.client import SubmitResult
 from railproxy.conformance import CHECKS, Harness, RailConnection
+from railproxy.models import GrantIn, LookupResponse, SubmitRequest
+from tests.grants import account_grant
 from tests.rail.conftest import MakeProxy, Stub
+
+
+class _Granted:
+    """The proxy's client with each submission carrying a grant signed by the test key, as the
+    worker's submissions carry the lock service's (the suite itself knows nothing of grants)."""
+
+    def __init__(self, client: RailProxyClient) -> None:
+        self._client = client
+
+    async def submit(self, req: SubmitRequest) -> SubmitResult:
+        grant = GrantIn(**account_grant(req.account_id, req.token).to_json())
+        return await self._client.submit(req.model_copy(update={"grant": grant}))
+
+    async def lookup(self, client_reference: str) -> LookupResponse:
+        return await self._client.lookup(client_reference)
 
 
 def _harness(make_proxy: MakeProxy, stub: Stub, closed_port: int, **settings: Any) -> Harness:
     async def connect(rail_url: str) -> RailConnection:
-        return (await make_proxy(rail_url=rail_url, **settings)).client
+        return _Granted((await make_proxy(rail_url=rail_url, **settings)).client)
 
     return Harness(
         connect=connect,

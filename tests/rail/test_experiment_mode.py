@@ -26,12 +26,17 @@ from payouts.embedded import free_port
 from payouts.pgutil import create_database, drop_database
 from railproxy import create_app
 from railproxy.errors import StartupRefused
+from tests.grants import lock_server_env, public_keys
 from tests.rail.conftest import MakeProxy, Stub, proxy_settings
 from tests.servers import ServerThread
 from tests.workflows.system import spawn, stop, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[2]
-PROXY_SWITCHES = ["RAILPROXY_ENFORCE_FENCING", "RAILPROXY_ENFORCE_SUBMISSION_GUARD"]
+PROXY_SWITCHES = [
+    "RAILPROXY_ENFORCE_FENCING",
+    "RAILPROXY_ENFORCE_SUBMISSION_GUARD",
+    "RAILPROXY_VERIFY_GRANTS",
+]
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +74,7 @@ def _proxy_env(db: str, rail_url: str, **env: str) -> dict[str, str]:
         "RAILPROXY_DATABASE_URL": db,
         "RAILPROXY_RAIL_URL": rail_url,
         "RAILPROXY_PORT": str(free_port()),
+        "RAILPROXY_GRANT_PUBLIC_KEYS": public_keys(),
         **env,
     }
 
@@ -133,7 +139,11 @@ async def test_proxy_app_lifespan_refuses_too(empty_db: str, stub: Stub) -> None
     """Serving `create_app` some other way is guarded as well: its lifespan refuses before the
     migration, naming every switch that is off."""
     settings = proxy_settings(
-        empty_db, stub.url, enforce_fencing=False, enforce_submission_guard=False
+        empty_db,
+        stub.url,
+        enforce_fencing=False,
+        enforce_submission_guard=False,
+        verify_grants=False,
     )
     app = create_app(settings)
     with pytest.raises(StartupRefused) as refused:
@@ -141,6 +151,41 @@ async def test_proxy_app_lifespan_refuses_too(empty_db: str, stub: Stub) -> None
             pass
     assert all(f"{name}=false" in str(refused.value) for name in PROXY_SWITCHES)
     assert "railproxy" not in await _schemas(empty_db)
+
+
+async def test_proxy_without_public_keys_refuses_to_start(empty_db: str, stub: Stub) -> None:
+    """INV-07's safe default: verification on (the default) and no public keys: exit 2 naming
+    RAILPROXY_GRANT_PUBLIC_KEYS, nothing started."""
+    env = _proxy_env(empty_db, stub.url)
+    del env["RAILPROXY_GRANT_PUBLIC_KEYS"]
+    line = _refusal(_run(["-m", "railproxy"], env), "railproxy")
+    assert "RAILPROXY_GRANT_PUBLIC_KEYS is not set" in line
+    assert "railproxy" not in await _schemas(empty_db)
+
+
+def test_worker_without_public_keys_refuses_to_start(closed_port: int) -> None:
+    """The payment store's verifier needs the public keys: without them the worker refuses."""
+    env = _worker_env(f"http://127.0.0.1:{closed_port}")
+    del env["WORKER_GRANT_PUBLIC_KEYS"]
+    line = _refusal(_run(["worker_main.py"], env), "worker")
+    assert "WORKER_GRANT_PUBLIC_KEYS is not set" in line
+
+
+def test_lock_server_without_signing_key_refuses_to_start(empty_db: str) -> None:
+    """A lock server that cannot sign would issue grants nobody can verify: it refuses."""
+    env = {"LOCK_BACKEND": "postgres", "LOCK_DATABASE_URL": empty_db, "LOCK_PORT": "1"}
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("LOCK_")}
+    proc = subprocess.run(  # a failure detector's bound, not a timing assertion
+        [sys.executable, "-m", "lockservice", "serve"],
+        cwd=ROOT,
+        env=clean | env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    line = _refusal(proc, "lock-server")
+    assert "LOCK_SIGNING_KEY_PATH is not set" in line
 
 
 @pytest.fixture
@@ -180,6 +225,7 @@ def _worker_env(proxy_url: str, **env: str) -> dict[str, str]:
         "WORKER_TEMPORAL_ADDRESS": f"127.0.0.1:{free_port()}",  # nothing there: never reached
         "WORKER_LOCK_URL": f"http://127.0.0.1:{free_port()}",
         "WORKER_RAILPROXY_URL": proxy_url,
+        "WORKER_GRANT_PUBLIC_KEYS": public_keys(),
         **env,
     }
 
@@ -218,7 +264,12 @@ def test_worker_experiment_mode_against_an_experiment_proxy_starts(
     lock_log = tmp_path / "lock.log"
     lock = spawn(
         ["-m", "lockservice", "serve"],
-        {"LOCK_BACKEND": "postgres", "LOCK_DATABASE_URL": lock_db, "LOCK_PORT": str(lock_port)},
+        {
+            "LOCK_BACKEND": "postgres",
+            "LOCK_DATABASE_URL": lock_db,
+            "LOCK_PORT": str(lock_port),
+            **lock_server_env(),
+        },
         lock_log,
     )
     worker_log = tmp_path / "worker.log"

@@ -29,6 +29,7 @@ from railproxy.errors import (
 )
 from railproxy.metrics import ProxyMetrics
 from railproxy.service import RailProxy
+from railproxy.startup import load_verifier
 from tests.rail.conftest import MakeProxy, Stub, proxy_settings, submit_request, wait_for
 
 
@@ -187,7 +188,7 @@ async def test_lower_token_is_refused_by_the_fence_before_a_refusing_gate(
     runs first), and a higher token is refused by the gate but raises the mark all the same."""
     settings = proxy_settings(rail_db, stub.url, max_concurrency=1, max_queue=0, db_pool_max=2)
     pool = await create_pool(rail_db, min_size=1, max_size=2)
-    proxy = RailProxy(settings, pool, ProxyMetrics())
+    proxy = RailProxy(settings, pool, ProxyMetrics(), load_verifier(settings))
     account = f"a-{uuid.uuid4().hex[:10]}"
     open_gate, refusal = GATES[gate]
     late = -1.0 if gate == "deadline" else 5.0

@@ -8,7 +8,14 @@ import uuid
 import structlog
 
 from railproxy import HandoffCertainty, Outcome, create_app
-from tests.rail.conftest import MakeProxy, Proxy, Stub, proxy_settings, submit_request
+from tests.rail.conftest import (
+    MakeProxy,
+    Proxy,
+    Stub,
+    proxy_settings,
+    submit_request,
+    with_token,
+)
 
 
 async def test_success_records_attempt_with_lineage(proxy: Proxy, stub: Stub) -> None:
@@ -64,7 +71,7 @@ async def test_duplicate_submission_sequential(proxy: Proxy, stub: Stub) -> None
     """A second submit of a payout is refused whatever its token; the rail saw one movement."""
     req = submit_request(token=3)
     assert (await proxy.client.submit(req)).outcome is Outcome.ACKED
-    again = await proxy.client.submit(req.model_copy(update={"token": 9}))
+    again = await proxy.client.submit(with_token(req, 9))
     assert again.code == "DUPLICATE_SUBMISSION"
     assert again.http_status == 409
     assert again.handoff_certainty is HandoffCertainty.NOT_SUBMITTED
@@ -105,7 +112,7 @@ async def test_unknown_outcome_blocks_resubmission_under_any_token(
     req = submit_request(reference=f"tafter-{uuid.uuid4().hex[:8]}", token=1)
     assert (await proxy.client.submit(req)).handoff_certainty is HandoffCertainty.UNKNOWN
     await stub.set(rules=[])
-    again = await proxy.client.submit(req.model_copy(update={"token": 100}))
+    again = await proxy.client.submit(with_token(req, 100))
     assert again.code == "DUPLICATE_SUBMISSION"
     await stub.assert_no_duplicates()
 

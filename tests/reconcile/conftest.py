@@ -25,8 +25,10 @@ from payouts.migrate import migrate
 from payouts.pgutil import create_database, drop_database
 from railproxy import ProxySettings, RailProxyClient, SubmitContext, SubmitRequest
 from railproxy import create_app as create_proxy
+from railproxy.models import GrantIn
 from railstub import StubSettings
 from railstub import create_app as create_stub
+from tests.grants import account_grant, public_keys
 from tests.rail.conftest import ServerThread, Stub
 
 DECLINE_SUFFIX = "13"  # amounts ending in 13: the rail declines
@@ -91,6 +93,7 @@ class World:
                 amount=amount,
                 client_reference=payout_id,
                 token=token,
+                grant=GrantIn(**account_grant(self.account_id, token).to_json()),
                 context=SubmitContext(
                     correlation_id=f"corr-{payout_id}",
                     causation_id=f"cause-{payout_id}",
@@ -141,7 +144,11 @@ async def world(pg_server_url: str, rec_stub_server: ServerThread) -> AsyncItera
     stub = Stub(rec_stub_server.url)
     await stub.reset()
     settings = ProxySettings(
-        database_url=url, rail_url=rec_stub_server.url, rail_timeout_s=2.0, db_pool_max=3
+        database_url=url,
+        rail_url=rec_stub_server.url,
+        rail_timeout_s=2.0,
+        db_pool_max=3,
+        grant_public_keys=public_keys(),
     )
     proxy_server = ServerThread(create_proxy(settings))
     proxy_server.start()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import stat
 from pathlib import Path
 
 import asyncpg
@@ -25,6 +26,19 @@ async def _acquire_token(lock_url: str, key: str) -> int:
         resp = await http.post("/v1/locks/acquire", json={"session_id": session, "key": key})
         resp.raise_for_status()
         return int(resp.json()["token"])
+
+
+def _assert_private_key_only_at_the_lock_server(stack: Stack, stack_dir: Path) -> None:
+    """INV-07: the generated private key (0600, under the run dir) reaches only the lock server;
+    the proxy and the workers get the public directory."""
+    private = Path(stack._procs["lock-server"].env["LOCK_SIGNING_KEY_PATH"])
+    assert stat.S_IMODE(private.stat().st_mode) == 0o600
+    assert private.resolve().is_relative_to(stack_dir.resolve())
+    for name, proc in stack._procs.items():
+        if name != "lock-server":
+            assert str(private) not in proc.env.values(), name
+    public = stack._procs["railproxy"].env["RAILPROXY_GRANT_PUBLIC_KEYS"]
+    assert (Path(public) / private.name).exists()
 
 
 @pytest.mark.slow
@@ -63,6 +77,7 @@ async def test_stack_starts_every_service_and_leaves_nothing_behind(
             assert proxy["fencing_enforced"] is True
             assert proxy["submission_guard_enforced"] is True
         assert await _acquire_token(stack.lock_url, "stack-test:a") > 0
+        _assert_private_key_only_at_the_lock_server(stack, stack_dir)
 
         old_pid = stack.processes["lock-server"].pid
         await stack.restart("lock-server")

@@ -28,6 +28,7 @@ from ledger import WorkContext as LedgerContext
 from lockservice.client import LockClient
 from payouts.embedded import free_port
 from railproxy.client import RailProxyClient
+from tests.grants import grant_verifier, lock_server_env, public_keys
 from workflows.payout import PayoutWorkflow
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -132,6 +133,7 @@ def running_system(
                 "LOCK_BACKEND": "postgres",
                 "LOCK_DATABASE_URL": database_url,
                 "LOCK_PORT": str(ports["lock"]),
+                **lock_server_env(),  # signs every grant with the test key
             },
             f"{sys_.lock_url}/healthz",
         ),
@@ -157,6 +159,7 @@ def running_system(
                 "RAILPROXY_RAIL_URL": sys_.stub_url,
                 "RAILPROXY_PORT": str(ports["proxy"]),
                 "RAILPROXY_RAIL_TIMEOUT_S": "3",
+                "RAILPROXY_GRANT_PUBLIC_KEYS": public_keys(),
                 # One host, one clock, a loopback connection: the test rail has no skew and
                 # ingests at once, so small margins keep "absent" proofs within a test's time.
                 # (test_slow_rail runs with the shipped defaults and with both at 0.)
@@ -203,7 +206,8 @@ async def in_process_workers(
     pool = await asyncpg.create_pool(
         database_url or system.database_url, min_size=0 if database_url else 1, max_size=10
     )
-    store = PayoutStore(pool)
+    # As worker_main builds it: every fenced write verifies the lock server's signed grant.
+    store = PayoutStore(pool, verifier=grant_verifier())
     workers: list[InProcessWorker] = []
     try:
         async with contextlib.AsyncExitStack() as stack:

@@ -28,6 +28,7 @@ from activities import models as m
 from ledger.queries import ledger_discrepancies
 from payouts.embedded import temporal_binary
 from payouts.migrate import migrate
+from tests.grants import public_keys
 from tests.workflows.system import (
     System,
     create_payout,
@@ -299,6 +300,7 @@ async def test_worker_killed_mid_submit_recovers_by_state(
         "WORKER_DATABASE_URL": system.database_url,
         "WORKER_LOCK_URL": system.lock_url,
         "WORKER_RAILPROXY_URL": system.proxy_url,
+        "WORKER_GRANT_PUBLIC_KEYS": public_keys(),
         "WORKER_TASK_QUEUE": queue,
         "WORKER_ID": "doomed",
         "WORKER_LOCK_TTL_S": "3",
