@@ -35,7 +35,7 @@ from activities.reconcile import ReconcileActivities
 from ledger import PayoutStore
 from ledger.reconcile import ReconcileSettings, stub_movement_source
 from lockservice.client import LockClient
-from lockservice.grants import GrantVerifier
+from lockservice.grants import GrantVerifier, verifier_from_settings
 from payouts.exiting import exit_now
 from payouts.logs import configure_logging, get_logger
 from payouts.pgutil import create_pool
@@ -150,17 +150,12 @@ async def check_start(settings: WorkerSettings) -> None:
 
 def grant_verifier(settings: WorkerSettings) -> GrantVerifier | None:
     """The payment store's grant verifier; None only with WORKER_VERIFY_GRANTS=false."""
-    if not settings.verify_grants:
-        return None
-    if not settings.grant_public_keys:
-        raise StartupRefused(
-            "WORKER_GRANT_PUBLIC_KEYS is not set: the payment store verifies every grant with "
-            "the lock service's public keys (INV-07); refusing to start"
-        )
     try:
-        return GrantVerifier.from_spec(settings.grant_public_keys)
-    except (OSError, ValueError) as exc:
-        raise StartupRefused(f"WORKER_GRANT_PUBLIC_KEYS: {exc}; refusing to start") from exc
+        return verifier_from_settings(
+            settings.verify_grants, settings.grant_public_keys, "WORKER_GRANT_PUBLIC_KEYS"
+        )
+    except ValueError as exc:
+        raise StartupRefused(str(exc)) from exc
 
 
 async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:

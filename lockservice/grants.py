@@ -271,6 +271,22 @@ class GrantVerifier:
         return cls(load_public_keys(spec))
 
 
+def verifier_from_settings(verify: bool, spec: str | None, variable: str) -> GrantVerifier | None:
+    """An enforcement point's verifier from its settings: None only when verification is off
+    (an experiment switch); `ValueError` naming `variable` when the keys are missing or bad."""
+    if not verify:
+        return None
+    if not spec:
+        raise ValueError(
+            f"{variable} is not set: every grant is verified with the lock service's public "
+            "keys (INV-07); refusing to start"
+        )
+    try:
+        return GrantVerifier.from_spec(spec)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{variable}: {exc}; refusing to start") from exc
+
+
 def is_expired(grant: SignedGrant, now: datetime | None = None) -> bool:
     """Whether `now` (UTC wall clock) has reached the grant's own `expires_at`."""
     return (now or datetime.now(UTC)) >= grant.expires_at

@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from lockservice.grants import GrantVerifier
+from lockservice.grants import GrantVerifier, verifier_from_settings
 from railproxy.errors import StartupRefused
 from railproxy.settings import ProxySettings
 
@@ -48,17 +48,12 @@ async def check_start(
 def load_verifier(settings: ProxySettings) -> GrantVerifier | None:
     """The grant verifier (None only with RAILPROXY_VERIFY_GRANTS=false); StartupRefused if the
     public keys are not configured or cannot be read."""
-    if not settings.verify_grants:
-        return None
-    if not settings.grant_public_keys:
-        raise StartupRefused(
-            "RAILPROXY_GRANT_PUBLIC_KEYS is not set: the proxy verifies every grant's signature "
-            "with the lock service's public keys (INV-07); refusing to start"
-        )
     try:
-        return GrantVerifier.from_spec(settings.grant_public_keys)
-    except (OSError, ValueError) as exc:
-        raise StartupRefused(f"RAILPROXY_GRANT_PUBLIC_KEYS: {exc}; refusing to start") from exc
+        return verifier_from_settings(
+            settings.verify_grants, settings.grant_public_keys, "RAILPROXY_GRANT_PUBLIC_KEYS"
+        )
+    except ValueError as exc:
+        raise StartupRefused(str(exc)) from exc
 
 
 async def verify_rail_is_stub(
