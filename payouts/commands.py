@@ -15,6 +15,7 @@ import json
 import os
 import random
 import sys
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -387,7 +388,57 @@ def _cmd_create(args: argparse.Namespace) -> int:
     print(f"{verb} {len(specs)} payout(s); follow them in the Temporal UI as payout-<id>")
     for s in specs[:10]:
         print(f"  payout-{s.payout_id}  account={s.account_id}  amount={s.amount}")
+    if args.wait and not args.no_start:
+        counts = asyncio.run(
+            follow_payouts(database_url(args), [s.payout_id for s in specs], args.wait_timeout)
+        )
+        print("summary: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+        return 0 if sum(counts.get(t, 0) for t in _TERMINAL) == len(specs) else 6
     return 0
+
+
+_TERMINAL = ("POSTED", "FAILED", "ABANDONED")
+
+
+def _progress_line(counts: dict[str, int], total: int, width: int = 30) -> str:
+    done = sum(counts.get(t, 0) for t in _TERMINAL)
+    filled = width * done // max(1, total)
+    states = " ".join(f"{k}={v}" for k, v in sorted(counts.items()))
+    return f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total} terminal  {states}"
+
+
+async def follow_payouts(db_url: str, payout_ids: list[str], timeout_s: float) -> dict[str, int]:
+    """Poll the payouts' states until every one is terminal (or `timeout_s`), drawing a progress
+    bar on stderr (redrawn in place on a terminal, one line every 5 s otherwise)."""
+    tty = sys.stderr.isatty()
+    conn = await asyncpg.connect(db_url)
+    counts: dict[str, int] = {}
+    try:
+        deadline = time.monotonic() + timeout_s
+        last_line = 0.0
+        while True:
+            rows = await conn.fetch(
+                "SELECT state, count(*) AS n FROM paydb.payouts"
+                " WHERE payout_id = ANY($1::text[]) GROUP BY state",
+                payout_ids,
+            )
+            counts = {r["state"]: int(r["n"]) for r in rows}
+            finished = sum(counts.get(t, 0) for t in _TERMINAL) == len(payout_ids)
+            line = _progress_line(counts, len(payout_ids))
+            if tty:
+                sys.stderr.write("\r" + line)
+            elif finished or time.monotonic() - last_line >= 5:
+                sys.stderr.write(line + "\n")
+                last_line = time.monotonic()
+            sys.stderr.flush()
+            if finished or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(1.0)
+    finally:
+        await conn.close()
+        if tty:
+            sys.stderr.write("\n")
+    return counts
 
 
 async def _create_and_start(args: argparse.Namespace, specs: list[PayoutSpec]) -> None:
@@ -563,6 +614,15 @@ def _register_payout(sub: Any) -> None:
         "--max-amount", type=int, default=5_000, help="largest generated amount (minor units)"
     )
     create.add_argument("--no-start", action="store_true", help="create rows only")
+    create.add_argument(
+        "--wait",
+        action="store_true",
+        help="follow the payouts to terminal states with a progress bar, then a summary "
+        "(exit 6 if some were not terminal by --wait-timeout)",
+    )
+    create.add_argument(
+        "--wait-timeout", type=float, default=3600.0, help="seconds --wait follows them"
+    )
     common(create, db=True, temporal=True)
     create.set_defaults(func=_guard(_cmd_create))
 

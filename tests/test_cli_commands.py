@@ -211,3 +211,21 @@ async def _terminate(address: str, workflow_id: str) -> None:
 
     client = await Client.connect(address)
     await client.get_workflow_handle(workflow_id).terminate(reason="test: an ended workflow")
+
+
+def test_wait_follows_until_its_timeout_and_says_what_is_left(
+    db: str, temporal_env: WorkflowEnvironment, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`payout create --wait` draws progress from the payouts' real states; with nothing to run
+    them (no worker polls the queue), it stops at --wait-timeout with exit 6 and a summary that
+    shows them still PENDING."""
+    address = temporal_env.client.service_client.config.target_host
+    prefix = f"g{uuid.uuid4().hex[:5]}-"
+    seed(db, prefix, accounts=1, balance=100)
+    capsys.readouterr()
+    argv = ["payout", "create", "--database-url", db, "--temporal", address]
+    argv += ["--task-queue", f"q-{uuid.uuid4()}", "--account", f"{prefix}00000", "--amount", "5"]
+    assert main([*argv, "--wait", "--wait-timeout", "1.5"]) == 6
+    captured = capsys.readouterr()
+    assert "0/1 terminal  PENDING=1" in captured.err
+    assert "summary: PENDING 1" in captured.out
