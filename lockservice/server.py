@@ -329,7 +329,11 @@ def _build(  # noqa: PLR0915 - one route table, read top to bottom
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return _error(exc.status_code, code, str(exc.detail))
+        response = _error(exc.status_code, code, str(exc.detail))
+        # Keep the exception's headers: a 405 must say which methods are allowed (RFC 9110).
+        for name, value in (exc.headers or {}).items():
+            response.headers[name] = value
+        return response
 
     @app.exception_handler(OSError)
     @app.exception_handler(TimeoutError)

@@ -155,6 +155,8 @@ async def test_bad_input_gets_4xx_json_and_changes_nothing(live_server: str) -> 
                 resp.text,
             )
             assert resp.json()["message"], resp.text
+            if status == 405:  # RFC 9110: a 405 names the methods the resource allows
+                assert resp.headers.get("allow") == "POST", resp.headers
             assert await _state(http, KEY) == before, (method, path, kwargs)
 
         # Negative control: a valid release does change the state, so the check above can fail.
