@@ -24,12 +24,13 @@ import uuid
 from datetime import timedelta
 
 import httpx
-from prometheus_client import start_http_server
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from temporalio.client import Client
+from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.worker import Worker
 
+from activities import worker_http
 from activities.payout_activities import PayoutActivities
 from activities.reconcile import ReconcileActivities
 from ledger import PayoutStore
@@ -62,7 +63,9 @@ class WorkerSettings(BaseSettings):
         default_factory=lambda: f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}",
         validation_alias=AliasChoices("WORKER_ID"),
     )
-    metrics_port: int = 0  # 0: no metrics endpoint
+    metrics_port: int = 0  # /metrics and /health; 0: no HTTP endpoint
+    #: The Temporal SDK's own Prometheus metrics (its Rust runtime serves them); 0: off.
+    sdk_metrics_port: int = 0
     lock_ttl_s: float = 15.0  # A-04
     lock_heartbeat_s: float = 5.0
     lock_safety_margin: float = 0.3
@@ -161,9 +164,11 @@ def grant_verifier(settings: WorkerSettings) -> GrantVerifier | None:
 async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
     await check_start(settings)  # FR-29: before anything starts
     worker_queue = f"{settings.task_queue}-holder-{settings.worker_id}"
-    if settings.metrics_port:
-        start_http_server(settings.metrics_port, addr="127.0.0.1")
-    client = await Client.connect(settings.temporal_address, namespace=settings.namespace)
+    health = worker_http.HealthSnapshot()
+    http = worker_http.serve(health, settings.metrics_port) if settings.metrics_port else None
+    client = await Client.connect(
+        settings.temporal_address, namespace=settings.namespace, runtime=_runtime(settings)
+    )
     pool = await create_pool(settings.database_url, min_size=1, max_size=10)
     try:
         store = PayoutStore(
@@ -214,6 +219,11 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
                 max_concurrent_activities=settings.max_concurrent_activities,
             )
             sweeper = asyncio.create_task(acts.sweep_idle_leases(settings.lease_idle_s))
+            refresher = asyncio.create_task(
+                worker_http.refresh_forever(
+                    health, client.service_client.check_health, locks.session_state
+                )
+            )
             async with shared, holder:
                 log.info(
                     "worker.started",
@@ -224,12 +234,24 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
                     experiment_mode=settings.experiment_mode,
                 )
                 await stop.wait()
-            sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sweeper
+            for task in (sweeper, refresher):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             log.info("worker.stopped", worker_id=settings.worker_id)
     finally:
         await pool.close()
+        if http is not None:
+            http.shutdown()
+
+
+def _runtime(settings: WorkerSettings) -> Runtime | None:
+    """A Temporal runtime that serves the SDK's own metrics (poll latencies, task slots, sticky
+    cache hits) on WORKER_SDK_METRICS_PORT; None keeps the SDK's default runtime."""
+    if not settings.sdk_metrics_port:
+        return None
+    prometheus = PrometheusConfig(bind_address=f"127.0.0.1:{settings.sdk_metrics_port}")
+    return Runtime(telemetry=TelemetryConfig(metrics=prometheus))
 
 
 def _settings_help() -> str:

@@ -142,7 +142,7 @@ async def lock_server(env: dict[str, str], log: Path) -> AsyncIterator[str]:
                 if proc.poll() is not None:
                     raise RuntimeError(f"lock server exited early; see {log}")
                 with contextlib.suppress(httpx.HTTPError):
-                    if (await http.get("/healthz")).json().get("status") == "ok":
+                    if (await http.get("/livez")).json().get("status") == "ok":
                         break
                 await asyncio.sleep(0.05)
             else:

@@ -432,6 +432,24 @@ class LockClient:
 
     # ------------------------------------------------------------------ session and deadline
 
+    def session_state(self) -> dict[str, Any]:
+        """What a health endpoint may say of this client's lock session (never a correctness
+        decision): `none` (no session yet, or it was lost and not reopened), `live` (within its
+        local deadline) or `past_deadline` (heartbeats are failing: leases are lost)."""
+        if self.session_id is None:
+            state = "none"
+        elif self.clock() < self.deadline:
+            state = "live"
+        else:
+            state = "past_deadline"
+        return {
+            "session": state,
+            "leases_held": len(self._leases),
+            "seconds_to_deadline": round(max(0.0, self.deadline - self.clock()), 3)
+            if self.session_id is not None
+            else None,
+        }
+
     async def _open_session(self) -> None:
         sent = self.clock()
         data = await self._request("POST", "/v1/sessions", json={"ttl_s": self.ttl_s})
@@ -475,7 +493,13 @@ class LockClient:
             except LockError as exc:
                 # Not proof of loss: retry soon; the deadline fires the lost signal if it lasts.
                 delay = min(self.heartbeat_s, self._backoff(1))
-                _log.warning("lock.heartbeat_failed", error=exc.code)
+                _log.warning(
+                    "lock.heartbeat_failed",
+                    error=exc.code,
+                    why=str(exc)[:200] or type(exc).__name__,
+                    session_id=self.session_id,
+                    seconds_to_deadline=round(self.deadline - self.clock(), 3),
+                )
 
     async def _watchdog_loop(self) -> None:
         """Fires the lost signal as soon as the local deadline passes (FR-12)."""

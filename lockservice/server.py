@@ -19,6 +19,7 @@ what this server already issued (lockservice.watermark), no grant until `bump-ep
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -48,6 +49,8 @@ from lockservice.watermark import Watermark
 from payouts.logs import get_logger
 
 T = TypeVar("T")
+#: How long /health waits for the backend's answer before it reports it unavailable.
+_HEALTH_PROBE_S = 2.0
 _log = get_logger("lockservice.server")
 
 _KEY_PATTERN = r"^[A-Za-z0-9:_\-./]+$"
@@ -486,10 +489,24 @@ def _build(  # noqa: PLR0915 - one route table, read top to bottom
 
     # ------------------------------------------------------------------ operations
 
-    @app.get("/healthz", name="healthz")
-    async def healthz() -> dict[str, str]:
-        """Liveness of the HTTP process; says nothing about whether a lock is held."""
-        return {"status": "ok" if state.backend is not None else "starting"}
+    @app.get("/health", name="health")
+    async def health() -> JSONResponse:
+        """Whether this server can serve grants: 200 only when its backend answers a read
+        (STD01-08). Says nothing about whether a lock is held; never a correctness decision."""
+        if state.backend is None:
+            return JSONResponse({"status": "starting"}, status_code=503)
+        try:
+            await asyncio.wait_for(state.backend.issuance_position(), timeout=_HEALTH_PROBE_S)
+        except (api.LockError, OSError, TimeoutError) as exc:
+            why = str(exc)[:200] or type(exc).__name__
+            return JSONResponse({"status": "unavailable", "why": why}, status_code=503)
+        return JSONResponse({"status": "ok", "backend": "reachable"})
+
+    @app.get("/livez", name="livez", include_in_schema=False)
+    async def livez() -> dict[str, str]:
+        """Liveness of the HTTP process alone (no backend call): the HTTP floor of the lock
+        benchmark, and a liveness probe that must not restart a server whose backend is down."""
+        return {"status": "ok"}
 
     @app.get("/metrics", name="metrics", include_in_schema=False)
     async def metrics() -> Response:

@@ -328,7 +328,7 @@ class Stack:
     async def start_worker(
         self, name: str | None = None, env_overrides: Mapping[str, str] | None = None
     ) -> ManagedProcess:
-        """Start one more worker and wait for its /healthz; returns its handle."""
+        """Start one more worker and wait for its /health; returns its handle."""
         if self._factory is None:
             raise StackError("the stack is not started")
         if not worker_available():

@@ -56,7 +56,7 @@ class Ports:
     finledger: int = 8730
     postgres: int | None = None
     etcd: int | None = None
-    #: Worker i serves /metrics and /healthz on worker_metrics_base + i (None: free ports).
+    #: Worker i serves /metrics and /health on worker_metrics_base + i (None: free ports).
     worker_metrics_base: int | None = None
 
     #: The environment variable that sets each port: named in every "port is taken" message.

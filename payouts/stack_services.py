@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lockservice.grants import KeyPairFiles, generate_keypair
-from payouts.embedded import temporal_binary
+from payouts.embedded import free_port, temporal_binary
 from payouts.stack_config import StackConfig
 from payouts.stack_process import (
     HealthCheck,
@@ -198,7 +198,7 @@ class ServiceFactory:
         }
         if self.addr.etcd_endpoints:
             own["LOCK_ETCD_ENDPOINTS"] = ",".join(self.addr.etcd_endpoints)
-        url = f"{self.addr.lock_url}/healthz"
+        url = f"{self.addr.lock_url}/health"
         return self._python(
             "lock-server",
             ["-m", "lockservice", "serve"],
@@ -266,18 +266,12 @@ class ServiceFactory:
             "FINLEDGER_PORT": str(port),
             "FINLEDGER_DATABASE_URL": self.addr.database_url,
         }
-        healthz = http_check(f"{self.addr.finledger_url}/healthz")
-        health_ = http_check(f"{self.addr.finledger_url}/health")
-
-        async def health() -> bool:
-            return await healthz() or await health_()
-
         return self._python(
             "finledger",
             ["-m", "finledger"],
             own,
-            health,
-            f"GET {self.addr.finledger_url}/healthz or /health",
+            http_check(f"{self.addr.finledger_url}/health"),
+            f"GET {self.addr.finledger_url}/health",
             url=self.addr.finledger_url,
             port=port,
         )
@@ -319,6 +313,7 @@ class ServiceFactory:
             "WORKER_GRANT_PUBLIC_KEYS": str(self.grant_keys.public_dir),
             "WORKER_ID": name,
             "WORKER_METRICS_PORT": str(metrics_port),
+            "WORKER_SDK_METRICS_PORT": str(free_port()),
             # FR-29: the worker's own fencing checks; off only for the negative-control experiment.
             "WORKER_ENFORCE_FENCING": _flag(self.config.fencing),
             "WORKER_VERIFY_GRANTS": _flag(self.config.fencing),
@@ -334,8 +329,8 @@ class ServiceFactory:
             name,
             [str(WORKER_SCRIPT)],
             own,
-            http_check(f"{url}/healthz"),
-            f"GET {url}/healthz",
+            http_check(f"{url}/health"),
+            f"GET {url}/health (Temporal connected, lock session not past its deadline)",
             url=url,
             port=metrics_port,
         )

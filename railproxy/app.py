@@ -139,10 +139,12 @@ def create_app(settings: ProxySettings | None = None) -> FastAPI:
                 ),
             )
 
-    @app.get("/health")
-    async def health() -> dict[str, Any]:
-        """Normalised operational health of the rail Connection (STD01-08)."""
-        return _health(proxy())
+    @app.get("/health", responses={503: {"description": "the Connection is UNAVAILABLE"}})
+    async def health() -> JSONResponse:
+        """Normalised operational health of the rail Connection (STD01-08): 200 while it is
+        AVAILABLE or DEGRADED, 503 (same body) while it is UNAVAILABLE (circuit not closed)."""
+        body = _health(proxy())
+        return JSONResponse(body, status_code=503 if body["health_state"] == "UNAVAILABLE" else 200)
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:
@@ -198,7 +200,12 @@ def _health(p: RailProxy) -> dict[str, Any]:
     admission = "THROTTLED" if p.bucket.throttling else p.bulkhead.state
     if circuit is not CircuitState.CLOSED:
         health_state = "UNAVAILABLE"
-    elif admission != "ACCEPTING" or (evidence["error_ratio"] or 0) > 0:
+    elif (
+        admission != "ACCEPTING"
+        or (evidence["error_ratio"] or 0) > p.settings.health_degraded_error_ratio
+    ):
+        # Business declines are answers, not errors (rail.RailAnswer.technical_success); a
+        # stray technical failure (a designed 0.5% ambiguity) must not flap the state either.
         health_state = "DEGRADED"
     else:
         health_state = "AVAILABLE"

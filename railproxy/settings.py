@@ -56,6 +56,8 @@ class ProxySettings(BaseSettings):
     # Health evidence window and freshness.
     health_window: int = Field(default=100, ge=1)
     health_valid_s: float = Field(default=5.0, gt=0)
+    #: /health says DEGRADED above this share of technical failures among recent forwards.
+    health_degraded_error_ratio: float = Field(default=0.05, ge=0, le=1)
 
     # FR-29: experiment-only switches. Off is logged loudly at start-up, and refused unless the
     # proxy is in experiment mode against the rail stub (see `railproxy.startup`).

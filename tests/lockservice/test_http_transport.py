@@ -27,7 +27,7 @@ async def test_connection_is_reused_and_idle_close_is_survived(fake_backend: Fak
         transport = KeepAliveTransport()
         async with httpx.AsyncClient(base_url=url, transport=transport) as http:
             for _ in range(3):
-                assert (await http.get("/healthz")).json() == {"status": "ok"}
+                assert (await http.get("/livez")).json() == {"status": "ok"}
             assert len(transport._idle) == 1
             first = transport._idle[0]
             await http.post("/v1/sessions", json={"ttl_s": 5})
@@ -45,7 +45,7 @@ async def test_unreachable_server_fails_closed() -> None:
     url = f"http://127.0.0.1:{free_port()}"
     async with httpx.AsyncClient(base_url=url, transport=KeepAliveTransport()) as http:
         with pytest.raises(httpx.ConnectError):
-            await http.get("/healthz")
+            await http.get("/livez")
     locks = LockClient(url, attempts=2, backoff_base_s=0.001)
     with pytest.raises(api.BackendUnavailable):
         await locks.open()

@@ -228,8 +228,8 @@ async def test_openapi_is_served(live_server: str) -> None:
     """The OpenAPI spec lists every /v1 operation and the JSON error body."""
     async with httpx.AsyncClient(base_url=live_server) as http:
         spec = (await http.get("/openapi.json")).json()
-        health = await http.get("/healthz")
-    assert health.json() == {"status": "ok"}
+        health = await http.get("/health")
+    assert health.json() == {"status": "ok", "backend": "reachable"}
     assert {
         "/v1/sessions",
         "/v1/sessions/{session_id}/keepalive",
@@ -273,3 +273,19 @@ async def test_unit_bad_ttl_never_reaches_backend(fake_backend: FakeBackend, ttl
     async with httpx.AsyncClient(transport=transport, base_url="http://lock") as http:
         r = await http.post("/v1/sessions", json={"ttl_s": ttl})
     assert r.status_code == 422 and fake_backend.calls == []
+
+
+async def test_health_reflects_the_backend(fake_backend: FakeBackend) -> None:
+    """/health answers 200 while the backend answers a read and 503 with why when it does not;
+    /livez, the process alone, stays 200 (STD01-08)."""
+    async with (
+        _fx.serve_app(create_app(fake_backend)) as url,
+        httpx.AsyncClient(base_url=url) as http,
+    ):
+        assert (await http.get("/health")).status_code == 200
+        fake_backend.unavailable = True
+        down = await http.get("/health")
+        assert down.status_code == 503 and down.json()["status"] == "unavailable", down.text
+        assert (await http.get("/livez")).status_code == 200
+        fake_backend.unavailable = False
+        assert (await http.get("/health")).status_code == 200

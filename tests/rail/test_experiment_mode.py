@@ -275,7 +275,7 @@ def test_worker_experiment_mode_against_an_experiment_proxy_starts(
     worker_log = tmp_path / "worker.log"
     worker = None
     try:
-        wait_healthy(f"http://127.0.0.1:{lock_port}/healthz", lock, lock_log)
+        wait_healthy(f"http://127.0.0.1:{lock_port}/health", lock, lock_log)
         env = {
             **_worker_env(experiment_proxy, WORKER_ENFORCE_FENCING="false"),
             "WORKER_EXPERIMENT_MODE": "true",

@@ -132,6 +132,11 @@ async def test_breaker_opens_then_closes_through_half_open(
     rejected = await proxy.client.submit(rejected_req)
     assert (rejected.code, rejected.http_status) == ("CIRCUIT_OPEN", 503)
     assert await proxy.client.get_attempts(rejected_req.payout_id) == []
+    # STD01-08: an UNAVAILABLE Connection answers its health check with 503, not 200.
+    async with httpx.AsyncClient(base_url=proxy.url) as http:
+        unavailable = await http.get("/health")
+    assert unavailable.status_code == 503
+    assert unavailable.json()["health_state"] == "UNAVAILABLE"
 
     async def probe_failed_once() -> bool:
         history = (await proxy.health())["circuit_history"]

@@ -135,7 +135,7 @@ def running_system(
                 "LOCK_PORT": str(ports["lock"]),
                 **lock_server_env(),  # signs every grant with the test key
             },
-            f"{sys_.lock_url}/healthz",
+            f"{sys_.lock_url}/health",
         ),
         (
             "stub",
