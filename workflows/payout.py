@@ -613,11 +613,19 @@ class PayoutWorkflow:
             self._last_error = f"escalation not recorded: {_cause(err)}"
 
 
+#: The fields an operator command may carry; anything else makes it invalid.
+_COMMAND_FIELDS = frozenset(f.name for f in dataclasses.fields(m.OperatorCommand))
+
+
 def _operator_command(payload: Any) -> tuple[m.OperatorCommand, str]:
     """Decode a signal's payload; the second value says why it is refused ("" when valid)."""
     if isinstance(payload, m.OperatorCommand):
         cmd = payload
     else:
+        unexpected = sorted(set(payload) - _COMMAND_FIELDS) if isinstance(payload, dict) else []
+        if unexpected:
+            # A misspelt field ("reson") must not be dropped silently: refuse the whole command.
+            return m.OperatorCommand(), f"invalid payload: unexpected field(s) {unexpected}"[:500]
         try:
             cmd = value_to_type(m.OperatorCommand, payload if payload is not None else {})
         except (TypeError, ValueError) as exc:

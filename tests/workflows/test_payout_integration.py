@@ -26,6 +26,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from activities import models as m
 from ledger.queries import ledger_discrepancies
+from lockservice.client import LockClient
 from payouts.embedded import temporal_binary
 from payouts.migrate import migrate
 from tests.grants import public_keys
@@ -372,3 +373,63 @@ async def test_one_worker_holds_many_accounts_at_once(
     assert [len(system.movements(pid)) for pid, _ in payouts] == [1] * len(payouts)
     for a in accounts:
         assert await balance_and_breaks(system.database_url, a) == (48_000, 0)
+
+
+MALFORMED_SIGNALS = [
+    '"just a string"',  # a bare string
+    '{"operator": 7, "reason": ["x"]}',  # wrong types
+    '{"operator": "ana", "reason": "drill", "reson": "typo"}',  # an extra field
+    "null",  # nothing
+]
+
+
+async def test_malformed_operator_signals_are_rejected_and_audited(
+    temporal_env: WorkflowEnvironment, system: System, workers: str
+) -> None:
+    """Each malformed payload, sent with the real `temporal` CLI, is rejected with an audit row
+    and shown in the status; the workflow goes on and the payout completes once it can."""
+    payout_id, account_id = ids()
+    await fund(system.database_url, account_id, 10_000)
+    await create_payout(system.database_url, payout_id, account_id, 100)
+    address = temporal_env.client.service_client.config.target_host
+    async with LockClient(system.lock_url, ttl_s=15.0, heartbeat_s=3.0) as locks:
+        # Someone else holds the account's lock: the workflow keeps waiting, alive, in PENDING.
+        blocker = await locks.acquire(f"payout:{account_id}")
+        handle = await start(temporal_env.client, workers, payout_id, account_id)
+        for payload in MALFORMED_SIGNALS:
+            argv = [temporal_binary(), "workflow", "signal", "--address", address]
+            argv += ["--workflow-id", f"payout-{payout_id}", "--name", "abandon"]
+            await asyncio.to_thread(
+                subprocess.run,
+                [*argv, "--input", payload],
+                check=True,
+                capture_output=True,
+                timeout=60,
+            )
+
+        async def all_audited() -> bool:
+            return len(await _rejections(system.database_url, payout_id)) == len(MALFORMED_SIGNALS)
+
+        await wait_for(all_audited, timeout_s=60)
+        status = await handle.query(PayoutWorkflow.status)
+        assert len(status.rejected_signals) == len(MALFORMED_SIGNALS)
+        assert status.state == "PENDING"
+        await locks.release(blocker)
+    result = await handle.result()
+    assert result.state == "POSTED"
+    whys = [r["details"] for r in await _rejections(system.database_url, payout_id)]
+    assert any("unexpected field" in w for w in whys) and any("invalid payload" in w for w in whys)
+
+
+async def _rejections(database_url: str, payout_id: str) -> list[asyncpg.Record]:
+    conn = await asyncpg.connect(database_url)
+    try:
+        return list(
+            await conn.fetch(
+                "SELECT details::text AS details FROM paydb.audit_log"
+                " WHERE payout_id = $1 AND action = 'signal_rejected:abandon'",
+                payout_id,
+            )
+        )
+    finally:
+        await conn.close()
