@@ -66,6 +66,7 @@ _PORT_LABELS = {
     "temporal_ui": "Temporal Web UI",
     "temporal_http": "Temporal HTTP API",
     "temporal_metrics": "Temporal metrics",
+    "outbox_metrics": "outbox publisher metrics",
     "lock": "lock server",
     "railstub": "rail stub",
     "railproxy": "rail proxy",
@@ -535,7 +536,7 @@ class Stack:
         """Name every taken port with the variable that moves it, before anything starts."""
         cfg, p = self.config, self.config.ports
         needed = ["temporal", "temporal_ui", "temporal_http", "temporal_metrics"]
-        needed += ["lock", "railstub", "railproxy"]
+        needed += ["lock", "railstub", "railproxy", "outbox_metrics"]
         if finledger_available():
             needed.append("finledger")
         if not cfg.database_url:

@@ -50,6 +50,8 @@ class Ports:
     #: The dev server's HTTP API and /metrics (None: free ports, chosen at start and recorded).
     temporal_http: int | None = None
     temporal_metrics: int | None = None
+    #: The outbox publisher's /metrics (None: a free port, chosen at start and recorded).
+    outbox_metrics: int | None = None
     lock: int = 8701
     railstub: int = 8710
     railproxy: int = 8720
@@ -65,6 +67,7 @@ class Ports:
         "temporal_ui": "PAYOUTS_TEMPORAL_UI_PORT",
         "temporal_http": "PAYOUTS_TEMPORAL_HTTP_PORT",
         "temporal_metrics": "PAYOUTS_TEMPORAL_METRICS_PORT",
+        "outbox_metrics": "PAYOUTS_OUTBOX_METRICS_PORT",
         "lock": "PAYOUTS_LOCK_PORT",
         "railstub": "PAYOUTS_RAILSTUB_PORT",
         "railproxy": "PAYOUTS_RAILPROXY_PORT",
@@ -98,6 +101,7 @@ class Ports:
             etcd=self.etcd or free_port(),
             temporal_http=self.temporal_http or free_port(),
             temporal_metrics=self.temporal_metrics or free_port(),
+            outbox_metrics=self.outbox_metrics or free_port(),
         )
 
 

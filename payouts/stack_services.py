@@ -10,7 +10,6 @@ import argparse
 import importlib
 import importlib.util
 import sys
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -277,29 +276,22 @@ class ServiceFactory:
         )
 
     def outbox(self) -> ManagedProcess:
+        port = self.config.ports.outbox_metrics
+        url = f"http://127.0.0.1:{port}"
         own = {
             "OUTBOX_DATABASE_URL": self.addr.database_url,
             "OUTBOX_FINLEDGER_URL": self.addr.finledger_url,
             "FINLEDGER_URL": self.addr.finledger_url,
+            "OUTBOX_METRICS_PORT": str(port),
         }
-        settle_s = 1.0
-        first_probe: float | None = None
-
-        async def settled() -> bool:
-            # No port to probe: healthy once it stayed up past its start-up (wait_healthy fails
-            # as soon as the process exits, e.g. on a bad setting).
-            nonlocal first_probe
-            now = time.monotonic()
-            if first_probe is None:
-                first_probe = now
-            return now - first_probe >= settle_s
-
         return self._python(
             "outbox",
             ["-m", "payouts.cli", "outbox", "run"],
             own,
-            settled,
-            f"still running after {settle_s:.0f}s",
+            http_check(f"{url}/metrics"),
+            f"GET {url}/metrics",
+            url=url,
+            port=port,
         )
 
     def worker(

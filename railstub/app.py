@@ -6,13 +6,14 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any, Literal
 
 from fastapi import FastAPI, Query
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 from pydantic import BaseModel, Field
 
 from payouts.logs import get_logger
@@ -74,11 +75,29 @@ class BehaviourPatch(BaseModel):
     rules: list[Any] | None = None
 
 
+class StubMetrics:
+    """The stub's Prometheus metrics, in a registry of its own (one per app). Labels are closed
+    sets (the action decided, the lookup status), never a reference or an account (NFR-09)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.instructions = Counter(
+            "railstub_instructions_total",
+            "Submissions by what the rail did with them",
+            ["action"],
+            registry=self.registry,
+        )
+        self.lookups = Counter(
+            "railstub_lookups_total", "Lookups by answer", ["status"], registry=self.registry
+        )
+
+
 class StubState:
     """Everything the stub knows; one per app, no module-level state."""
 
     def __init__(self, settings: StubSettings) -> None:
         self.settings = settings
+        self.metrics = StubMetrics()
         # Opened (not cleared) at start: a restarted stub on the same file keeps its evidence.
         self.log = MovementLog(settings.movements_path)
         self.restore()
@@ -121,6 +140,7 @@ def _receive(
 ) -> Movement | None:
     """Record an instruction the moment the rail receives it, pending until its latency (and a
     delayed completion) has passed; an instruction that never reaches the rail is not recorded."""
+    stub.metrics.instructions.labels(action=action.value).inc()
     if action in (Action.UNAVAILABLE, Action.TIMEOUT_BEFORE):
         return None
     delay = stub.behaviour.completion_delay_s if action is Action.DELAYED else 0.0
@@ -205,6 +225,7 @@ def create_app(settings: StubSettings | None = None) -> FastAPI:
         delay = stub.behaviour.visibility_delay_s
         now = time.time()
         status = stub.log.lookup(client_reference, delay, now)
+        stub.metrics.lookups.labels(status=status).inc()
         # What this statement rests on: every instruction is recorded at receipt (the handler
         # records before any await, so a lookup on this event loop sees it or it was not yet
         # received), a movement recorded before `now - delay` is visible, and the log holds every
@@ -224,6 +245,17 @@ def create_app(settings: StubSettings | None = None) -> FastAPI:
         if state().behaviour.outage:
             return _unavailable()
         return {"status": "ok"}
+
+    _add_admin_routes(app, state)
+    return app
+
+
+def _add_admin_routes(app: FastAPI, state: Callable[[], StubState]) -> None:
+    """Metrics and the admin endpoints: how tests and experiments steer and read the stub."""
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics() -> Response:
+        return Response(generate_latest(state().metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/admin/identity")
     async def identity() -> dict[str, str]:
@@ -264,5 +296,3 @@ def create_app(settings: StubSettings | None = None) -> FastAPI:
             "lookups": stub.log.lookups,
             "complete_from": stub.reported(stub.log.records_since).isoformat(),
         }
-
-    return app

@@ -6,14 +6,17 @@ import asyncio
 import json
 import signal
 import stat
+import uuid
 from pathlib import Path
 
 import asyncpg
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 from temporalio.client import Client
 
+from payouts.commands import PayoutSpec, create_payouts, seed_accounts, start_workflows
 from payouts.stack import Stack
 from payouts.stack_config import ServiceFailedError, StackConfig
 from payouts.stack_services import worker_available
@@ -98,6 +101,7 @@ async def test_stack_starts_every_service_and_leaves_nothing_behind(
                 await conn.close()
 
         if workers:
+            await _one_payout_then_scrape_every_process(stack)
             extra = await stack.start_worker()
             seen[extra.name] = extra.pid or 0
             assert extra.name in stack.processes
@@ -108,6 +112,63 @@ async def test_stack_starts_every_service_and_leaves_nothing_behind(
         assert state["processes"]["lock-server"]["pid"] == new_pid
     assert_all_gone(seen)
     assert not Stack(config).processes
+
+
+#: Label names that would carry an unbounded identifier (NFR-09).
+_ID_LABELS = {
+    "payout_id", "account_id", "key", "lock_key", "token", "session", "session_id",
+    "correlation_id", "client_reference", "workflow_id", "run_id", "movement_id",
+}  # fmt: skip
+
+
+def _metrics_endpoints(stack: Stack) -> dict[str, str]:
+    """Every /metrics the stack's processes serve: ours, and the Temporal SDK's per worker."""
+    urls = {
+        "lock-server": f"{stack.lock_url}/metrics",
+        "railproxy": f"{stack.railproxy_url}/metrics",
+        "railstub": f"{stack.railstub_url}/metrics",
+        "outbox": f"{stack.processes['outbox'].url}/metrics",
+    }
+    if stack.finledger_url:
+        urls["finledger"] = f"{stack.finledger_url}/metrics"
+    for name in stack.workers:
+        urls[name] = f"{stack.processes[name].url}/metrics"
+        sdk_port = stack._procs[name].env["WORKER_SDK_METRICS_PORT"]
+        urls[f"{name}-temporal-sdk"] = f"http://127.0.0.1:{sdk_port}/metrics"
+    return urls
+
+
+async def _one_payout_then_scrape_every_process(stack: Stack) -> None:
+    """One payout through the whole stack, then every process's metrics are scraped: each answers,
+    and no label, by name or by value, carries the payout's, the account's or the lock's id."""
+    prefix = f"scrape{uuid.uuid4().hex[:6]}-"
+    accounts = await seed_accounts(stack.database_url, 1, 10_000, prefix)
+    spec = PayoutSpec(f"{prefix}p", accounts[0], 100)
+    await create_payouts(stack.database_url, [spec])
+    await start_workflows(stack.temporal_address, stack.config.task_queue, [spec])
+    conn = await asyncpg.connect(stack.database_url)
+    try:
+        for _ in range(300):
+            state = await conn.fetchval(
+                "SELECT state FROM paydb.payouts WHERE payout_id = $1", spec.payout_id
+            )
+            if state == "POSTED":
+                break
+            await asyncio.sleep(0.2)
+        assert state == "POSTED"
+    finally:
+        await conn.close()
+    secrets = {spec.payout_id, spec.account_id, f"payout:{spec.account_id}"}
+    async with httpx.AsyncClient(timeout=10) as http:
+        for name, url in _metrics_endpoints(stack).items():
+            response = await http.get(url)
+            assert response.status_code == 200, (name, url)
+            families = list(text_string_to_metric_families(response.text))
+            assert families, (name, "no metrics")
+            for family in families:
+                for sample in family.samples:
+                    assert not _ID_LABELS & set(sample.labels), (name, sample)
+                    assert not secrets & set(sample.labels.values()), (name, sample)
 
 
 @pytest.mark.slow
