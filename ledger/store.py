@@ -13,7 +13,8 @@ from-state -> `AlreadyAdvanced` (not an error); anything else -> `InvalidTransit
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from typing import Any
 
 import asyncpg
@@ -56,6 +57,22 @@ S = PayoutState
 GrantLike = SignedGrant | Mapping[str, Any] | None
 log = get_logger("ledger.store")
 INSUFFICIENT_FUNDS = "insufficient_funds"
+
+
+@asynccontextmanager
+async def _committed(conn: asyncpg.Connection) -> AsyncIterator[list[dict[str, Any]]]:
+    """One transaction; the transitions it recorded are logged and counted after COMMIT only,
+    and not at all when it rolls back (events state committed facts, NFR-08)."""
+    facts: list[dict[str, Any]] = []
+    async with conn.transaction():
+        yield facts
+    for fact in facts:
+        count = fact.pop("_count")
+        log.info("payout.transition", **fact)
+        if count:
+            metrics.TRANSITIONS.labels(
+                from_state=fact["from_state"], to_state=fact["to_state"]
+            ).inc()
 
 
 class PayoutStore:
@@ -234,7 +251,7 @@ class PayoutStore:
         operation = "claim"
         async with self._pool.acquire() as conn:
             try:
-                async with conn.transaction():
+                async with _committed(conn) as facts:
                     account_id, amount = await self._granted_account(
                         conn, payout_id, token, grant, operation
                     )
@@ -254,6 +271,7 @@ class PayoutStore:
                     return await self._transition(
                         conn,
                         operation,
+                        facts=facts,
                         payout_id=payout_id,
                         token=token,
                         ctx=ctx,
@@ -445,7 +463,7 @@ class PayoutStore:
         group_id = uuid.uuid4()
         async with self._pool.acquire() as conn:
             try:
-                async with conn.transaction():
+                async with _committed(conn) as facts:
                     account_id, amount = await self._granted_account(
                         conn, payout_id, token, grant, operation
                     )
@@ -453,6 +471,7 @@ class PayoutStore:
                     result = await self._transition(
                         conn,
                         operation,
+                        facts=facts,
                         payout_id=payout_id,
                         token=token,
                         ctx=ctx,
@@ -543,7 +562,7 @@ class PayoutStore:
         check_token(token)
         async with self._pool.acquire() as conn:
             try:
-                async with conn.transaction():
+                async with _committed(conn) as facts:
                     account_id, _ = await self._granted_account(
                         conn, payout_id, token, grant, operation
                     )
@@ -551,6 +570,7 @@ class PayoutStore:
                     return await self._transition(
                         conn,
                         operation,
+                        facts=facts,
                         payout_id=payout_id,
                         token=token,
                         ctx=ctx,
@@ -569,6 +589,7 @@ class PayoutStore:
         conn: asyncpg.Connection,
         operation: str,
         *,
+        facts: list[dict[str, Any]],
         payout_id: str,
         token: int,
         ctx: WorkContext,
@@ -626,20 +647,21 @@ class PayoutStore:
                 "failure_reason": payout.failure_reason,
             },
         )
-        log.info(
-            "payout.transition",
-            payout_id=payout_id,
-            account_id=payout.account_id,
-            from_state=str(from_state),
-            to_state=str(to_state),
-            token=token,
-            operation=operation,
-            actor=audit_actor or ctx.actor,
-            correlation_id=ctx.correlation_id,
+        # Stated only once COMMIT succeeded (`_committed`): a rolled-back posting of a frozen
+        # worker must not leave a `payout.transition` to POSTED that never happened.
+        facts.append(
+            {
+                "payout_id": payout_id,
+                "account_id": payout.account_id,
+                "from_state": str(from_state),
+                "to_state": str(to_state),
+                "token": token,
+                "operation": operation,
+                "actor": audit_actor or ctx.actor,
+                "correlation_id": ctx.correlation_id,
+                "_count": record_metric,
+            }
         )
-        if record_metric:
-            # Counted before COMMIT: a commit failure after this point is a crash-level event.
-            metrics.TRANSITIONS.labels(from_state=from_state, to_state=to_state).inc()
         return payout
 
     async def _classify_miss(

@@ -258,3 +258,25 @@ async def test_fencing_disabled_is_logged_loudly(pool: asyncpg.Pool) -> None:
         PayoutStore(pool, enforce_fencing=False)
         PayoutStore(pool)
     assert [(e["event"], e["log_level"]) for e in logs] == [("fencing.disabled", "warning")]
+
+
+async def test_a_rolled_back_posting_states_no_transition(
+    store: PayoutStore, ctx: WorkContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`payout.transition` states a committed fact: when the posting's transaction rolls back
+    after its payout update (here the ledger write fails inside it), no transition to POSTED is
+    logged and the payout is still RAIL_ACKED; the committed steps before it were logged."""
+    p = await _payout(store, ctx, funds=10_000, amount=100)
+    with capture_logs() as logs:
+        for step in (store.claim, store.mark_submitted, store.mark_acked):
+            await step(p.payout_id, 7, ctx)
+
+        async def failing_group(*args: object, **kwargs: object) -> None:
+            raise asyncpg.PostgresError("the ledger write failed inside the transaction")
+
+        monkeypatch.setattr("ledger.store.write_group", failing_group)
+        with pytest.raises(asyncpg.PostgresError):
+            await store.post(p.payout_id, 7, ctx)
+    stated = [e["to_state"] for e in logs if e["event"] == "payout.transition"]
+    assert stated == ["CLAIMED", "RAIL_SUBMITTED", "RAIL_ACKED"]
+    assert (await store.get_payout(p.payout_id)).state is S.RAIL_ACKED
