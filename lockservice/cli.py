@@ -223,7 +223,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m lockservice", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m lockservice",
+        description="The lock service: run the server, inspect a key (a snapshot, never for a "
+        "decision), force-revoke a grant (audited), and bump the epoch after a restore "
+        "(online, or --offline with the lock servers stopped). Commands other than serve, "
+        "bump-epoch --offline and etcdutl talk to a running server (--url, default $LOCK_URL "
+        "or http://127.0.0.1:8701).",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     def client_cmd(name: str, help_: str, func: Callable[[argparse.Namespace], int]) -> Any:
