@@ -18,12 +18,14 @@ with workflow.unsafe.imports_passed_through():
 
 SCHEDULED_START = SearchAttributeKey.for_datetime("TemporalScheduledStartTime")
 
-# Reading is safe to retry: the activity runs read-only queries only.
+# Reading is safe to retry: the activity runs read-only queries only. No attempt limit: an outage
+# of the database or the rail's log only delays the window's reconciliation; a failed run would
+# leave its window unreconciled for good (ARCHITECTURE §4). A bad window still fails at once.
 _READ_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
     backoff_coefficient=2.0,
-    maximum_interval=timedelta(seconds=30),
-    maximum_attempts=5,
+    maximum_interval=timedelta(seconds=60),
+    maximum_attempts=0,
     non_retryable_error_types=["InvalidWindow", "WindowNotClosed"],
 )
 
