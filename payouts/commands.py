@@ -24,6 +24,7 @@ from typing import Any
 import asyncpg
 import httpx
 
+from ledger.states import TERMINAL_STATES
 from payouts.cli import database_url
 
 DEFAULT_TEMPORAL = "127.0.0.1:7233"
@@ -393,15 +394,17 @@ def _cmd_create(args: argparse.Namespace) -> int:
             follow_payouts(database_url(args), [s.payout_id for s in specs], args.wait_timeout)
         )
         print("summary: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
-        return 0 if sum(counts.get(t, 0) for t in _TERMINAL) == len(specs) else 6
+        return 0 if _terminal(counts) == len(specs) else 6
     return 0
 
 
-_TERMINAL = ("POSTED", "FAILED", "ABANDONED")
+def _terminal(counts: dict[str, int]) -> int:
+    """How many of the counted payouts are in a terminal state (ledger.states)."""
+    return sum(counts.get(str(t), 0) for t in TERMINAL_STATES)
 
 
 def _progress_line(counts: dict[str, int], total: int, width: int = 30) -> str:
-    done = sum(counts.get(t, 0) for t in _TERMINAL)
+    done = _terminal(counts)
     filled = width * done // max(1, total)
     states = " ".join(f"{k}={v}" for k, v in sorted(counts.items()))
     return f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total} terminal  {states}"
@@ -423,7 +426,7 @@ async def follow_payouts(db_url: str, payout_ids: list[str], timeout_s: float) -
                 payout_ids,
             )
             counts = {r["state"]: int(r["n"]) for r in rows}
-            finished = sum(counts.get(t, 0) for t in _TERMINAL) == len(payout_ids)
+            finished = _terminal(counts) == len(payout_ids)
             line = _progress_line(counts, len(payout_ids))
             if tty:
                 sys.stderr.write("\r" + line)
