@@ -98,6 +98,16 @@ def _others_can_traverse(path: Path) -> bool:
     return True
 
 
+def _postgres_can_reach(path: Path) -> bool:
+    """Whether PostgreSQL can reach `path`: it runs as us unless we are root (_pg_system_user)."""
+    return os.geteuid() != 0 or _others_can_traverse(path)
+
+
+def _path_key(path: Path) -> str:
+    """A short, stable name for a path: the same folder always maps to the same copy."""
+    return hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
+
+
 def _world_reachable_copy(root: Path, parts: tuple[str, ...], label: str) -> Path:
     """`root` itself when others can reach `root/parts[0]`, else a copy of `parts` (paths under
     `root`, copied with their layout) under the system's temp directory; returns the new root.
@@ -106,10 +116,9 @@ def _world_reachable_copy(root: Path, parts: tuple[str, ...], label: str) -> Pat
     or in a `mktemp -d` directory (0700). The binaries are then copied once, keyed by where they
     came from, to a place every user can traverse. The layout is kept because the binaries find
     their shared libraries by a relative rpath ($ORIGIN/../../../pgserver.libs)."""
-    if os.geteuid() != 0 or _others_can_traverse(root / parts[0]):
+    if _postgres_can_reach(root / parts[0]):
         return root
-    digest = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:12]
-    target = Path(tempfile.gettempdir()) / f"payouts-{label}-{digest}"
+    target = Path(tempfile.gettempdir()) / f"payouts-{label}-{_path_key(root)}"
     done = target / ".complete"
     if not done.exists():
         staging = target.with_name(f"{target.name}.{os.getpid()}.tmp")
@@ -135,10 +144,9 @@ def pg_data_dir(requested: Path) -> Path:
     """Where the cluster's files go: `requested`, unless (under root) PostgreSQL's unprivileged
     user could not reach it; then a private folder under the system's temp directory, named after
     `requested` so that the same run directory always finds its data again."""
-    if os.geteuid() != 0 or _others_can_traverse(requested.parent):
+    if _postgres_can_reach(requested.parent):
         return requested
-    digest = hashlib.sha256(str(requested.resolve()).encode()).hexdigest()[:12]
-    return Path(tempfile.gettempdir()) / f"payouts-pgdata-{digest}" / requested.name
+    return Path(tempfile.gettempdir()) / f"payouts-pgdata-{_path_key(requested)}" / requested.name
 
 
 def _pg_system_user() -> str | None:
