@@ -273,6 +273,22 @@ async def create_payout(database_url: str, payout_id: str, account_id: str, amou
         await pool.close()
 
 
+async def audit_rows(database_url: str, payout_id: str, action: str) -> list[asyncpg.Record]:
+    """The payout's audit rows of one action (actor, action, details as JSON text)."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        return list(
+            await conn.fetch(
+                "SELECT actor, action, details::text AS details FROM paydb.audit_log"
+                " WHERE payout_id = $1 AND action = $2",
+                payout_id,
+                action,
+            )
+        )
+    finally:
+        await conn.close()
+
+
 async def wait_for(pred: Any, timeout_s: float = 30.0, every_s: float = 0.1) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -32,6 +32,7 @@ from payouts.migrate import migrate
 from tests.grants import public_keys
 from tests.workflows.system import (
     System,
+    audit_rows,
     create_payout,
     fund,
     in_process_workers,
@@ -408,7 +409,9 @@ async def test_malformed_operator_signals_are_rejected_and_audited(
             )
 
         async def all_audited() -> bool:
-            return len(await _rejections(system.database_url, payout_id)) == len(MALFORMED_SIGNALS)
+            return len(
+                await audit_rows(system.database_url, payout_id, "signal_rejected:abandon")
+            ) == len(MALFORMED_SIGNALS)
 
         await wait_for(all_audited, timeout_s=60)
         status = await handle.query(PayoutWorkflow.status)
@@ -417,19 +420,8 @@ async def test_malformed_operator_signals_are_rejected_and_audited(
         await locks.release(blocker)
     result = await handle.result()
     assert result.state == "POSTED"
-    whys = [r["details"] for r in await _rejections(system.database_url, payout_id)]
+    whys = [
+        r["details"]
+        for r in await audit_rows(system.database_url, payout_id, "signal_rejected:abandon")
+    ]
     assert any("unexpected field" in w for w in whys) and any("invalid payload" in w for w in whys)
-
-
-async def _rejections(database_url: str, payout_id: str) -> list[asyncpg.Record]:
-    conn = await asyncpg.connect(database_url)
-    try:
-        return list(
-            await conn.fetch(
-                "SELECT details::text AS details FROM paydb.audit_log"
-                " WHERE payout_id = $1 AND action = 'signal_rejected:abandon'",
-                payout_id,
-            )
-        )
-    finally:
-        await conn.close()

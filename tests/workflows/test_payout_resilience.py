@@ -28,6 +28,7 @@ from payouts.embedded import free_port
 from payouts.migrate import migrate
 from tests.workflows.system import (
     System,
+    audit_rows,
     create_payout,
     fund,
     in_process_workers,
@@ -99,20 +100,6 @@ async def pending_attempts(handle: Handle, activity: str) -> int:
 
 async def running(handle: Handle) -> bool:
     return (await handle.describe()).status == WorkflowExecutionStatus.RUNNING
-
-
-async def audit_rows(database_url: str, payout_id: str, action: str) -> list[asyncpg.Record]:
-    conn = await asyncpg.connect(database_url)
-    try:
-        return list(
-            await conn.fetch(
-                "SELECT actor, action FROM paydb.audit_log WHERE payout_id = $1 AND action = $2",
-                payout_id,
-                action,
-            )
-        )
-    finally:
-        await conn.close()
 
 
 async def test_revoke_during_a_lock_server_outage_is_carried_out_when_it_returns(
