@@ -19,6 +19,7 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from payouts.embedded import EmbeddedEtcd, EmbeddedPostgres, temporal_binary
+from payouts.migrate import migrate
 from payouts.pgutil import create_database, drop_database
 from workflows.search_attributes import SEARCH_ATTRIBUTES
 
@@ -90,3 +91,12 @@ async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
         yield env
     finally:
         await env.shutdown()
+
+
+@pytest.fixture(scope="module")
+def db(pg_server_url: str) -> Iterator[str]:
+    """A fresh database with the payment schema (paydb) only, for the CLI tests of one module."""
+    url = asyncio.run(create_database(pg_server_url))
+    asyncio.run(migrate(url, schemas={"paydb"}))
+    yield url
+    asyncio.run(drop_database(pg_server_url, url))

@@ -6,7 +6,6 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,16 +14,6 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from payouts.cli import main
-from payouts.migrate import migrate
-from payouts.pgutil import create_database, drop_database
-
-
-@pytest.fixture(scope="module")
-def db(pg_server_url: str) -> Iterator[str]:
-    url = asyncio.run(create_database(pg_server_url))
-    asyncio.run(migrate(url, schemas={"paydb"}))
-    yield url
-    asyncio.run(drop_database(pg_server_url, url))
 
 
 async def count_payouts(url: str) -> int:

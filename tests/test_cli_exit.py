@@ -7,31 +7,18 @@ console script many times against a real Temporal dev server and real PostgreSQL
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from payouts.cli import main
-from payouts.migrate import migrate
-from payouts.pgutil import create_database, drop_database
 
 PAYOUTS = str(Path(sys.executable).with_name("payouts"))
 #: Before the fix about one run in five died at exit: 20 clean runs in a row had a ~1% chance.
 RUNS = 20
-
-
-@pytest.fixture(scope="module")
-def db(pg_server_url: str) -> Iterator[str]:
-    url = asyncio.run(create_database(pg_server_url))
-    asyncio.run(migrate(url, schemas={"paydb"}))
-    yield url
-    asyncio.run(drop_database(pg_server_url, url))
 
 
 def test_create_and_start_exits_zero_every_time(db: str, temporal_env: WorkflowEnvironment) -> None:
