@@ -1,12 +1,12 @@
 """A payout worker process: the Temporal workflow worker and the activity workers, holder of one
 lock session.
 
-Two task queues per process (ARCHITECTURE §4, the samples-python `worker_specific_task_queues`
-pattern): the shared queue (`WORKER_TASK_QUEUE`, default `payouts`) runs workflows and the
-activities that need no grant (acquire, lookup, escalate, revoke); this process's own queue runs
-the critical section (claim, submit, post, release) so that it executes where the lock session
-lives. If this process dies, its queue goes silent and the workflows re-acquire elsewhere with a
-higher token.
+Two task queues per process (docs/architecture.md#workflow-shape, the samples-python
+`worker_specific_task_queues` pattern): the shared queue (`WORKER_TASK_QUEUE`, default `payouts`)
+runs workflows and the activities that need no grant (acquire, lookup, escalate, revoke); this
+process's own queue runs the critical section (claim, submit, post, release) so that it executes
+where the lock session lives. If this process dies, its queue goes silent and the workflows
+re-acquire elsewhere with a higher token.
 
 Run: `python worker_main.py` (settings from the environment, prefix `WORKER_`; see README).
 """

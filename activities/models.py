@@ -102,7 +102,8 @@ class PayoutInput:
     # runs, also while it waits on a contended row lock).
     holder_heartbeat_timeout_s: float = 10.0
     # Reads, lookups, escalation, audit and revoke retry without an attempt limit; this caps the
-    # backoff between two attempts (an outage only delays a payout, ARCHITECTURE §4).
+    # backoff between two attempts (an outage only delays a payout,
+    # docs/architecture.md#workflow-shape).
     read_retry_max_interval_s: float = 30.0
     # Continue as new after this many lookups in one run (or when Temporal suggests it), so an
     # ambiguous payout awaiting an operator never reaches the history limit. At the default

@@ -1,6 +1,6 @@
 """Finance ledger stand-in: the downstream general ledger the outbox publisher delivers to.
 
-Owns: an in-memory book of records keyed by correlation id (the idempotency key of seed 001), the
+Owns: an in-memory book of records keyed by correlation id (the outbox's idempotency key), the
 write endpoint's answers -- created (201), duplicate (200: same id, same content), conflict (409:
 same id, different content), unknown account (404, permanent) -- injectable transient failures
 (503, dropped connections) and latency set at start-up, at run time through `/admin/faults`, or

@@ -1,8 +1,8 @@
 """The payment database: the first fencing enforcement point (FR-14..FR-16, FR-25, FR-30).
 
 Owns, in PostgreSQL schema `paydb`: accounts, balances (with a fence), payouts (with a fence and
-the state machine of ARCHITECTURE §2), double-entry ledger groups and entries, the audit log and
-the transactional outbox rows.
+the state machine of docs/architecture.md#payout-state-machine), double-entry ledger groups and
+entries, the audit log and the transactional outbox rows.
 
 It must never:
 * accept a write presenting a token below the stored fence (INV-05) — equal is accepted, it is the

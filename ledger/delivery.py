@@ -1,4 +1,4 @@
-"""Outbox delivery vocabulary (seed 001), settings, backoff and the downstream HTTP client.
+"""Outbox delivery vocabulary (docs/outbox.md), settings, backoff and the downstream HTTP client.
 
 Pure parts (classification, backoff) live here so they can be unit-tested without a database;
 `ledger.publisher` drives them against PostgreSQL and `ledger.delivery_ops` holds the SQL.
@@ -41,7 +41,8 @@ class Status(enum.StrEnum):
 
 
 class Outcome(enum.StrEnum):
-    """The classification of ONE delivery attempt (seed 001 vocabulary + the permanent case)."""
+    """The classification of ONE delivery attempt (the outbox requirement's vocabulary + the
+    permanent case)."""
 
     COMPLETED = "completed"
     DUPLICATE_COMPLETED = "duplicate_completed"

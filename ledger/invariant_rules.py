@@ -1,4 +1,4 @@
-"""The invariant checker's rules (seed 000 §1.7 INV-01..INV-08, and INV-09/INV-10 of issue 12):
+"""The invariant checker's rules (INV-01..INV-10, docs/architecture.md#requirement-ids):
 pure functions over one body of evidence, gathered read-only by `ledger.invariants`.
 
 Owns: what counts as a violation of each invariant, and the wording of each violation. Must never:

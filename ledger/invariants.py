@@ -1,4 +1,4 @@
-"""The invariant checker (seed 000 §1.7 INV-01..INV-08, issue 12 INV-09/INV-10, NFR-06, NFR-07).
+"""The invariant checker (INV-01..INV-10, NFR-06, NFR-07).
 
 Computes the ten correctness invariants from five sources of evidence: the payment database
 (`paydb`: payouts, balances, audit log, ledger), the rail proxy's records (`railproxy`: attempts,

@@ -1,4 +1,4 @@
-"""The outbox publisher: delivers paydb outbox rows to the finance ledger (issue 8, seed 001).
+"""The outbox publisher: delivers paydb outbox rows to the finance ledger (issue 8).
 
 Delivery is at least once, deduplicated downstream by the row's delivery key, so the effect is
 once. One cycle: claim a batch (short transaction, committed), send each row over HTTP with no

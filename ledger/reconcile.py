@@ -1,9 +1,9 @@
 """The reconciler (UC-07, FR-26): compares payouts, proxy attempts, the rail's movement log and
 the ledger over a closed window, classifies every discrepancy, and reports it.
 
-Owns: read-only queries across schemas `paydb` and `railproxy` (ARCHITECTURE §1: only the
-reconciler and the invariant checker see across schemas), the `reconcile.discrepancy` and
-`reconcile.completed` events and the `reconcile_*` metrics.
+Owns: read-only queries across schemas `paydb` and `railproxy` (only the reconciler and the
+invariant checker see across schemas, docs/architecture.md#data-ownership), the
+`reconcile.discrepancy` and `reconcile.completed` events and the `reconcile_*` metrics.
 
 Must never: write anything, anywhere. Every query runs in ONE read-only REPEATABLE READ
 transaction (one snapshot, and PostgreSQL itself refuses a write in it); it never repairs a break,

@@ -1,4 +1,6 @@
-"""THE payout state machine (ARCHITECTURE §2, FR-22, INV-08): states, edges, terminal set.
+"""THE payout state machine (FR-22, INV-08): states, edges, terminal set.
+
+Documented, with when each edge is taken, in docs/architecture.md#payout-state-machine.
 
 The store, the database trigger (via the `payout_transitions` table, checked equal to this one by
 a test) and the workflow all use this one table. Pure: no I/O.
@@ -32,7 +34,8 @@ class PayoutState(StrEnum):
 
 S = PayoutState
 
-#: Every allowed edge, exactly ARCHITECTURE §2. Anything else is rejected, here and in the DB.
+#: Every allowed edge (docs/architecture.md#payout-state-machine). Anything else is rejected, here
+#: and in the DB.
 TRANSITIONS: frozenset[tuple[PayoutState, PayoutState]] = frozenset(
     {
         (S.PENDING, S.CLAIMED),

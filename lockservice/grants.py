@@ -1,7 +1,8 @@
 """Signed grants: what the lock service states about a grant, in a form anyone can check offline.
 
 Owns: the signed grant's canonical bytes, Ed25519 signing (lock server only) and verification
-(the enforcement points), PEM key files, and key ids for rotation (ARCHITECTURE §9, INV-07).
+(the enforcement points), PEM key files, and key ids for rotation (INV-07; docs/architecture.md,
+"Signed grants").
 Must never: hold or load a private key outside the lock server, call the lock service back, or
 decide whether a token is the newest: the signature proves the lock service issued the grant;
 the fence (T >= stored fence) still decides whether it is current.

@@ -6,7 +6,8 @@ Must never: let the first grant after a restore carry a token that any enforceme
 already seen, write to an enforcement point's tables, or guess H (a source it cannot read is an
 error, not a zero).
 
-Where H comes from (every enforcement point, ARCHITECTURE §3, and the backend's own counters):
+Where H comes from (every enforcement point of docs/architecture.md, "The fencing rule", and the
+backend's own counters):
 * the payment database (`--paydb-url`): paydb.payouts.fence, paydb.balances.fence;
 * the rail proxy's database (`--railproxy-url`): railproxy.account_fences.high_token (the
   per-account high-water mark) and railproxy.attempts.token;

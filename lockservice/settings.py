@@ -39,7 +39,8 @@ class LockSettings(BaseSettings):
     #: restorable data (lockservice.watermark). Unset: detection off (a warning at start-up).
     state_dir: str | None = None
     #: Ed25519 private key (PEM) that signs every grant; the server refuses to start without it.
-    #: It never leaves this process: enforcement points get only the public key (ARCHITECTURE §9).
+    #: It never leaves this process: enforcement points get only the public key
+    #: (docs/architecture.md#trust).
     signing_key_path: str | None = None
     #: The key id published with each signature; enforcement points look the public key up by it.
     signing_key_id: str = "k1"

@@ -1,9 +1,9 @@
 """Versioned SQL migrations, one PostgreSQL schema per component.
 
-Each component keeps `NNN_description.sql` files in its own `migrations/` folder and owns one
-schema (ARCHITECTURE §1: no component writes another's tables). Hand-written rather than Alembic
-on purpose: the project uses asyncpg without an ORM, migrations are plain SQL, and the whole
-mechanism (ordered files, a version table, an advisory lock against concurrent migrators) is
+Each component keeps `NNN_description.sql` files in its own `migrations/` folder and owns one schema
+(docs/architecture.md#data-ownership: no component writes another's tables). Hand-written rather
+than Alembic on purpose: the project uses asyncpg without an ORM, migrations are plain SQL, and the
+whole mechanism (ordered files, a version table, an advisory lock against concurrent migrators) is
 small enough to read in one sitting.
 """
 

@@ -1,4 +1,4 @@
-"""The commands and environments of the stack's child processes (ARCHITECTURE §1).
+"""The commands and environments of the stack's child processes (docs/architecture.md, "Processes").
 
 Owns: how each service is started (argv, settings variables, health check) from the stack's
 addresses. Must never: start anything itself, or weaken fencing unless `fencing` is False (FR-29).

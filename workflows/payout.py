@@ -8,7 +8,8 @@ by lookups by client reference or by an operator (UC-05).
 Owns: the order of the steps, their retry policies, the operator signals and the workflow's
 history size (continue-as-new). Must never: retry the submit, fail for an infrastructure reason
 (an outage of the lock service, the database, the rail or every worker only delays a payout,
-ARCHITECTURE §4), or let an operator command that cannot be carried out escape a signal handler.
+docs/architecture.md#workflow-shape), or let an operator command that cannot be carried out
+escape a signal handler.
 See docs/workflow.md.
 """
 
@@ -62,12 +63,12 @@ _CARRIED_REJECTIONS = 50
 def _unlimited_retry(inp: m.PayoutInput) -> RetryPolicy:
     """Reads, lookups, escalation, audit and revoke: no attempt limit, capped backoff.
 
-    Why no limit (ARCHITECTURE §4): an outage of the database, the proxy, the lock service or every
-    worker must only delay a payout. A bounded policy turned a few seconds of outage into a failed
-    workflow, which REJECT_DUPLICATE then forbids restarting: the payout was stranded. These
-    activities move no money, so repeating one is harmless; an attempt retried by Temporal adds
-    no history event, so waiting out a long outage does not grow the history either. Errors an
-    activity marks non-retryable (a refusal, not an outage) still end the attempt at once.
+    Why no limit (docs/architecture.md#workflow-shape): an outage of the database, the proxy, the
+    lock service or every worker must only delay a payout. A bounded policy turned a few seconds of
+    outage into a failed workflow, which REJECT_DUPLICATE then forbids restarting: the payout was
+    stranded. These activities move no money, so repeating one is harmless; an attempt retried by
+    Temporal adds no history event, so waiting out a long outage does not grow the history either.
+    Errors an activity marks non-retryable (a refusal, not an outage) still end the attempt at once.
     """
     cap = max(0.1, inp.read_retry_max_interval_s)
     return RetryPolicy(

@@ -20,7 +20,8 @@ SCHEDULED_START = SearchAttributeKey.for_datetime("TemporalScheduledStartTime")
 
 # Reading is safe to retry: the activity runs read-only queries only. No attempt limit: an outage
 # of the database or the rail's log only delays the window's reconciliation; a failed run would
-# leave its window unreconciled for good (ARCHITECTURE §4). A bad window still fails at once.
+# leave its window unreconciled for good (docs/architecture.md#workflow-shape). A bad window still
+# fails at once.
 _READ_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
     backoff_coefficient=2.0,

@@ -36,7 +36,7 @@ STEPS: dict[str, Step] = {
     "post": lambda s, p, t, c: s.post(p, t, c),
 }
 
-#: The sequences of steps a holder may try (ARCHITECTURE §2 paths from PENDING).
+#: The sequences of steps a holder may try (the state machine's paths from PENDING).
 PLANS: dict[str, tuple[str, ...]] = {
     "ack": ("claim", "submit", "ack", "post"),
     "decline": ("claim", "submit", "decline"),

@@ -37,7 +37,7 @@ NEXT_STEP = {
 
 async def _worker(url: str, token: int, payout_ids: list[str], seed: int) -> Counter[str]:
     """One worker process: its own connection, its own token; drives payouts by state (the
-    recovery rule of ARCHITECTURE §2) until terminal, or until fenced out."""
+    recovery rule of docs/architecture.md#payout-state-machine) until terminal, or until fenced out."""
     outcomes: Counter[str] = Counter()
     ctx = WorkContext(correlation_id=f"worker-{token}", actor=f"worker-{token}")
     pool = await asyncpg.create_pool(url, min_size=1, max_size=1)

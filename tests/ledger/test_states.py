@@ -1,4 +1,5 @@
-"""Unit tests of the payout state machine (ARCHITECTURE §2): pure, no database."""
+"""Unit tests of the payout state machine (docs/architecture.md#payout-state-machine): pure, no
+database."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from ledger.states import check_transition, reachable_from, successors
 
 S = PayoutState
 
-#: ARCHITECTURE §2, copied by hand so that a change to the code table fails this test.
+#: The table of docs/architecture.md#payout-state-machine, copied by hand so that a change to the
+#: code table fails this test.
 EXPECTED = {
     ("PENDING", "CLAIMED"),
     ("PENDING", "FAILED"),
@@ -27,7 +29,7 @@ EXPECTED = {
 
 
 def test_table_is_exactly_the_architecture() -> None:
-    """The code's transition table equals ARCHITECTURE §2 edge for edge."""
+    """The code's transition table equals the documented one edge for edge."""
     assert {(str(a), str(b)) for a, b in TRANSITIONS} == EXPECTED
 
 

@@ -28,7 +28,7 @@ from ledger.delivery import OutboxSettings, Outcome, backoff_delay, classify_sta
     ],
 )
 def test_classify_status(code: int, outcome: Outcome) -> None:
-    """Each ledger answer maps to the seed-001 outcome vocabulary (404 is permanent)."""
+    """Each ledger answer maps to the outbox's outcome vocabulary (404 is permanent)."""
     assert classify_status(code) is outcome
 
 
