@@ -33,6 +33,7 @@ from temporalio.worker import Worker
 from activities import worker_http
 from activities.payout_activities import PayoutActivities
 from activities.reconcile import ReconcileActivities
+from common.credentials import read_token
 from ledger import PayoutStore
 from ledger.reconcile import ReconcileSettings, stub_movement_source
 from lockservice.client import LockClient
@@ -58,6 +59,9 @@ class WorkerSettings(BaseSettings):
         validation_alias=AliasChoices("WORKER_DATABASE_URL", "DATABASE_URL"),
     )
     lock_url: str = "http://127.0.0.1:8701"
+    #: The worker's bearer token (component `worker`, common.credentials) for the lock server and
+    #: the rail proxy: a file holding it (`WORKER_TOKEN_FILE`), never the token itself.
+    token_file: str | None = None
     railproxy_url: str = "http://127.0.0.1:8720"
     worker_id: str = Field(
         default_factory=lambda: f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}",
@@ -171,6 +175,7 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
     )
     pool = await create_pool(settings.database_url, min_size=1, max_size=10)
     try:
+        token = read_token(token_file=settings.token_file, what="WORKER_TOKEN_FILE")
         store = PayoutStore(
             pool, enforce_fencing=settings.enforce_fencing, verifier=grant_verifier(settings)
         )
@@ -180,8 +185,9 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
                 ttl_s=settings.lock_ttl_s,
                 heartbeat_s=settings.lock_heartbeat_s,
                 safety_margin=settings.lock_safety_margin,
+                token=token,
             ) as locks,
-            RailProxyClient(settings.railproxy_url) as proxy,
+            RailProxyClient(settings.railproxy_url, token=token) as proxy,
         ):
             acts = PayoutActivities(
                 locks=locks,
@@ -190,13 +196,14 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
                 worker_queue=worker_queue,
                 worker_id=settings.worker_id,
                 lock_url=settings.lock_url,
+                token=token,
                 pause_before_submit=settings.experiment_pause_before_submit,
                 crash_at=settings.experiment_crash_at,
             )
             rec_settings = ReconcileSettings()
             reconciler = ReconcileActivities(
                 pool,
-                stub_movement_source(rec_settings.rail_admin_url),
+                stub_movement_source(rec_settings.rail_admin_url, token=rec_settings.token()),
                 sla=timedelta(seconds=rec_settings.ambiguity_sla_s),
             )
             shared = Worker(

@@ -25,6 +25,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities import models as m
+from common.credentials import auth_headers
 from ledger import AlreadyAdvanced, FencedOut, Payout, PayoutState, PayoutStore, UnknownPayout
 from ledger import WorkContext as LedgerContext
 from ledger.errors import InvalidGrant, InvalidTransition
@@ -182,6 +183,7 @@ class PayoutActivities:
         worker_queue: str,
         worker_id: str,
         lock_url: str,
+        token: str | None = None,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
         pause_before_submit: bool = False,
         crash_at: str = "",
@@ -192,6 +194,7 @@ class PayoutActivities:
         self._worker_queue = worker_queue
         self._worker_id = worker_id
         self._lock_url = lock_url
+        self._token = token  # the worker's bearer credential (common.credentials)
         self._now = now
         # Tokens are unique per key, not globally: one process holds many accounts' grants.
         self._leases: dict[tuple[str, int], _HeldGrant] = {}
@@ -392,7 +395,9 @@ class PayoutActivities:
         the current holder its grant (it re-acquires with a higher token), never safety.
         """
         body = {"key": lock_key(req.account_id), "operator": req.operator, "reason": req.reason}
-        async with httpx.AsyncClient(base_url=self._lock_url, timeout=10.0) as http:
+        async with httpx.AsyncClient(
+            base_url=self._lock_url, timeout=10.0, headers=auth_headers(self._token)
+        ) as http:
             response = await http.post("/v1/locks/revoke", json=body)
         if response.status_code >= 400:
             raise ApplicationError(

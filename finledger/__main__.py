@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uvicorn
 
+from common.credentials import refuse_without
 from finledger.app import create_app
 from finledger.settings import FinledgerSettings
 from payouts.logs import configure_logging
@@ -11,6 +12,7 @@ from payouts.logs import configure_logging
 
 def main() -> None:
     settings = FinledgerSettings()
+    refuse_without(settings.credentials_path, "FINLEDGER_CREDENTIALS_PATH", "finledger")
     configure_logging("finledger", level=settings.log_level)
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
 

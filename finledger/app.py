@@ -8,12 +8,13 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Path, Request
+from fastapi import Depends, FastAPI, Path, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 from pydantic import BaseModel, Field
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from common.credentials import load_optional, require
 from finledger.book import Book
 from finledger.faults import Action, Faults, decide, is_unknown_account
 from finledger.settings import FinledgerSettings
@@ -23,6 +24,8 @@ log = get_logger("finledger")
 
 _IDENT = r"^[\x21-\x7e]+$"  # visible ASCII
 _FLAGS = "finledger.flags"
+#: Components that read what the ledger recorded with their own credential (besides operators).
+_READERS = ("outbox", "invariants", "reconciler")
 
 
 class RecordIn(BaseModel):
@@ -131,6 +134,13 @@ def create_app(settings: FinledgerSettings | None = None) -> FastAPI:
         yield
 
     app = FastAPI(title="finance ledger stand-in", version="1", lifespan=lifespan)
+    # Who may call what: writes only the outbox publisher; reads the publisher, the checkers
+    # and operators; /admin/* operators only (reads also the checkers); /health and /metrics
+    # open (network isolation). A refused call is answered 401/403 before anything is recorded.
+    credentials = load_optional(settings.credentials_path)  # None: authentication off (tests)
+    writer = [Depends(require(credentials, components=("outbox",)))]
+    readers = [Depends(require(credentials, operator=True, components=_READERS))]
+    operators = [Depends(require(credentials, operator=True))]
     app.add_middleware(DropConnection)
 
     def state() -> LedgerState:
@@ -141,6 +151,7 @@ def create_app(settings: FinledgerSettings | None = None) -> FastAPI:
         "/v1/records/{correlation_id}",
         status_code=201,
         responses={200: {}, 404: {}, 409: {}, 503: {}},
+        dependencies=writer,
     )
     async def write_record(
         request: Request,
@@ -151,13 +162,13 @@ def create_app(settings: FinledgerSettings | None = None) -> FastAPI:
         account (permanent), 503 unavailable (transient; nothing recorded)."""
         return await _write(state(), request.scope[_FLAGS], correlation_id, body)
 
-    @app.get("/v1/records")
+    @app.get("/v1/records", dependencies=readers)
     async def list_records(account_id: str | None = None) -> dict[str, Any]:
         """What the ledger recorded, in arrival order, with the count."""
         records = state().book.snapshot(account_id)
         return {"records": records, "count": len(records)}
 
-    @app.get("/v1/count")
+    @app.get("/v1/count", dependencies=readers)
     async def count() -> dict[str, int]:
         return {"count": len(state().book.records)}
 
@@ -171,24 +182,24 @@ def create_app(settings: FinledgerSettings | None = None) -> FastAPI:
     async def metrics() -> Response:
         return Response(generate_latest(state().registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/admin/faults", response_model=Faults)
+    @app.get("/admin/faults", response_model=Faults, dependencies=readers)
     async def get_faults() -> Faults:
         return state().faults
 
-    @app.put("/admin/faults", response_model=Faults)
+    @app.put("/admin/faults", response_model=Faults, dependencies=operators)
     async def put_faults(faults: Faults) -> Faults:
         """Replace the behaviour as a whole (rule use counts restart at zero)."""
         state().set_faults(faults)
         log.info("finledger.faults_changed", down=faults.down, rules=len(faults.rules))
         return faults
 
-    @app.post("/admin/reset")
+    @app.post("/admin/reset", dependencies=operators)
     async def reset() -> dict[str, str]:
         """Empty the book and the history; restore the start-up behaviour."""
         state().reset()
         return {"status": "reset"}
 
-    @app.get("/admin/requests")
+    @app.get("/admin/requests", dependencies=readers)
     async def requests() -> dict[str, Any]:
         """The evidence: every write request with logical start/finish ticks and its answer."""
         book = state().book

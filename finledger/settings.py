@@ -15,6 +15,10 @@ class FinledgerSettings(BaseSettings, Faults):
     host: str = "127.0.0.1"
     port: int = 8730
     log_level: str = "INFO"
+    #: The accepted bearer tokens (common.credentials, `FINLEDGER_CREDENTIALS_PATH`): writes
+    #: only from the outbox publisher, admin only for operators; `python -m finledger` refuses
+    #: to start without it.
+    credentials_path: str | None = None
 
     def faults(self) -> Faults:
         return Faults.model_validate(self.model_dump(include=set(Faults.model_fields)))

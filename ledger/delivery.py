@@ -17,6 +17,7 @@ import httpx
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from common.credentials import auth_headers
 from ledger.errors import PaydbError
 
 
@@ -65,6 +66,12 @@ class OutboxSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="OUTBOX_", extra="ignore")
 
     finledger_url: str = "http://127.0.0.1:8730"
+    #: This publisher's bearer token for the finance ledger (component `outbox`,
+    #: common.credentials): a file holding it (`OUTBOX_TOKEN_FILE`), never the token in source.
+    token_file: str | None = None
+    #: The operator digests `payouts outbox retry|discard` checks the operator's token against
+    #: (common.credentials; `OUTBOX_CREDENTIALS_PATH`): without it those commands refuse.
+    credentials_path: str | None = None
     # Retry policy (STD01-07: bounded, exponential, full jitter).
     base_delay_s: float = Field(default=1.0, gt=0)
     max_delay_s: float = Field(default=300.0, gt=0)
@@ -103,7 +110,9 @@ def classify_status(status_code: int) -> Outcome:
         return Outcome.DUPLICATE_COMPLETED
     if status_code == 409:
         return Outcome.CONFLICT_BLOCKED
-    if status_code in (408, 425, 429) or status_code >= 500:
+    # 401/403: our credential was refused before the ledger looked at the record: a
+    # configuration fault to fix, never a reason to dead-letter the record at once.
+    if status_code in (401, 403, 408, 425, 429) or status_code >= 500:
         return Outcome.RETRYABLE_FAILURE
     return Outcome.PERMANENT_FAILURE
 
@@ -118,8 +127,10 @@ class DownstreamClient:
     """HTTP client of the finance ledger. Every transport error is a retryable failure: the
     ledger deduplicates by correlation id, so sending the same record again is safe."""
 
-    def __init__(self, base_url: str, *, timeout_s: float) -> None:
-        self._client = httpx.AsyncClient(base_url=base_url, timeout=timeout_s)
+    def __init__(self, base_url: str, *, timeout_s: float, token: str | None = None) -> None:
+        self._client = httpx.AsyncClient(
+            base_url=base_url, timeout=timeout_s, headers=auth_headers(token)
+        )
 
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -42,6 +42,7 @@ import httpx
 from prometheus_client import Counter, Gauge
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from common.credentials import auth_headers, operator_token, read_token
 from ledger.errors import PaydbError
 from ledger.invariant_rules import (
     INVARIANTS,
@@ -99,6 +100,15 @@ class InvariantSettings(BaseSettings):
 
     rail_admin_url: str = "http://127.0.0.1:8710"  # the rail stub's movement log
     lock_url: str = "http://127.0.0.1:8701"  # the lock server (history over HTTP)
+    #: The checker's bearer token (component `invariants`) for the stub's movement log and the
+    #: lock server's history: a file holding it (`INVARIANTS_TOKEN_FILE`).
+    token_file: str | None = None
+
+    def token(self) -> str | None:
+        """Its own token, else (an operator running the command by hand) the operator's."""
+        own = read_token(token_file=self.token_file, what="INVARIANTS_TOKEN_FILE")
+        return own or operator_token()
+
     history: Literal["postgres", "http"] = "postgres"  # where the grant history is read
     lock_database_url: str | None = None  # lockservice schema's database; default DATABASE_URL
     lock_prefix: str = ""  # the lock backend's namespace prefix (PostgreSQL source)
@@ -207,6 +217,7 @@ def lock_server_grant_source(
     limit: int = 100_000,
     timeout_s: float = 30.0,
     transport: httpx.AsyncBaseTransport | None = None,
+    token: str | None = None,
 ) -> GrantSource:
     """The lock server's `GET /v1/history` (either backend). A truncated answer is an error: a
     partial history could hide a repeated token or an overlap."""
@@ -214,7 +225,10 @@ def lock_server_grant_source(
     async def fetch() -> Sequence[GrantFact]:
         try:
             async with httpx.AsyncClient(
-                base_url=base_url, timeout=timeout_s, transport=transport
+                base_url=base_url,
+                timeout=timeout_s,
+                transport=transport,
+                headers=auth_headers(token),
             ) as client:
                 response = await client.get(
                     "/v1/history", params={"prefix": key_prefix, "limit": limit}

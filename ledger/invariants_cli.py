@@ -44,7 +44,7 @@ def _out(line: str) -> None:
 
 def grant_source(args: argparse.Namespace, settings: InvariantSettings, db_url: str) -> GrantSource:
     if (args.history or settings.history) == "http":
-        return lock_server_grant_source(args.lock_url or settings.lock_url)
+        return lock_server_grant_source(args.lock_url or settings.lock_url, token=settings.token())
     return postgres_grant_source(
         settings.lock_database_url or db_url, backend_prefix=settings.lock_prefix
     )
@@ -61,7 +61,9 @@ async def _run(args: argparse.Namespace, settings: InvariantSettings) -> Invaria
     try:
         return await check_invariants(
             conn,
-            stub_movement_source(args.rail_admin_url or settings.rail_admin_url),
+            stub_movement_source(
+                args.rail_admin_url or settings.rail_admin_url, token=settings.token()
+            ),
             grants,
             workflow_source=workflow_source(args),
             settled=args.settled,

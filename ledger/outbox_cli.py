@@ -3,7 +3,10 @@
 `run` delivers until SIGINT/SIGTERM (settings from OUTBOX_* env). `list` prints the counts by
 status and the rows (optionally of one status). `retry` sends dead-lettered or conflict-blocked
 rows back to pending with a fresh attempt budget; `discard` marks them discarded (never
-deleted). Both need --operator and --reason and write one audit row per event (FR-30).
+deleted). Both need the operator's credential and --reason and write one audit row per event
+(FR-30) naming the authenticated operator: the token ($PAYOUTS_OPERATOR_TOKEN_FILE or
+$PAYOUTS_OPERATOR_TOKEN) is checked against the operator digests in $OUTBOX_CREDENTIALS_PATH
+before anything is read or changed (no server sits in between).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 import asyncpg
 from prometheus_client import start_http_server
 
+from common.credentials import CredentialsError, authenticate_operator, operator_token
 from ledger.delivery import OPERABLE, OutboxError, OutboxSettings, Status
 from ledger.delivery_ops import list_rows, operator_action, outbox_summary
 from ledger.publisher import Publisher
@@ -79,7 +83,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
     return asyncio.run(_list(database_url(args), status, args.limit, args.json))
 
 
-async def _act(url: str, args: argparse.Namespace) -> list[uuid.UUID]:
+async def _act(url: str, args: argparse.Namespace, operator: str) -> list[uuid.UUID]:
     pool = await asyncpg.create_pool(url, min_size=1, max_size=2)
     try:
         return await operator_action(
@@ -87,7 +91,7 @@ async def _act(url: str, args: argparse.Namespace) -> list[uuid.UUID]:
             action=args.action,
             event_ids=[uuid.UUID(e) for e in args.event_id] if args.event_id else None,
             status=Status(args.status) if args.status else None,
-            operator=args.operator,
+            operator=operator,
             reason=args.reason,
         )
     finally:
@@ -95,8 +99,13 @@ async def _act(url: str, args: argparse.Namespace) -> list[uuid.UUID]:
 
 
 def _cmd_act(args: argparse.Namespace) -> int:
+    try:  # before anything is read: an unauthenticated command changes nothing
+        operator = authenticate_operator(OutboxSettings().credentials_path, operator_token()).name
+    except CredentialsError as exc:
+        sys.stderr.write(f"error: refused, nothing changed: {exc}\n")
+        return 2
     try:
-        ids = asyncio.run(_act(database_url(args), args))
+        ids = asyncio.run(_act(database_url(args), args, operator))
     except OutboxError as exc:
         sys.stderr.write(f"error: {exc}\n")
         return 2
@@ -137,6 +146,6 @@ def register(subparsers: Any) -> None:
         target = p.add_mutually_exclusive_group(required=True)
         target.add_argument("--event-id", action="append", type=_event_id, help="repeatable")
         target.add_argument("--status", choices=[str(s) for s in OPERABLE], help="every such row")
-        p.add_argument("--operator", required=True, help="who decides (audited)")
+        p.add_argument("--operator", help="ignored: the operator token's identity is audited")
         p.add_argument("--reason", required=True, help="why (audited)")
         p.set_defaults(func=_cmd_act, action=action)

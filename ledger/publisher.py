@@ -20,6 +20,7 @@ from typing import Any
 
 import asyncpg
 
+from common.credentials import read_token
 from ledger.delivery import (
     DownstreamClient,
     OutboxSettings,
@@ -61,7 +62,11 @@ class Publisher:
         self.settings = settings
         self.metrics = metrics or OutboxMetrics()
         self._rng = rng or random.Random()
-        self._client = DownstreamClient(settings.finledger_url, timeout_s=settings.http_timeout_s)
+        self._client = DownstreamClient(
+            settings.finledger_url,
+            timeout_s=settings.http_timeout_s,
+            token=read_token(token_file=settings.token_file, what="OUTBOX_TOKEN_FILE"),
+        )
 
     async def aclose(self) -> None:
         await self._client.aclose()

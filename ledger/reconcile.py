@@ -27,6 +27,7 @@ import httpx
 from prometheus_client import Counter, Gauge
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from common.credentials import auth_headers, operator_token, read_token
 from ledger.errors import PaydbError
 from ledger.journal import RAIL_CLEARING
 from ledger.queries import ledger_discrepancies
@@ -80,6 +81,15 @@ class ReconcileSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="RECONCILE_")
 
     rail_admin_url: str = "http://127.0.0.1:8710"  # where the rail's movement log is read
+    #: The reconciler's bearer token (component `reconciler`) for the rail's movement log: a file
+    #: holding it (`RECONCILE_TOKEN_FILE`).
+    token_file: str | None = None
+
+    def token(self) -> str | None:
+        """Its own token, else (an operator running the command by hand) the operator's."""
+        own = read_token(token_file=self.token_file, what="RECONCILE_TOKEN_FILE")
+        return own or operator_token()
+
     ambiguity_sla_s: float = 4 * 3600.0  # A-10
     sample_size: int = 10
     window_s: float = 3600.0  # A-10: hourly, closed windows
@@ -120,12 +130,17 @@ class ReconcileReport:
     ok: bool
 
 
-def stub_movement_source(base_url: str, *, timeout_s: float = 10.0) -> MovementSource:
-    """The rail stub's movement log (`GET /admin/movements`), read-only."""
+def stub_movement_source(
+    base_url: str, *, timeout_s: float = 10.0, token: str | None = None
+) -> MovementSource:
+    """The rail stub's movement log (`GET /admin/movements`), read-only, presenting `token` (the
+    reader's own credential: component `reconciler` or `invariants`, or an operator's)."""
 
     async def fetch() -> Sequence[RailMovement]:
         try:
-            async with httpx.AsyncClient(base_url=base_url, timeout=timeout_s) as client:
+            async with httpx.AsyncClient(
+                base_url=base_url, timeout=timeout_s, headers=auth_headers(token)
+            ) as client:
                 response = await client.get("/admin/movements")
                 response.raise_for_status()
                 body: dict[str, Any] = response.json()

@@ -146,7 +146,9 @@ async def _run(args: argparse.Namespace, settings: ReconcileSettings) -> Reconci
     try:
         return await reconcile(
             conn,
-            stub_movement_source(args.rail_admin_url or settings.rail_admin_url),
+            stub_movement_source(
+                args.rail_admin_url or settings.rail_admin_url, token=settings.token()
+            ),
             window,
             ambiguity_sla=timedelta(seconds=settings.ambiguity_sla_s),
             sample_size=settings.sample_size,

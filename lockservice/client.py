@@ -48,6 +48,7 @@ from urllib.parse import quote
 
 import httpx
 
+from common.credentials import auth_headers
 from lockservice import api
 from lockservice._http import KeepAliveTransport
 from lockservice.api import Grant, LockError
@@ -171,6 +172,7 @@ class LockClient:
         sleep: Sleep = asyncio.sleep,
         rng: random.Random | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        token: str | None = None,
     ) -> None:
         api.validate_ttl(ttl_s)
         if not 0 < heartbeat_s < ttl_s * (1 - safety_margin):
@@ -192,8 +194,12 @@ class LockClient:
         if transport is None and base_url.startswith("http://"):
             # The lean keep-alive transport: same httpx API and errors, ~0.5 ms less per request.
             transport = KeepAliveTransport()
+        # `token`: this component's bearer credential (common.credentials), sent on every call.
         self._http = httpx.AsyncClient(
-            base_url=base_url, transport=transport, timeout=request_timeout_s
+            base_url=base_url,
+            transport=transport,
+            timeout=request_timeout_s,
+            headers=auth_headers(token),
         )
         self.session_id: str | None = None
         self.deadline = float("-inf")  # no session: nothing is held
@@ -609,6 +615,8 @@ def _decode(resp: httpx.Response) -> dict[str, Any]:
         raise _ERROR_BY_CODE[code](message)
     if resp.status_code in (400, 422):
         raise api.InvalidRequest(message)
+    if resp.status_code in (401, 403):
+        raise LockError(f"lock server refused this component's credential ({code}): {message}")
     raise LockError(f"unexpected {resp.status_code} from lock server: {message}")
 
 

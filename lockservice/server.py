@@ -29,7 +29,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from fastapi import FastAPI, Query, Request
+from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import (
@@ -42,6 +42,7 @@ from prometheus_client import (
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from common.credentials import Credentials, Identity, load_optional, require
 from lockservice import api
 from lockservice.api import Grant, LockBackend, NotAcquired
 from lockservice.grants import GrantSigner
@@ -121,7 +122,9 @@ class HistoryOut(BaseModel):
 
 class RevokeIn(BaseModel):
     key: str = Field(min_length=1, max_length=api.MAX_KEY_LENGTH, pattern=_KEY_PATTERN)
-    operator: str = Field(min_length=1, max_length=200)
+    #: Ignored: the audit names the authenticated operator (common.credentials), never a
+    #: free-text name. Accepted so that older clients keep working.
+    operator: str | None = Field(default=None, max_length=200)
     reason: str = Field(min_length=1, max_length=2000)
 
 
@@ -136,7 +139,8 @@ class RevokeOut(BaseModel):
 class BumpEpochIn(BaseModel):
     # Bounded further by the backend: at most api.MAX_EPOCH_STEP above the current epoch.
     min_epoch: int = Field(ge=0, le=api.MAX_EPOCH)
-    operator: str = Field(min_length=1, max_length=200)
+    #: Ignored, as in RevokeIn: the authenticated operator is audited.
+    operator: str | None = Field(default=None, max_length=200)
     reason: str = Field(min_length=1, max_length=2000)
 
 
@@ -150,7 +154,15 @@ class ErrorBody(BaseModel):
     reason: str | None = None  # only for not_acquired: "held" or "timeout"
 
 
-_ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorBody} for s in (404, 409, 422, 503)}
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    s: {"model": ErrorBody} for s in (401, 403, 404, 409, 422, 503)
+}
+
+#: Who may call what (ARCHITECTURE §9). The worker holds grants; the invariant checker reads the
+#: grant history; inspect is for operators (and the checker); force-revoke and bump-epoch are
+#: break-glass: operators only. /health, /livez and /metrics stay open (network isolation).
+WORKER = "worker"
+READERS = ("worker", "invariants", "reconciler")
 
 # --------------------------------------------------------------------------- plumbing
 
@@ -219,6 +231,9 @@ class _State:
     signer: GrantSigner
     #: Restored-data detection (lockservice.watermark); None: off (no LOCK_STATE_DIR).
     watermark: Watermark | None = None
+    #: Accepted bearer tokens (common.credentials); None: authentication off (tests only;
+    #: `main` refuses to start without LOCK_CREDENTIALS_PATH).
+    credentials: Credentials | None = None
 
     def be(self) -> LockBackend:
         if self.backend is None:  # only between process start and the end of lifespan start-up
@@ -249,15 +264,24 @@ def create_app(
     lifespan: Callable[[FastAPI], Any] | None = None,
     watermark: Watermark | None = None,
     signer: GrantSigner | None = None,
+    credentials: Credentials | None = None,
 ) -> FastAPI:
     """The HTTP app over an already-connected backend (the caller closes the backend). With a
     `watermark` it refuses grants on restored data; call `await watermark.check(backend)` first
-    to detect a restore before the first acquire (app_from_settings does).
+    to detect a restore before the first acquire (app_from_settings does). Without
+    `credentials`, authentication is off (every caller is `unauthenticated`): tests only.
 
     Without `signer`, grants are signed with a fresh in-memory key that no enforcement point
     knows: still never an unsigned grant, but only useful where nobody verifies (lock tests).
     """
-    state = _State(backend, _Metrics(), default_ttl_s, signer or GrantSigner.ephemeral(), watermark)
+    state = _State(
+        backend,
+        _Metrics(),
+        default_ttl_s,
+        signer or GrantSigner.ephemeral(),
+        watermark,
+        credentials,
+    )
     return _build(state, lifespan)
 
 
@@ -294,6 +318,13 @@ def _build(  # noqa: PLR0915 - one route table, read top to bottom
     )
     app.state.lock = state
     m = state.metrics
+    holder = [Depends(require(state.credentials, components=(WORKER,)))]
+    reader = [Depends(require(state.credentials, operator=True, components=READERS))]
+    operator_only = Depends(require(state.credentials, operator=True))
+    # Force-revoke also from the worker: the `payouts payout revoke` signal reaches the lock
+    # server through the worker's revoke activity. Its operator name is NOT authenticated (anyone
+    # who can reach Temporal can signal), so the audit marks it: "worker/unverified:<name>".
+    revoker = Depends(require(state.credentials, operator=True, components=(WORKER,)))
 
     async def run(op: str, call: Callable[[], Awaitable[T]]) -> T:
         """Time and count one backend call; errors propagate to the exception handlers."""
@@ -331,7 +362,12 @@ def _build(  # noqa: PLR0915 - one route table, read top to bottom
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        code = {
+            401: "unauthorized",
+            403: "forbidden",
+            404: "not_found",
+            405: "method_not_allowed",
+        }.get(exc.status_code, "http_error")
         response = _error(exc.status_code, code, str(exc.detail))
         # Keep the exception's headers: a 405 must say which methods are allowed (RFC 9110).
         for name, value in (exc.headers or {}).items():
@@ -347,7 +383,13 @@ def _build(  # noqa: PLR0915 - one route table, read top to bottom
 
     # ------------------------------------------------------------------ sessions
 
-    @app.post("/v1/sessions", name="open_session", response_model=SessionOut, responses=_ERRORS)
+    @app.post(
+        "/v1/sessions",
+        name="open_session",
+        response_model=SessionOut,
+        responses=_ERRORS,
+        dependencies=holder,
+    )
     async def open_session(body: OpenSessionIn | None = None) -> Response:
         ttl = api.validate_ttl(
             body.ttl_s if body is not None and body.ttl_s is not None else state.default_ttl_s
@@ -363,6 +405,7 @@ def _build(  # noqa: PLR0915 - one route table, read top to bottom
         name="keepalive",
         response_model=SessionOut,
         responses=_ERRORS,
+        dependencies=holder,
     )
     async def keepalive(session_id: str) -> Response:
         try:
@@ -375,7 +418,11 @@ def _build(  # noqa: PLR0915 - one route table, read top to bottom
         )
 
     @app.delete(
-        "/v1/sessions/{session_id}", name="close_session", status_code=204, responses=_ERRORS
+        "/v1/sessions/{session_id}",
+        name="close_session",
+        status_code=204,
+        responses=_ERRORS,
+        dependencies=holder,
     )
     async def close_session(session_id: str) -> Response:
         await run("close_session", lambda: state.be().close_session(session_id))
@@ -384,7 +431,13 @@ def _build(  # noqa: PLR0915 - one route table, read top to bottom
 
     # ------------------------------------------------------------------ locks
 
-    @app.post("/v1/locks/acquire", name="acquire", response_model=GrantBody, responses=_ERRORS)
+    @app.post(
+        "/v1/locks/acquire",
+        name="acquire",
+        response_model=GrantBody,
+        responses=_ERRORS,
+        dependencies=holder,
+    )
     async def acquire(body: AcquireIn) -> Response:
         key, wait = api.validate_key(body.key), api.validate_wait(body.wait_s)
         result = await run("acquire", lambda: _checked_acquire(state, body.session_id, key, wait))
@@ -395,7 +448,13 @@ def _build(  # noqa: PLR0915 - one route table, read top to bottom
             return _error(409, "not_acquired", f"{key} not acquired", reason=result.reason)
         return JSONResponse(_grant_json(result, state.signer))
 
-    @app.post("/v1/locks/renew", name="renew", response_model=GrantBody, responses=_ERRORS)
+    @app.post(
+        "/v1/locks/renew",
+        name="renew",
+        response_model=GrantBody,
+        responses=_ERRORS,
+        dependencies=holder,
+    )
     async def renew(body: GrantBody) -> Response:
         grant = body.to_grant()
         api.validate_key(grant.key)
@@ -403,7 +462,9 @@ def _build(  # noqa: PLR0915 - one route table, read top to bottom
         _log.info("lock.renewed", key=grant.key, token=grant.token)
         return JSONResponse(_grant_json(renewed, state.signer))
 
-    @app.post("/v1/locks/release", name="release", status_code=204, responses=_ERRORS)
+    @app.post(
+        "/v1/locks/release", name="release", status_code=204, responses=_ERRORS, dependencies=holder
+    )
     async def release(body: GrantBody) -> Response:
         grant = body.to_grant()
         api.validate_key(grant.key)
@@ -414,7 +475,13 @@ def _build(  # noqa: PLR0915 - one route table, read top to bottom
             raise
         return Response(status_code=204)
 
-    @app.get("/v1/locks", name="inspect", response_model=LockInfoOut, responses=_ERRORS)
+    @app.get(
+        "/v1/locks",
+        name="inspect",
+        response_model=LockInfoOut,
+        responses=_ERRORS,
+        dependencies=reader,
+    )
     async def inspect(
         key: str = Query(min_length=1, max_length=api.MAX_KEY_LENGTH, pattern=_KEY_PATTERN),
     ) -> Response:
@@ -432,7 +499,13 @@ def _build(  # noqa: PLR0915 - one route table, read top to bottom
             }
         )
 
-    @app.get("/v1/history", name="grant_history", response_model=HistoryOut, responses=_ERRORS)
+    @app.get(
+        "/v1/history",
+        name="grant_history",
+        response_model=HistoryOut,
+        responses=_ERRORS,
+        dependencies=reader,
+    )
     async def grant_history(
         prefix: str = Query(default="", max_length=api.MAX_KEY_LENGTH),
         limit: int = Query(default=api.DEFAULT_HISTORY_LIMIT, ge=0, le=api.MAX_HISTORY_LIMIT),
@@ -462,11 +535,15 @@ def _build(  # noqa: PLR0915 - one route table, read top to bottom
         )
 
     @app.post("/v1/locks/revoke", name="force_revoke", response_model=RevokeOut, responses=_ERRORS)
-    async def force_revoke(body: RevokeIn) -> Response:
+    async def force_revoke(body: RevokeIn, who: Identity = revoker) -> Response:
         """Break-glass: ends the current grant and advances the token (FR-08). The backend emits
-        the `lock.revoked` audit event and the `alert` event."""
+        the `lock.revoked` audit event and the `alert` event, naming the authenticated operator
+        (the body's `operator` is ignored)."""
         key = api.validate_key(body.key)
-        operator, reason = api.validate_operator(body.operator, body.reason)
+        actor = who.name
+        if who.kind == "component":
+            actor = f"{who.name}/unverified:{(body.operator or 'unknown')[:100]}"
+        operator, reason = api.validate_operator(actor, body.reason)
         r = await run("force_revoke", lambda: state.be().force_revoke(key, operator, reason))
         return JSONResponse(
             {
@@ -479,9 +556,10 @@ def _build(  # noqa: PLR0915 - one route table, read top to bottom
         )
 
     @app.post("/v1/epoch/bump", name="bump_epoch", response_model=BumpEpochOut, responses=_ERRORS)
-    async def bump_epoch(body: BumpEpochIn) -> Response:
-        """Restore procedure: every key's next token moves above anything issued before."""
-        operator, reason = api.validate_operator(body.operator, body.reason)
+    async def bump_epoch(body: BumpEpochIn, who: Identity = operator_only) -> Response:
+        """Restore procedure: every key's next token moves above anything issued before.
+        Operators only; the authenticated operator is audited."""
+        operator, reason = api.validate_operator(who.name, body.reason)
         epoch = await run(
             "bump_epoch", lambda: state.be().bump_epoch(body.min_epoch, operator, reason)
         )
@@ -526,7 +604,8 @@ def app_from_settings(settings: Any) -> FastAPI:
     if not settings.signing_key_path:
         raise ValueError("LOCK_SIGNING_KEY_PATH is required: every grant is signed")
     signer = GrantSigner.from_pem_file(settings.signing_key_path, settings.signing_key_id)
-    state = _State(None, _Metrics(), float(settings.default_ttl_s), signer)
+    credentials = load_optional(settings.credentials_path)
+    state = _State(None, _Metrics(), float(settings.default_ttl_s), signer, None, credentials)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -579,6 +658,14 @@ def main() -> None:
         print(  # noqa: T201 - the one-line refusal on stderr, before logging exists
             "lock-server: LOCK_SIGNING_KEY_PATH is not set (the Ed25519 private key, PEM, that "
             "signs every grant): refusing to start",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
+    if not settings.credentials_path:
+        # Safe default: without it every caller could acquire, revoke and bump the epoch.
+        print(  # noqa: T201 - the one-line refusal on stderr, before logging exists
+            "lock-server: LOCK_CREDENTIALS_PATH is not set (the accepted bearer-token digests, "
+            "common.credentials): refusing to start",
             file=sys.stderr,
         )
         raise SystemExit(2)

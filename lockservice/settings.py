@@ -44,6 +44,9 @@ class LockSettings(BaseSettings):
     signing_key_path: str | None = None
     #: The key id published with each signature; enforcement points look the public key up by it.
     signing_key_id: str = "k1"
+    #: The accepted bearer tokens (common.credentials: SHA-256 digests -> identity, JSON, 0600);
+    #: the server refuses to start without it.
+    credentials_path: str | None = None
     log_level: str = "INFO"
 
     def etcd_endpoint_list(self) -> list[str]:

@@ -185,8 +185,8 @@ async def _monitor(
             progress(f"progress: {terminal}/{total} terminal, {ambiguous} ambiguous")
 
 
-async def _movement_references(railstub_url: str) -> list[str]:
-    async with httpx.AsyncClient(base_url=railstub_url, timeout=30) as http:
+async def _movement_references(railstub_url: str, headers: dict[str, str]) -> list[str]:
+    async with httpx.AsyncClient(base_url=railstub_url, timeout=30, headers=headers) as http:
         r = await http.get("/admin/movements")
         r.raise_for_status()
         return [str(m["client_reference"]) for m in r.json()["movements"]]
@@ -208,11 +208,11 @@ async def _check(stack: Stack, window_start: Any, *, settled: bool) -> tuple[Any
     from ledger.reconcile import reconcile, stub_movement_source
     from ledger.reconcile_rules import Window
 
-    movements = stub_movement_source(stack.railstub_url)
+    movements = stub_movement_source(stack.railstub_url, token=stack.token("invariants"))
     grants = (
         postgres_grant_source(stack.database_url)
         if stack.config.backend == "postgres"
-        else lock_server_grant_source(stack.lock_url)
+        else lock_server_grant_source(stack.lock_url, token=stack.token("invariants"))
     )
     conn = await asyncpg.connect(stack.database_url)
     try:
@@ -307,7 +307,7 @@ async def run_chaos(
         states = await _states(url, prefix)
         progress("running reconciliation and the invariant checker")
         rec, inv = await _check(stack, window_start, settled=settled)
-        references = await _movement_references(stack.railstub_url)
+        references = await _movement_references(stack.railstub_url, stack.operator_headers())
         events = _service_events(stack)
         if len(states) != opts.payouts:
             raise ChaosError(f"expected {opts.payouts} payouts, found {len(states)}")

@@ -23,6 +23,7 @@ from typing import Any
 import asyncpg
 import httpx
 
+from common.credentials import auth_headers
 from payouts.chaos_schedule import Fault
 from payouts.experiments import json_events, process_state, resumed_then_submitted
 from payouts.logs import get_logger
@@ -97,7 +98,9 @@ class FaultInjector:
         # One HTTP client and one small pool for the whole run: building an httpx client costs an
         # SSL context and a PostgreSQL connection costs a backend process, and the armed pauses
         # and leader-kill probes ask many times a second (they were a fifth of a core).
-        self._http = httpx.AsyncClient(timeout=5.0)
+        # The harness steers the rail stub as the stack's operator; the lock probe below acts as
+        # a holder and presents the worker's credential instead.
+        self._http = httpx.AsyncClient(timeout=5.0, headers=stack.operator_headers())
         self._pool: asyncpg.Pool | None = None
         self.workload_done = workload_done
         self.slots: list[str] = []
@@ -352,13 +355,17 @@ class FaultInjector:
         key = f"chaos:probe-{uuid.uuid4().hex[:8]}-{self._probe_seq}"
         try:
             base, http = self.stack.lock_url, self._http
-            s = await http.post(f"{base}/v1/sessions", json={"ttl_s": 2.0}, timeout=1.0)
+            holder = auth_headers(self.stack.token("worker"))
+            s = await http.post(
+                f"{base}/v1/sessions", json={"ttl_s": 2.0}, timeout=1.0, headers=holder
+            )
             if s.status_code != 200:
                 return False
             r = await http.post(
                 f"{base}/v1/locks/acquire",
                 json={"session_id": s.json()["session_id"], "key": key, "wait_s": 0},
                 timeout=1.0,
+                headers=holder,
             )
             return r.status_code == 200
         except httpx.HTTPError:

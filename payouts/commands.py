@@ -24,6 +24,12 @@ from typing import Any
 import asyncpg
 import httpx
 
+from common.credentials import (
+    OPERATOR_TOKEN_FILE_ENV,
+    CredentialsError,
+    auth_headers,
+    operator_token,
+)
 from ledger.states import TERMINAL_STATES
 from payouts.cli import database_url
 
@@ -536,13 +542,22 @@ def _cmd_signal(args: argparse.Namespace) -> int:
 
 
 def _cmd_lock_revoke(args: argparse.Namespace) -> int:
-    operator, reason = _require(args.operator, "operator"), _require(args.reason, "reason")
+    reason = _require(args.reason, "reason")
     url = args.lock_url or os.environ.get("LOCK_URL", "http://127.0.0.1:8701")
     key = args.key or f"payout:{_require(args.account, 'account')}"
+    try:  # the lock server audits the identity this token authenticates, not a typed name
+        token = operator_token()
+    except CredentialsError as exc:
+        raise CommandError(str(exc)) from None
+    if token is None:
+        raise CommandError(
+            f"no operator token: set {OPERATOR_TOKEN_FILE_ENV} (`payouts up` prints the line)"
+        )
     try:
         r = httpx.post(
             f"{url}/v1/locks/revoke",
-            json={"key": key, "operator": operator, "reason": reason},
+            json={"key": key, "reason": reason},
+            headers=auth_headers(token),
             timeout=10,
         )
     except httpx.HTTPError as exc:
@@ -668,7 +683,9 @@ def _register_lock(sub: Any) -> None:
     rev = lsub.add_parser("revoke", help="force-revoke a lock (audited; next token is higher)")
     rev.add_argument("--key", help="lock key, e.g. payout:acct-00001")
     rev.add_argument("--account", help="shorthand for --key payout:ACCOUNT")
-    rev.add_argument("--operator", required=True, help="who you are (audited)")
+    rev.add_argument(
+        "--operator", help=f"ignored: the identity of ${OPERATOR_TOKEN_FILE_ENV} is audited"
+    )
     rev.add_argument("--reason", required=True, help="why (audited; e.g. a ticket number)")
     rev.add_argument("--lock-url", help="default $LOCK_URL or http://127.0.0.1:8701")
     rev.set_defaults(func=_guard(_cmd_lock_revoke))

@@ -91,8 +91,8 @@ async def _latencies(database_url: str, ids: list[str]) -> tuple[list[float], li
         await conn.close()
 
 
-async def _movement_counts(railstub_url: str) -> dict[str, int]:
-    async with httpx.AsyncClient(base_url=railstub_url, timeout=10) as http:
+async def _movement_counts(railstub_url: str, headers: dict[str, str]) -> dict[str, int]:
+    async with httpx.AsyncClient(base_url=railstub_url, timeout=10, headers=headers) as http:
         r = await http.get("/admin/movements")
         r.raise_for_status()
         counts: dict[str, int] = r.json()["counts"]
@@ -137,18 +137,22 @@ async def run_demo(options: DemoOptions, progress: Callable[[str], None]) -> dic
             "exec_p99": round(_pct(execution, 99), 3),
             "n": len(e2e),
         }
-        counts = await _movement_counts(stack.railstub_url)
+        counts = await _movement_counts(stack.railstub_url, stack.operator_headers())
         per_payout = Counter(counts.get(pid, 0) for pid in ids)
         report["rail_movements_per_payout"] = {str(k): v for k, v in sorted(per_payout.items())}
         await asyncio.sleep(2.0)  # let the reconciliation window close past the last write
         conn = await asyncpg.connect(stack.database_url)
         try:
             window = Window(start=window_start, end=datetime.now(UTC) - timedelta(seconds=1))
-            rec = await reconcile(conn, stub_movement_source(stack.railstub_url), window)
+            rec = await reconcile(
+                conn,
+                stub_movement_source(stack.railstub_url, token=stack.token("reconciler")),
+                window,
+            )
             report["reconcile"] = dict(rec.counts)
             inv = await check_invariants(
                 conn,
-                stub_movement_source(stack.railstub_url),
+                stub_movement_source(stack.railstub_url, token=stack.token("invariants")),
                 postgres_grant_source(stack.database_url),
                 workflow_source=temporal_workflow_source(stack.temporal_address),
                 # Settled only when the workload drained: then INV-10 also demands that every
@@ -260,7 +264,9 @@ async def _outbox(stack: Stack) -> dict[str, Any]:
         downstream = records = -1
         for _ in range(60):
             summary = await outbox_summary(pool)
-            async with httpx.AsyncClient(base_url=stack.finledger_url, timeout=10) as http:
+            async with httpx.AsyncClient(
+                base_url=stack.finledger_url, timeout=10, headers=stack.operator_headers()
+            ) as http:
                 book = (await http.get("/v1/records")).json()["records"]
             records = len(book)
             downstream = sum(1 for r in book if r["event_type"] == "ledger.posted")

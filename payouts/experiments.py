@@ -144,7 +144,9 @@ async def _db_extract(database_url: str, payout_id: str, account_id: str) -> dic
 
 
 async def _movements(stack: Stack, client_reference: str) -> list[dict[str, Any]]:
-    async with httpx.AsyncClient(base_url=stack.railstub_url, timeout=5) as http:
+    async with httpx.AsyncClient(
+        base_url=stack.railstub_url, timeout=5, headers=stack.operator_headers()
+    ) as http:
         r = await http.get("/admin/movements", params={"client_reference": client_reference})
         r.raise_for_status()
         return [m for m in r.json()["movements"] if m["client_reference"] == client_reference]
@@ -402,7 +404,9 @@ async def crash_experiment(
         if at == "RAIL_SUBMITTED":
             # The rail records the movement and never answers: the proxy's outcome is UNKNOWN,
             # so the payout is RAIL_SUBMITTED with no known outcome when W1 dies.
-            async with httpx.AsyncClient(base_url=stack.railstub_url, timeout=5) as http:
+            async with httpx.AsyncClient(
+                base_url=stack.railstub_url, timeout=5, headers=stack.operator_headers()
+            ) as http:
                 await http.post(
                     "/admin/behaviour",
                     json={
@@ -422,7 +426,9 @@ async def crash_experiment(
         state_at_crash, t1 = str(at_crash["state"]), int(at_crash["fence"])
         progress(f"W1 killed at {state_at_crash} (T1={t1}); starting W2 to recover")
         if at == "RAIL_SUBMITTED":
-            async with httpx.AsyncClient(base_url=stack.railstub_url, timeout=5) as http:
+            async with httpx.AsyncClient(
+                base_url=stack.railstub_url, timeout=5, headers=stack.operator_headers()
+            ) as http:
                 await http.post("/admin/behaviour", json={"rules": []})
         await stack.start_worker("worker-W2", WORKER_ENV)
 

@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 
 import httpx
 
+from common.credentials import auth_headers, read_token
 from payouts.embedded import (
     EmbeddedEtcd,
     EmbeddedPostgres,
@@ -48,10 +49,13 @@ from payouts.stack_config import (
 )
 from payouts.stack_process import ManagedProcess, pid_alive, tcp_check
 from payouts.stack_services import (
+    STACK_OPERATOR,
     Addresses,
     ServiceFactory,
+    StackCredentials,
     finledger_available,
     outbox_available,
+    stack_credentials,
     worker_available,
 )
 from railproxy.settings import ProxySettings
@@ -122,8 +126,28 @@ class Stack:
         self._etcd: EmbeddedEtcd | None = None
         self._procs: dict[str, ManagedProcess] = {}
         self._factory: ServiceFactory | None = None
+        self._creds: StackCredentials | None = None
         self._worker_seq = 0
         self.addresses: Addresses | None = None
+
+    # ------------------------------------------------------------------ credentials
+
+    @property
+    def credentials(self) -> StackCredentials:
+        """The stack's bearer tokens under `<run dir>/credentials/` (generated once, kept)."""
+        if self._creds is None:
+            self._creds = stack_credentials(self.run_dir)
+        return self._creds
+
+    def token(self, identity: str) -> str:
+        """One identity's token (the operator's, or a component's for in-process checks)."""
+        token = read_token(token_file=self.credentials.tokens[identity], what=identity)
+        assert token is not None
+        return token
+
+    def operator_headers(self) -> dict[str, str]:
+        """What the stack's own operator calls (admin endpoints of stub and ledger) present."""
+        return auth_headers(self.token(STACK_OPERATOR))
 
     # ------------------------------------------------------------------ addresses
 
@@ -270,7 +294,9 @@ class Stack:
             or os.environ.get(_SKEW_MARGIN_ENV)
             or ProxySettings.model_fields["absence_clock_skew_margin_s"].default
         )
-        async with httpx.AsyncClient(base_url=self.railstub_url, timeout=5.0) as http:
+        async with httpx.AsyncClient(
+            base_url=self.railstub_url, timeout=5.0, headers=self.operator_headers()
+        ) as http:
             response = await http.get("/admin/movements", params={"client_reference": "-"})
             response.raise_for_status()
             since = datetime.fromisoformat(response.json()["complete_from"])

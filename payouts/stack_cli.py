@@ -54,6 +54,11 @@ def exports(stack: Stack) -> str:
         "RECONCILE_RAIL_ADMIN_URL": stack.railstub_url,
         "INVARIANTS_RAIL_ADMIN_URL": stack.railstub_url,
         "INVARIANTS_LOCK_URL": stack.lock_url,
+        # The operator's bearer token (a file, 0600): every operator command presents it.
+        "PAYOUTS_OPERATOR_TOKEN_FILE": str(stack.credentials.operator_token_file),
+        # Operator commands that check the token themselves (no server in between).
+        "OUTBOX_CREDENTIALS_PATH": str(stack.credentials.servers["outbox-cli"]),
+        "LOCK_CREDENTIALS_PATH": str(stack.credentials.servers["lock-server"]),
     }
     return "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items())
 

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.credentials import Kind, issue_tokens, write_credentials
 from lockservice.grants import KeyPairFiles, generate_keypair
 from payouts.embedded import free_port, temporal_binary
 from payouts.stack_config import StackConfig
@@ -38,6 +39,53 @@ TEMPORAL_SQLITE_PRAGMAS = (
     "--sqlite-pragma",
     "synchronous=normal",
 )
+
+
+#: The stack's operator (one bearer token; `payouts up` prints its export line).
+STACK_OPERATOR = "local-operator"
+#: Every identity of a local stack and its kind: one token each under `<run dir>/credentials/`.
+STACK_IDENTITIES: dict[str, Kind] = {
+    STACK_OPERATOR: "operator",
+    "worker": "component",
+    "railproxy": "component",
+    "outbox": "component",
+    "reconciler": "component",
+    "invariants": "component",
+}
+#: Which identities each server accepts (its credentials file lists only these; the endpoint
+#: policy in each service then decides what each may do).
+STACK_ACCEPTS: dict[str, tuple[str, ...]] = {
+    "lock-server": (STACK_OPERATOR, "worker", "invariants", "reconciler"),
+    "railstub": (STACK_OPERATOR, "railproxy", "reconciler", "invariants"),
+    "railproxy": (STACK_OPERATOR, "worker", "reconciler", "invariants"),
+    "finledger": (STACK_OPERATOR, "outbox", "invariants", "reconciler"),
+    "outbox-cli": (STACK_OPERATOR,),
+}
+
+
+@dataclass(frozen=True)
+class StackCredentials:
+    """Token files (one per identity) and credentials files (one per server), all 0600."""
+
+    tokens: dict[str, Path]
+    servers: dict[str, Path]
+
+    @property
+    def operator_token_file(self) -> Path:
+        return self.tokens[STACK_OPERATOR]
+
+
+def stack_credentials(run_dir: Path) -> StackCredentials:
+    """Generated on first start under `<run dir>/credentials/` and kept for the next."""
+    base = run_dir / "credentials"
+    tokens = issue_tokens(base / "tokens", STACK_IDENTITIES)
+    servers = {
+        server: write_credentials(
+            base / f"{server}.json", {n: STACK_IDENTITIES[n] for n in names}, tokens
+        )
+        for server, names in STACK_ACCEPTS.items()
+    }
+    return StackCredentials(tokens, servers)
 
 
 @dataclass(frozen=True)
@@ -96,6 +144,7 @@ class ServiceFactory:
         self.base_env = base_env
         self.logs = config.run_dir / "logs"
         self._keys: KeyPairFiles | None = None
+        self._creds: StackCredentials | None = None
 
     @property
     def grant_keys(self) -> KeyPairFiles:
@@ -105,6 +154,14 @@ class ServiceFactory:
         if self._keys is None:
             self._keys = generate_keypair(self.config.run_dir / "keys", STACK_KEY_ID)
         return self._keys
+
+    @property
+    def credentials(self) -> StackCredentials:
+        """The stack's bearer tokens: each process gets only its own token file and its own
+        credentials file (ARCHITECTURE §9)."""
+        if self._creds is None:
+            self._creds = stack_credentials(self.config.run_dir)
+        return self._creds
 
     def _env(self, name: str, own: Mapping[str, str]) -> dict[str, str]:
         env = dict(self.base_env)
@@ -194,6 +251,7 @@ class ServiceFactory:
             "LOCK_DATABASE_URL": self.addr.database_url,
             "LOCK_SIGNING_KEY_PATH": str(self.grant_keys.private_path),
             "LOCK_SIGNING_KEY_ID": self.grant_keys.kid,
+            "LOCK_CREDENTIALS_PATH": str(self.credentials.servers["lock-server"]),
         }
         if self.addr.etcd_endpoints:
             own["LOCK_ETCD_ENDPOINTS"] = ",".join(self.addr.etcd_endpoints)
@@ -220,6 +278,7 @@ class ServiceFactory:
                 # Durable beside the stack's other state: a restarted stub (`payouts up` again,
                 # a chaos restart) still knows every movement, as a real rail keeps its records.
                 "RAILSTUB_MOVEMENTS_PATH": str(self.config.run_dir / "railstub-movements.sqlite"),
+                "RAILSTUB_CREDENTIALS_PATH": str(self.credentials.servers["railstub"]),
             },
             http_check(url),
             f"GET {url}",
@@ -235,6 +294,8 @@ class ServiceFactory:
             "RAILPROXY_DATABASE_URL": self.addr.database_url,
             "RAILPROXY_RAIL_URL": self.addr.railstub_url,
             "RAILPROXY_GRANT_PUBLIC_KEYS": str(self.grant_keys.public_dir),
+            "RAILPROXY_CREDENTIALS_PATH": str(self.credentials.servers["railproxy"]),
+            "RAILPROXY_TOKEN_FILE": str(self.credentials.tokens["railproxy"]),
             # FR-29: the proxy's fence and per-payout submission guard are what stop a second
             # rail movement when a paused holder wakes up; only the experiment turns them off.
             "RAILPROXY_ENFORCE_FENCING": _flag(self.config.fencing),
@@ -264,6 +325,7 @@ class ServiceFactory:
             "FINLEDGER_HOST": "127.0.0.1",
             "FINLEDGER_PORT": str(port),
             "FINLEDGER_DATABASE_URL": self.addr.database_url,
+            "FINLEDGER_CREDENTIALS_PATH": str(self.credentials.servers["finledger"]),
         }
         return self._python(
             "finledger",
@@ -283,6 +345,7 @@ class ServiceFactory:
             "OUTBOX_FINLEDGER_URL": self.addr.finledger_url,
             "FINLEDGER_URL": self.addr.finledger_url,
             "OUTBOX_METRICS_PORT": str(port),
+            "OUTBOX_TOKEN_FILE": str(self.credentials.tokens["outbox"]),
         }
         return self._python(
             "outbox",
@@ -303,6 +366,9 @@ class ServiceFactory:
             "WORKER_LOCK_URL": self.addr.lock_url,
             "WORKER_RAILPROXY_URL": self.addr.railproxy_url,
             "WORKER_GRANT_PUBLIC_KEYS": str(self.grant_keys.public_dir),
+            "WORKER_TOKEN_FILE": str(self.credentials.tokens["worker"]),
+            # The hourly reconcile Schedule runs in the workers, as the reconciler component.
+            "RECONCILE_TOKEN_FILE": str(self.credentials.tokens["reconciler"]),
             "WORKER_ID": name,
             "WORKER_METRICS_PORT": str(metrics_port),
             "WORKER_SDK_METRICS_PORT": str(free_port()),

@@ -7,6 +7,7 @@ import sys
 
 import uvicorn
 
+from common.credentials import refuse_without
 from payouts.logs import configure_logging
 from railproxy.app import create_app
 from railproxy.errors import StartupRefused
@@ -16,6 +17,7 @@ from railproxy.startup import check_start
 
 def main() -> None:
     settings = ProxySettings()
+    refuse_without(settings.credentials_path, "RAILPROXY_CREDENTIALS_PATH", "railproxy")
     # Checked here first, before logging is configured, for a clean refusal (one line on stderr,
     # exit 2, nothing started); the app's lifespan checks again, so that any other way of
     # serving the app is guarded too.

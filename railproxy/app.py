@@ -9,11 +9,14 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
-from fastapi import FastAPI, Path, Query, Request
+from fastapi import Depends, FastAPI, Path, Query, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from common.credentials import load_optional, require
 from payouts.logs import get_logger
 from payouts.migrate import migrate
 from payouts.pgutil import create_pool
@@ -38,8 +41,28 @@ from railproxy.startup import check_start, load_verifier
 log = get_logger("railproxy")
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorBody} for code in (403, 409, 422, 429, 503, 504)
+    code: {"model": ErrorBody} for code in (401, 403, 409, 422, 429, 503, 504)
 }
+#: Components that read attempts and lookups with their own credential.
+_READERS = ("reconciler", "invariants")
+
+
+def _refusals(app: FastAPI) -> None:
+    """401/403 (common.credentials) in the proxy's error shape: NOT_SUBMITTED, since the
+    request was refused before anything was recorded or forwarded."""
+
+    @app.exception_handler(StarletteHTTPException)
+    async def refused(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code not in (401, 403):
+            return await http_exception_handler(request, exc)
+        code = "UNAUTHENTICATED" if exc.status_code == 401 else "FORBIDDEN"
+        app.state.metrics.rejections.labels(code=code).inc()
+        body = ErrorBody(
+            code=code, message=str(exc.detail), handoff_certainty=HandoffCertainty.NOT_SUBMITTED
+        )
+        response = _error(exc.status_code, body)
+        response.headers.update(exc.headers or {})
+        return response
 
 
 def _error(status: int, body: ErrorBody) -> JSONResponse:
@@ -69,6 +92,14 @@ def create_app(settings: ProxySettings | None = None) -> FastAPI:
 
     app = FastAPI(title="rail proxy", version=settings.contract_version, lifespan=lifespan)
     app.state.metrics = ProxyMetrics()
+    # Who may call what: submit only the worker; attempts and lookups also the reconciler, the
+    # invariant checker and operators; /health and /metrics open (network isolation). A refused
+    # call is answered before the handler: nothing recorded, nothing forwarded, no fence raised.
+    credentials = load_optional(settings.credentials_path)  # None: authentication off (tests)
+    submitter = [Depends(require(credentials, components=("worker",)))]
+    readers = [Depends(require(credentials, operator=True, components=("worker", *_READERS)))]
+
+    _refusals(app)
 
     def proxy() -> RailProxy:
         p: RailProxy = app.state.proxy
@@ -93,6 +124,7 @@ def create_app(settings: ProxySettings | None = None) -> FastAPI:
         "/v1/submissions",
         response_model=SubmitResponse,
         responses={202: {"model": SubmitResponse}, **_ERRORS},
+        dependencies=submitter,
     )
     async def submit(req: SubmitRequest) -> Any:
         """Record the attempt (fenced, guarded), forward it once, and report handoff certainty."""
@@ -108,6 +140,7 @@ def create_app(settings: ProxySettings | None = None) -> FastAPI:
         "/v1/payouts/{payout_id}/attempts",
         response_model=AttemptsResponse,
         responses={422: {"model": ErrorBody}},
+        dependencies=readers,
     )
     async def attempts(
         payout_id: Annotated[str, Path(min_length=1, max_length=128, pattern=IDENT)],
@@ -121,6 +154,7 @@ def create_app(settings: ProxySettings | None = None) -> FastAPI:
         "/v1/lookup",
         response_model=LookupResponse,
         responses={422: {"model": ErrorBody}, 503: {"model": ErrorBody}},
+        dependencies=readers,
     )
     async def lookup(
         client_reference: Annotated[str, Query(min_length=1, max_length=128, pattern=IDENT)],

@@ -18,6 +18,7 @@ from urllib.parse import quote
 
 import httpx
 
+from common.credentials import auth_headers
 from railproxy.errors import LookupUnavailable, ProxyClientError
 from railproxy.models import (
     AttemptRecord,
@@ -57,11 +58,15 @@ class RailProxyClient:
         *,
         read_timeout_s: float = 10.0,
         transport: httpx.AsyncBaseTransport | None = None,
+        token: str | None = None,
     ) -> None:
+        # `token`: the worker's bearer credential (common.credentials), sent on every call.
+        headers = auth_headers(token)
         # No retries and no keep-alive for submits: a retried POST could be a second payment, and
         # a stale pooled connection would turn a clean refusal into an ambiguous failure.
         self._submit = httpx.AsyncClient(
             base_url=base_url,
+            headers=headers,
             follow_redirects=False,
             transport=transport
             or httpx.AsyncHTTPTransport(
@@ -70,6 +75,7 @@ class RailProxyClient:
         )
         self._read = httpx.AsyncClient(
             base_url=base_url,
+            headers=headers,
             timeout=read_timeout_s,
             transport=transport or httpx.AsyncHTTPTransport(retries=0),
         )

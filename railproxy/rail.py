@@ -18,6 +18,7 @@ from typing import Literal
 
 import httpx
 
+from common.credentials import auth_headers, read_token
 from railproxy.errors import LookupUnavailable
 from railproxy.models import LookupResponse, Outcome, SubmitRequest
 from railproxy.settings import ProxySettings
@@ -43,6 +44,11 @@ class RailAnswer:
         return self.outcome in (Outcome.ACKED, Outcome.DECLINED)
 
 
+def rail_auth_headers(settings: ProxySettings) -> dict[str, str]:
+    """The proxy's credential at the rail (a real rail authenticates its client)."""
+    return auth_headers(read_token(token_file=settings.token_file, what="RAILPROXY_TOKEN_FILE"))
+
+
 def submit_client(settings: ProxySettings) -> httpx.AsyncClient:
     """The client for submissions. It must never retry, at any layer (UC-05, FR-20).
 
@@ -53,6 +59,7 @@ def submit_client(settings: ProxySettings) -> httpx.AsyncClient:
     """
     return httpx.AsyncClient(
         base_url=settings.rail_url,
+        headers=rail_auth_headers(settings),
         transport=httpx.AsyncHTTPTransport(
             retries=0, limits=httpx.Limits(max_keepalive_connections=0)
         ),
@@ -64,6 +71,7 @@ def lookup_client(settings: ProxySettings) -> httpx.AsyncClient:
     """Read-only calls (lookup, health probes) may be retried; the retry loop is ours, bounded."""
     return httpx.AsyncClient(
         base_url=settings.rail_url,
+        headers=rail_auth_headers(settings),
         timeout=settings.lookup_timeout_s,
         transport=httpx.AsyncHTTPTransport(retries=0),
     )

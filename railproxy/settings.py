@@ -76,6 +76,12 @@ class ProxySettings(BaseSettings):
     experiment_verify_s: float = Field(default=10.0, gt=0)
 
     db_pool_max: int = Field(default=10, ge=1)
+    #: The accepted bearer tokens (common.credentials, `RAILPROXY_CREDENTIALS_PATH`): submits only
+    #: from the worker; `python -m railproxy` refuses to start without it.
+    credentials_path: str | None = None
+    #: This proxy's own token for the rail (`RAILPROXY_TOKEN_FILE`): the rail authenticates its
+    #: client. A file path, never the token itself.
+    token_file: str | None = None
 
     def switches_off(self) -> list[str]:
         """The environment variables of the experiment-only switches that are turned off."""

@@ -24,6 +24,7 @@ import httpx
 
 from lockservice.grants import GrantVerifier, verifier_from_settings
 from railproxy.errors import StartupRefused
+from railproxy.rail import rail_auth_headers
 from railproxy.settings import ProxySettings
 
 STUB_IDENTITY = {"rail": "stub"}
@@ -70,6 +71,7 @@ async def verify_rail_is_stub(
         timeout=min(2.0, settings.experiment_verify_s),
         follow_redirects=False,
         transport=transport,
+        headers=rail_auth_headers(settings),
     ) as http:
         while True:
             try:

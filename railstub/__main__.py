@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uvicorn
 
+from common.credentials import refuse_without
 from payouts.logs import configure_logging
 from railstub.app import create_app
 from railstub.settings import StubSettings
@@ -11,6 +12,7 @@ from railstub.settings import StubSettings
 
 def main() -> None:
     settings = StubSettings()
+    refuse_without(settings.credentials_path, "RAILSTUB_CREDENTIALS_PATH", "railstub")
     configure_logging("railstub", level=settings.log_level)
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
 

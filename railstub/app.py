@@ -1,4 +1,12 @@
-"""HTTP API of the rail stub (FastAPI app factory)."""
+"""HTTP API of the rail stub (FastAPI app factory).
+
+Who may call what (common.credentials, docs/rail.md "Credentials"): `/payments` and `/lookup`
+only the rail proxy (a real rail authenticates its client); `GET /admin/identity`,
+`GET /admin/behaviour` and `GET /admin/movements` the proxy, the reconciler, the invariant
+checker and operators (read-only); `POST /admin/behaviour` and `POST /admin/reset` operators
+only. `/health` and `/metrics` stay open (network isolation). A refused call is answered 401/403
+before its handler runs: nothing is recorded, no behaviour changes.
+"""
 
 from __future__ import annotations
 
@@ -11,11 +19,12 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from fastapi import FastAPI, Query
+from fastapi import Depends, FastAPI, Query
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 from pydantic import BaseModel, Field
 
+from common.credentials import load_optional, require
 from payouts.logs import get_logger
 from railstub.behaviour import Action, Behaviour, decide
 from railstub.movements import LookupStatus, Movement, MovementLog
@@ -179,6 +188,8 @@ def create_app(settings: StubSettings | None = None) -> FastAPI:
         app.state.stub.log.close()
 
     app = FastAPI(title="rail stub", version="1", lifespan=lifespan)
+    credentials = load_optional(settings.credentials_path)  # None: authentication off (tests)
+    client = [Depends(require(credentials, components=("railproxy",)))]
 
     def state() -> StubState:
         stub: StubState = app.state.stub
@@ -188,6 +199,7 @@ def create_app(settings: StubSettings | None = None) -> FastAPI:
         "/payments",
         response_model=PaymentResponse,
         responses={202: {"model": PaymentResponse}, 503: {"model": NotAccepted}},
+        dependencies=client,
     )
     async def submit_payment(req: PaymentRequest) -> Any:
         """Submit a payment. Non-idempotent: the same client_reference twice moves money twice."""
@@ -216,7 +228,12 @@ def create_app(settings: StubSettings | None = None) -> FastAPI:
             status_code=202 if status == "pending" else 200, content=body.model_dump()
         )
 
-    @app.get("/lookup", response_model=LookupResponse, responses={503: {"model": NotAccepted}})
+    @app.get(
+        "/lookup",
+        response_model=LookupResponse,
+        responses={503: {"model": NotAccepted}},
+        dependencies=client,
+    )
     async def lookup(client_reference: str = Query(min_length=1, max_length=128)) -> Any:
         """Read-only status by client reference, eventually consistent (visibility_delay_s)."""
         stub = state()
@@ -246,27 +263,39 @@ def create_app(settings: StubSettings | None = None) -> FastAPI:
             return _unavailable()
         return {"status": "ok"}
 
-    _add_admin_routes(app, state)
+    readers = [
+        Depends(require(credentials, operator=True, components=("railproxy", *MOVEMENT_READERS)))
+    ]
+    operators = [Depends(require(credentials, operator=True))]
+    _add_admin_routes(app, state, readers, operators)
     return app
 
 
-def _add_admin_routes(app: FastAPI, state: Callable[[], StubState]) -> None:
+#: Components that read the movement log (the evidence) with their own credential.
+MOVEMENT_READERS = ("reconciler", "invariants")
+
+
+def _add_admin_routes(
+    app: FastAPI, state: Callable[[], StubState], readers: list[Any], operators: list[Any]
+) -> None:
     """Metrics and the admin endpoints: how tests and experiments steer and read the stub."""
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:
         return Response(generate_latest(state().metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/admin/identity")
+    @app.get("/admin/identity", dependencies=readers)
     async def identity() -> dict[str, str]:
         """Who this is: the rail stub. The rail proxy's experiment mode requires it (FR-29)."""
         return {"rail": "stub"}
 
-    @app.get("/admin/behaviour", response_model=Behaviour)
+    @app.get("/admin/behaviour", response_model=Behaviour, dependencies=readers)
     async def get_behaviour() -> Behaviour:
         return state().behaviour
 
-    @app.post("/admin/behaviour", response_model=Behaviour, responses={422: {}})
+    @app.post(
+        "/admin/behaviour", response_model=Behaviour, responses={422: {}}, dependencies=operators
+    )
     async def set_behaviour(patch: BehaviourPatch) -> Any:
         """Replace the named fields of the current behaviour (validated as a whole)."""
         stub = state()
@@ -278,14 +307,14 @@ def _add_admin_routes(app: FastAPI, state: Callable[[], StubState]) -> None:
         log.info("railstub.behaviour_changed", fields=sorted(patch.model_fields_set))
         return stub.behaviour
 
-    @app.post("/admin/reset")
+    @app.post("/admin/reset", dependencies=operators)
     async def reset() -> dict[str, str]:
         """Clear the movement log (its completeness starts again now), restore the start-up
         behaviour and seed, release stalls."""
         state().reset()
         return {"status": "reset"}
 
-    @app.get("/admin/movements")
+    @app.get("/admin/movements", dependencies=readers)
     async def movements(client_reference: str | None = None) -> dict[str, Any]:
         """The evidence: every recorded instruction and the count per client reference."""
         stub = state()

@@ -22,6 +22,10 @@ class StubSettings(BaseSettings, Behaviour):
     #: The durable movement log (SQLite, `RAILSTUB_MOVEMENTS_PATH`): a restarted stub on the same
     #: file knows every movement. Unset: an in-memory log that lives as long as the process.
     movements_path: Path | None = None
+    #: The accepted bearer tokens (common.credentials, `RAILSTUB_CREDENTIALS_PATH`): the rail
+    #: authenticates its client (the rail proxy), the readers of its movement log (reconciler,
+    #: invariant checker) and operators. `python -m railstub` refuses to start without it.
+    credentials_path: Path | None = None
 
     def behaviour(self) -> Behaviour:
         return Behaviour.model_validate(self.model_dump(include=set(Behaviour.model_fields)))

@@ -23,16 +23,24 @@ def injector_with_mock_stub(echo_clock_skew: bool) -> tuple[FaultInjector, list[
     behaviour: dict[str, Any] = dict(RAIL_BASELINE)
 
     def handle(request: httpx.Request) -> httpx.Response:
+        assert request.headers["authorization"] == "Bearer op-token"
         patch = json.loads(request.content)
         sent.append(patch)
         behaviour.update({k: v for k, v in patch.items() if k != "clock_skew_s" or echo_clock_skew})
         return httpx.Response(200, json=behaviour)
 
-    stack = cast(Stack, SimpleNamespace(railstub_url="http://stub.invalid"))
+    operator = {"Authorization": "Bearer op-token"}
+    stack = cast(
+        Stack,
+        SimpleNamespace(railstub_url="http://stub.invalid", operator_headers=lambda: operator),
+    )
     inj = FaultInjector(
         stack, worker_env={}, lease_s=3.0, progress=lambda _s: None, submit_deadline_s=90.0
     )
-    inj._http = httpx.AsyncClient(transport=httpx.MockTransport(handle))
+    # The harness steers the stub as the stack's operator: every call carries its credential.
+    # (the headers are those FaultInjector built its own client with, from the stack)
+    built = inj._http.headers
+    inj._http = httpx.AsyncClient(transport=httpx.MockTransport(handle), headers=built)
     return inj, sent
 
 

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -23,6 +25,7 @@ import asyncpg
 import httpx
 import pytest
 
+from common.credentials import Kind, issue_tokens, write_credentials
 from lockservice.api import (
     MAX_EPOCH,
     MAX_EPOCH_STEP,
@@ -52,10 +55,27 @@ async def _run(args: list[str]) -> str:
     return done.stdout.decode(errors="replace")
 
 
-async def _lockservice_cli(*args: str) -> tuple[int, str]:
-    """`python -m lockservice ARGS` as an operator runs it (a child process of the venv)."""
+@functools.cache
+def _operator_files() -> tuple[Path, Path]:
+    """An operator token file and the lock server's credentials file that accepts it."""
+    base = Path(tempfile.mkdtemp(prefix="restore-creds-"))
+    kinds: dict[str, Kind] = {"ops": "operator", "worker": "component"}
+    tokens = issue_tokens(base / "tokens", kinds)
+    return tokens["ops"], write_credentials(base / "lock-server.json", kinds, tokens)
+
+
+async def _lockservice_cli(*args: str, operator: str | None = "ops") -> tuple[int, str]:
+    """`python -m lockservice ARGS` as an operator runs it (a child process of the venv), with
+    the operator's token file (or, `operator=None`, none)."""
     cmd = [sys.executable, "-m", "lockservice", *args]
-    done = await asyncio.to_thread(subprocess.run, cmd, capture_output=True, check=False)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PAYOUTS_OPERATOR_TOKEN")}
+    token_file, creds = _operator_files()
+    env["LOCK_CREDENTIALS_PATH"] = str(creds)
+    if operator == "ops":
+        env["PAYOUTS_OPERATOR_TOKEN_FILE"] = str(token_file)
+    elif operator is not None:
+        env["PAYOUTS_OPERATOR_TOKEN"] = operator
+    done = await asyncio.to_thread(subprocess.run, cmd, capture_output=True, check=False, env=env)
     return done.returncode, (done.stdout + done.stderr).decode(errors="replace")
 
 
@@ -233,6 +253,11 @@ async def test_postgres_restore_procedure(
             repeat = await _next_token(backend, "acct:1")
             assert repeat == after_backup[0], (repeat, issued)
 
+            # Without an operator credential, or with a forged one, the bump refuses first.
+            for who in (None, "forged-token"):
+                rc, out = await _lockservice_cli(*_offline_args(url), operator=who)
+                assert rc == 1 and "refused, nothing changed" in out, out
+                assert (await backend.issuance_position()).epoch == 0
             # The documented offline bump: dry run first (changes nothing), then the bump.
             rc, out = await _lockservice_cli(*_offline_args(url, "--dry-run"))
             assert rc == 0 and "would set 2" in out and "dry run" in out, out
@@ -247,6 +272,7 @@ async def test_postgres_restore_procedure(
             assert (await _acquire_http(http, "never-seen")).json()["token"] > max(issued)
         audit = await backend.audit_records()  # type: ignore[attr-defined]
         assert audit[-1]["detail"]["highest_fence_seen"] == max(issued)
+        assert audit[-1]["operator"] == "ops"  # the identity the operator's token authenticated
 
         # A forged high-water mark near 2**63 (issue 13): the bump refuses, nothing changes.
         await _proxy_saw(url, "acct-9", (1 << 63) - 10)

@@ -100,7 +100,8 @@ def _bad_requests(
         ),
         ("POST", "/v1/locks/release", {"json": other}, 409, "not_held"),
         ("POST", "/v1/locks/release", {"json": dict(grant, token=2**70)}, 422, "invalid_request"),
-        ("POST", "/v1/locks/revoke", {"json": {"key": KEY, "reason": "x"}}, 422, "invalid_request"),
+        # No reason (the operator is the credential's identity now, never a body field).
+        ("POST", "/v1/locks/revoke", {"json": {"key": KEY}}, 422, "invalid_request"),
         (
             "POST",
             "/v1/locks/revoke",

@@ -4,15 +4,18 @@ the operator commands `payouts outbox list|retry|discard`, audited."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import asyncpg
 
+from common.credentials import Kind, issue_tokens, write_credentials
 from ledger import PayoutStore, WorkContext
 from tests.outbox.conftest import (
     FinLedger,
@@ -100,13 +103,31 @@ async def test_publisher_killed_mid_delivery_then_restarted(
     assert {r["last_outcome"] for r in resent} <= {"completed", "duplicate_completed"}
 
 
-def cli(db: str, *args: str) -> subprocess.CompletedProcess[str]:
+_KINDS: dict[str, Kind] = {"alice": "operator", "bob": "operator", "outbox": "component"}
+
+
+@functools.cache
+def _operators() -> tuple[dict[str, Path], Path]:
+    """Operator token files and the digests `payouts outbox` checks them against."""
+    base = Path(tempfile.mkdtemp(prefix="outbox-creds-"))
+    tokens = issue_tokens(base / "tokens", _KINDS)
+    return tokens, write_credentials(base / "outbox-cli.json", _KINDS, tokens)
+
+
+def cli(db: str, *args: str, who: str | None = "alice") -> subprocess.CompletedProcess[str]:
+    """`payouts outbox ARGS` as operator `who` (its token file; None: no token at all)."""
+    tokens, creds = _operators()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PAYOUTS_OPERATOR_TOKEN")}
+    env["OUTBOX_CREDENTIALS_PATH"] = str(creds)
+    if who is not None:
+        env["PAYOUTS_OPERATOR_TOKEN_FILE"] = str(tokens[who])
     return subprocess.run(
         [*PAYOUTS, "outbox", *args, "--database-url", db],
         check=False,
         capture_output=True,
         text=True,
         timeout=60,
+        env=env,
     )
 
 
@@ -135,7 +156,16 @@ async def test_operator_list_retry_discard_are_audited(
     )
 
     missing = cli(outbox_db, "retry", "--event-id", str(dead["event_id"]))
-    assert missing.returncode == 2 and "--operator" in missing.stderr
+    assert missing.returncode == 2 and "--reason" in missing.stderr
+    # No operator credential, or a component's: refused before anything is read or changed.
+    for who in (None, "outbox"):
+        unauth = cli(
+            outbox_db, "retry", "--event-id", str(dead["event_id"]), "--reason", "x", who=who
+        )
+        assert unauth.returncode == 2 and "refused, nothing changed" in unauth.stderr
+        assert (await outbox_rows(pool, "event_id = $1", dead["event_id"]))[0][
+            "status"
+        ] == "delivery_failed"
     wrong = cli(outbox_db, "retry", "--status", "pending", "--operator", "ops", "--reason", "x")
     assert wrong.returncode == 2
     delivered = (await outbox_rows(pool, "status = 'delivered'"))[0]
@@ -158,9 +188,10 @@ async def test_operator_list_retry_discard_are_audited(
         "--event-id",
         str(dead["event_id"]),
         "--operator",
-        "alice",
+        "mallory",  # ignored: the audit names the token's identity
         "--reason",
         "account opened",
+        who="alice",
     )
     assert retried.returncode == 0, retried.stderr
     assert (await outbox_rows(pool, "event_id = $1", dead["event_id"]))[0]["status"] == "pending"
@@ -181,10 +212,9 @@ async def test_operator_list_retry_discard_are_audited(
         "discard",
         "--status",
         "delivery_failed",
-        "--operator",
-        "bob",
         "--reason",
         "sent by hand",
+        who="bob",
     )
     assert discarded.returncode == 0, discarded.stderr
     assert await outbox_rows(pool, "status = 'delivery_failed'") == []

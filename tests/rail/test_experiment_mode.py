@@ -26,6 +26,7 @@ from payouts.embedded import free_port
 from payouts.pgutil import create_database, drop_database
 from railproxy import create_app
 from railproxy.errors import StartupRefused
+from tests.credentials import server_env, token_file
 from tests.grants import lock_server_env, public_keys
 from tests.rail.conftest import MakeProxy, Stub, proxy_settings
 from tests.servers import ServerThread
@@ -75,6 +76,7 @@ def _proxy_env(db: str, rail_url: str, **env: str) -> dict[str, str]:
         "RAILPROXY_RAIL_URL": rail_url,
         "RAILPROXY_PORT": str(free_port()),
         "RAILPROXY_GRANT_PUBLIC_KEYS": public_keys(),
+        **server_env("railproxy"),
         **env,
     }
 
@@ -226,6 +228,7 @@ def _worker_env(proxy_url: str, **env: str) -> dict[str, str]:
         "WORKER_LOCK_URL": f"http://127.0.0.1:{free_port()}",
         "WORKER_RAILPROXY_URL": proxy_url,
         "WORKER_GRANT_PUBLIC_KEYS": public_keys(),
+        "WORKER_TOKEN_FILE": token_file("worker"),
         **env,
     }
 
@@ -269,6 +272,7 @@ def test_worker_experiment_mode_against_an_experiment_proxy_starts(
             "LOCK_DATABASE_URL": lock_db,
             "LOCK_PORT": str(lock_port),
             **lock_server_env(),
+            **server_env("lock-server"),
         },
         lock_log,
     )

@@ -19,6 +19,7 @@ import httpx
 
 from payouts.embedded import free_port
 from railstub import create_app as create_stub
+from tests.credentials import headers, server_env
 from tests.rail.conftest import STUB_SETTINGS, Stub, wait_for
 from tests.servers import ServerThread
 
@@ -183,13 +184,21 @@ def test_killed_stub_process_restarted_on_its_file_knows_every_movement(tmp_path
     with _stub_process(tmp_path, env) as url:
         for i in range(5):
             r = httpx.post(
-                f"{url}/payments", json={"client_reference": f"k-{i}", **PAY}, timeout=30
+                f"{url}/payments",
+                json={"client_reference": f"k-{i}", **PAY},
+                timeout=30,
+                headers=headers("railproxy"),
             )
             assert r.status_code == 200
-        before = httpx.get(f"{url}/admin/movements", timeout=10).json()
+        before = httpx.get(f"{url}/admin/movements", timeout=10, headers=headers()).json()
     with _stub_process(tmp_path, env) as url:
-        after = httpx.get(f"{url}/admin/movements", timeout=10).json()
-        found = httpx.get(f"{url}/lookup", params={"client_reference": "k-3"}, timeout=10).json()
+        after = httpx.get(f"{url}/admin/movements", timeout=10, headers=headers()).json()
+        found = httpx.get(
+            f"{url}/lookup",
+            params={"client_reference": "k-3"},
+            timeout=10,
+            headers=headers("railproxy"),
+        ).json()
     assert [m["movement_id"] for m in after["movements"]] == [
         m["movement_id"] for m in before["movements"]
     ]
@@ -206,7 +215,7 @@ def _stub_process(tmp_path: Path, env: dict[str, str]) -> Iterator[str]:
     with open(tmp_path / "stub.log", "ab") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "railstub"],
-            env={**os.environ, **env, "RAILSTUB_PORT": str(port)},
+            env={**os.environ, **env, **server_env("railstub"), "RAILSTUB_PORT": str(port)},
             stdout=out,
             stderr=subprocess.STDOUT,
         )

@@ -23,12 +23,41 @@ from payouts.stack_services import worker_available
 from tests.stack.conftest import assert_all_gone
 
 
-async def _acquire_token(lock_url: str, key: str) -> int:
-    async with httpx.AsyncClient(base_url=lock_url, timeout=10) as http:
+async def _acquire_token(stack: Stack, key: str) -> int:
+    """An acquire as the worker component (the stack's token for it)."""
+    lock_url, headers = stack.lock_url, {"Authorization": f"Bearer {stack.token('worker')}"}
+    async with httpx.AsyncClient(base_url=lock_url, timeout=10, headers=headers) as http:
         session = (await http.post("/v1/sessions", json={})).json()["session_id"]
         resp = await http.post("/v1/locks/acquire", json={"session_id": session, "key": key})
         resp.raise_for_status()
         return int(resp.json()["token"])
+
+
+async def _assert_credentials(stack: Stack) -> None:
+    """ARCHITECTURE §9: every token file is 0600 under the run dir and reaches only its own
+    process; the lock server refuses an unauthenticated acquire and a worker's bump-epoch."""
+    creds = stack.credentials
+    for name, path in {**creds.tokens, **creds.servers}.items():
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, name
+    owners = {"worker": "worker-", "railproxy": "railproxy", "outbox": "outbox"}
+    for identity, path in creds.tokens.items():
+        holders = {n for n, p in stack._procs.items() if str(path) in p.env.values()}
+        prefix = owners.get(identity)
+        if identity == "reconciler":  # the hourly reconcile Schedule runs in the workers
+            assert holders and all(n.startswith("worker") for n in holders), holders
+        elif prefix is None:  # the operator's and the checker's: no child process holds them
+            assert holders == set(), (identity, holders)
+        else:
+            assert holders and all(n.startswith(prefix) for n in holders), (identity, holders)
+    async with httpx.AsyncClient(base_url=stack.lock_url, timeout=10) as http:
+        assert (await http.post("/v1/sessions", json={})).status_code == 401
+        worker = {"Authorization": f"Bearer {stack.token('worker')}"}
+        bump = {"min_epoch": 1, "reason": "test"}
+        assert (await http.post("/v1/epoch/bump", json=bump, headers=worker)).status_code == 403
+    async with httpx.AsyncClient(base_url=stack.railstub_url, timeout=10) as http:
+        assert (await http.get("/admin/movements")).status_code == 401
+        r = await http.get("/admin/movements", headers=stack.operator_headers())
+        assert r.status_code == 200
 
 
 def _assert_private_key_only_at_the_lock_server(stack: Stack, stack_dir: Path) -> None:
@@ -79,8 +108,9 @@ async def test_stack_starts_every_service_and_leaves_nothing_behind(
             proxy = (await http.get(f"{stack.railproxy_url}/health")).json()
             assert proxy["fencing_enforced"] is True
             assert proxy["submission_guard_enforced"] is True
-        assert await _acquire_token(stack.lock_url, "stack-test:a") > 0
+        assert await _acquire_token(stack, "stack-test:a") > 0
         _assert_private_key_only_at_the_lock_server(stack, stack_dir)
+        await _assert_credentials(stack)
 
         old_pid = stack.processes["lock-server"].pid
         await stack.restart("lock-server")
@@ -88,7 +118,7 @@ async def test_stack_starts_every_service_and_leaves_nothing_behind(
         seen["lock-server-old"] = old_pid
         seen["lock-server"] = new_pid
         assert new_pid != old_pid
-        assert await _acquire_token(stack.lock_url, "stack-test:b") > 0
+        assert await _acquire_token(stack, "stack-test:b") > 0
 
         if external_database_url is None:
             seen["postgres-old"] = stack.processes["postgres"].pid
@@ -190,7 +220,7 @@ async def test_etcd_backend_with_fencing_off_is_wired_and_loud(
             assert proxy["fencing_enforced"] is False
             assert proxy["experiment_mode"] is True  # verified against the stub (FR-29)
             assert proxy["submission_guard_enforced"] is False
-            assert await _acquire_token(stack.lock_url, "stack-test:etcd") > 0
+            assert await _acquire_token(stack, "stack-test:etcd") > 0
             lock_env = stack._procs["lock-server"].env
             assert lock_env["LOCK_BACKEND"] == "etcd"
 

@@ -13,6 +13,8 @@ from typing import Any
 import asyncpg
 import httpx
 
+from tests.credentials import headers
+
 NOTHING_MOVED = ("FAILED", "ABANDONED")
 
 
@@ -42,7 +44,7 @@ async def payout_states(database_url: str, payout_ids: Iterable[str]) -> dict[st
 
 
 async def rail_movements(stub_url: str) -> list[dict[str, Any]]:
-    async with httpx.AsyncClient(base_url=stub_url, timeout=10) as http:
+    async with httpx.AsyncClient(base_url=stub_url, timeout=10, headers=headers()) as http:
         r = await http.get("/admin/movements")
         r.raise_for_status()
         rows: list[dict[str, Any]] = r.json()["movements"]

@@ -28,6 +28,7 @@ from ledger import WorkContext as LedgerContext
 from lockservice.client import LockClient
 from payouts.embedded import free_port
 from railproxy.client import RailProxyClient
+from tests.credentials import headers, server_env, token
 from tests.grants import grant_verifier, lock_server_env, public_keys
 from workflows.payout import PayoutWorkflow
 
@@ -93,16 +94,19 @@ class System:
 
     # ------------------------------------------------------------------ rail stub admin
     def stub_set(self, **behaviour: Any) -> None:
-        httpx.post(f"{self.stub_url}/admin/behaviour", json=behaviour, timeout=5).raise_for_status()
+        httpx.post(
+            f"{self.stub_url}/admin/behaviour", json=behaviour, timeout=5, headers=headers()
+        ).raise_for_status()
 
     def stub_reset(self) -> None:
-        httpx.post(f"{self.stub_url}/admin/reset", timeout=5).raise_for_status()
+        httpx.post(f"{self.stub_url}/admin/reset", timeout=5, headers=headers()).raise_for_status()
 
     def movements(self, client_reference: str) -> list[dict[str, Any]]:
         r = httpx.get(
             f"{self.stub_url}/admin/movements",
             params={"client_reference": client_reference},
             timeout=5,
+            headers=headers(),
         )
         r.raise_for_status()
         data = r.json()
@@ -134,6 +138,7 @@ def running_system(
                 "LOCK_DATABASE_URL": database_url,
                 "LOCK_PORT": str(ports["lock"]),
                 **lock_server_env(),  # signs every grant with the test key
+                **server_env("lock-server"),  # and authenticates its callers
             },
             f"{sys_.lock_url}/health",
         ),
@@ -148,6 +153,7 @@ def running_system(
                 "RAILSTUB_STALL_S": "4",
                 # Durable, like a real rail's records (a restarted stub keeps its evidence).
                 "RAILSTUB_MOVEMENTS_PATH": str(log_dir / "movements.sqlite"),
+                **server_env("railstub"),
             },
             f"{sys_.stub_url}/health",
         ),
@@ -165,6 +171,7 @@ def running_system(
                 # (test_slow_rail runs with the shipped defaults and with both at 0.)
                 "RAILPROXY_ABSENCE_INGEST_BOUND_S": "1",
                 "RAILPROXY_ABSENCE_CLOCK_SKEW_MARGIN_S": "0.5",
+                **server_env("railproxy"),
             },
             f"{sys_.proxy_url}/health",
         ),
@@ -213,10 +220,12 @@ async def in_process_workers(
         async with contextlib.AsyncExitStack() as stack:
             for i in range(count):
                 locks = await stack.enter_async_context(
-                    LockClient(system.lock_url, ttl_s=ttl_s, heartbeat_s=ttl_s / 4)
+                    LockClient(
+                        system.lock_url, ttl_s=ttl_s, heartbeat_s=ttl_s / 4, token=token("worker")
+                    )
                 )
                 proxy = await stack.enter_async_context(
-                    RailProxyClient(proxy_url or system.proxy_url)
+                    RailProxyClient(proxy_url or system.proxy_url, token=token("worker"))
                 )
                 name = f"w{i}-{uuid.uuid4().hex[:6]}"
                 holder_queue = f"{shared_queue}-holder-{name}"
@@ -227,6 +236,7 @@ async def in_process_workers(
                     worker_queue=holder_queue,
                     worker_id=name,
                     lock_url=system.lock_url,
+                    token=token("worker"),
                 )
                 # One client per simulated worker process: Temporal allows one worker per task
                 # queue per client, as it would per process.

@@ -29,6 +29,7 @@ from ledger.queries import ledger_discrepancies
 from lockservice.client import LockClient
 from payouts.embedded import temporal_binary
 from payouts.migrate import migrate
+from tests.credentials import headers, token, token_file
 from tests.grants import public_keys
 from tests.workflows.system import (
     System,
@@ -305,6 +306,7 @@ async def test_worker_killed_mid_submit_recovers_by_state(
         "WORKER_GRANT_PUBLIC_KEYS": public_keys(),
         "WORKER_TASK_QUEUE": queue,
         "WORKER_ID": "doomed",
+        "WORKER_TOKEN_FILE": token_file("worker"),
         "WORKER_LOCK_TTL_S": "3",
         "WORKER_LOCK_HEARTBEAT_S": "0.5",
     }
@@ -316,7 +318,7 @@ async def test_worker_killed_mid_submit_recovers_by_state(
 
         async def in_flight() -> bool:
             # The proxy recorded the attempt and is waiting for the (slow) rail: no outcome yet.
-            async with httpx.AsyncClient(base_url=system.proxy_url) as http:
+            async with httpx.AsyncClient(base_url=system.proxy_url, headers=headers()) as http:
                 attempts = (await http.get(f"/v1/payouts/{payout_id}/attempts")).json()
             return any(a["outcome"] is None for a in attempts["attempts"])
 
@@ -393,7 +395,9 @@ async def test_malformed_operator_signals_are_rejected_and_audited(
     await fund(system.database_url, account_id, 10_000)
     await create_payout(system.database_url, payout_id, account_id, 100)
     address = temporal_env.client.service_client.config.target_host
-    async with LockClient(system.lock_url, ttl_s=15.0, heartbeat_s=3.0) as locks:
+    async with LockClient(
+        system.lock_url, ttl_s=15.0, heartbeat_s=3.0, token=token("worker")
+    ) as locks:
         # Someone else holds the account's lock: the workflow keeps waiting, alive, in PENDING.
         blocker = await locks.acquire(f"payout:{account_id}")
         handle = await start(temporal_env.client, workers, payout_id, account_id)

@@ -31,6 +31,7 @@ from ledger.invariants import check_invariants, lock_server_grant_source
 from ledger.reconcile import stub_movement_source
 from payouts.migrate import migrate
 from railproxy import ProxySettings
+from tests.credentials import headers, token
 from tests.workflows.rail_evidence import (
     nothing_moved_but_rail_settled,
     payout_states,
@@ -98,7 +99,9 @@ async def _log_covers_now(stub_url: str) -> None:
     rule, however unsafe, could call anything absent and the control would prove nothing."""
 
     async def covers() -> bool:
-        async with httpx.AsyncClient(base_url=stub_url, timeout=5) as http:
+        async with httpx.AsyncClient(
+            base_url=stub_url, timeout=5, headers=headers("railproxy")
+        ) as http:
             data = (await http.get("/lookup", params={"client_reference": "age"})).json()
         since = datetime.fromisoformat(data["complete_from"])
         return since < datetime.now(UTC) - timedelta(seconds=0.5)
@@ -173,8 +176,8 @@ async def _inv09_flagged(system: System, payout_ids: set[str]) -> set[str]:
     try:
         report = await check_invariants(
             conn,
-            stub_movement_source(system.stub_url),
-            lock_server_grant_source(system.lock_url),
+            stub_movement_source(system.stub_url, token=token("invariants")),
+            lock_server_grant_source(system.lock_url, token=token("invariants")),
             sample_size=10_000,
         )
     finally:

@@ -1,0 +1,212 @@
+"""Credentials at the lock server (ARCHITECTURE §9, FR-08, NFR-13): a real server over a real
+PostgreSQL backend, with a credentials file generated as the stack generates it.
+
+Each protected endpoint without a credential answers 401 and changes nothing (the lock is still
+held, the epoch unchanged); a component credential where an operator is needed answers 403; an
+operator's token works and the audit names the authenticated identity, whatever the body says.
+Negative control: the same server without a credentials file lets the anonymous revoke through.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from structlog.testing import capture_logs
+
+from common.credentials import Kind, issue_tokens, read_token, write_credentials
+from lockservice.api import LockBackend
+from lockservice.client import LockClient
+from lockservice.server import create_app
+from tests.lockservice import server_fixtures as _fx
+
+KEY = "payout:auth-acct"
+IDENTITIES: dict[str, Kind] = {
+    "local-operator": "operator",
+    "worker": "component",
+    "invariants": "component",
+}
+
+
+@pytest.fixture
+def tokens(tmp_path: Path) -> dict[str, str]:
+    files = issue_tokens(tmp_path / "tokens", IDENTITIES)
+    write_credentials(tmp_path / "lock-server.json", IDENTITIES, files)
+    out = {}
+    for name, f in files.items():
+        token = read_token(token_file=f)
+        assert token is not None
+        out[name] = token
+    return out
+
+
+@pytest.fixture
+async def backend(database_url: str, key_prefix: str) -> AsyncIterator[LockBackend]:
+    from lockservice.backends import create_backend
+
+    b = await create_backend("postgres", database_url=database_url, prefix=key_prefix)
+    try:
+        yield b
+    finally:
+        await b.close()
+
+
+@pytest.fixture
+async def server(
+    backend: LockBackend, tokens: dict[str, str], tmp_path: Path
+) -> AsyncIterator[str]:
+    from common.credentials import Credentials
+
+    creds = Credentials.load(tmp_path / "lock-server.json")
+    async with _fx.serve_app(create_app(backend, credentials=creds)) as url:
+        yield url
+
+
+def _h(token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+async def _hold(http: httpx.AsyncClient, token: str) -> dict[str, Any]:
+    s = await http.post("/v1/sessions", json={"ttl_s": 30}, headers=_h(token))
+    assert s.status_code == 200, s.text
+    r = await http.post(
+        "/v1/locks/acquire",
+        json={"session_id": s.json()["session_id"], "key": KEY},
+        headers=_h(token),
+    )
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+async def _holder(http: httpx.AsyncClient, token: str) -> tuple[str | None, int | None]:
+    info = (await http.get("/v1/locks", params={"key": KEY}, headers=_h(token))).json()
+    return info["holder_session"], info["token"]
+
+
+async def test_grant_endpoints_need_the_worker_credential(
+    server: str, tokens: dict[str, str]
+) -> None:
+    async with httpx.AsyncClient(base_url=server) as http:
+        for token in (None, "forged-token"):
+            r = await http.post("/v1/sessions", json={"ttl_s": 30}, headers=_h(token))
+            assert r.status_code == 401 and r.json()["code"] == "unauthorized"
+            assert r.headers["www-authenticate"] == "Bearer"
+        r = await http.post("/v1/sessions", json={"ttl_s": 30}, headers=_h(tokens["invariants"]))
+        assert r.status_code == 403 and r.json()["code"] == "forbidden"
+        grant = await _hold(http, tokens["worker"])
+        # A release without a credential is refused and the grant stays held.
+        r = await http.post("/v1/locks/release", json=grant)
+        assert r.status_code == 401
+        assert await _holder(http, tokens["worker"]) == (grant["session_id"], grant["token"])
+        # Open endpoints: health, liveness, metrics (network isolation).
+        for path in ("/health", "/livez", "/metrics"):
+            assert (await http.get(path)).status_code == 200
+
+
+async def test_the_sdk_presents_its_token(server: str, tokens: dict[str, str]) -> None:
+    async with LockClient(server, token=tokens["worker"]) as locks:
+        lease = await locks.acquire(KEY)
+        assert lease.token > 0
+        await locks.release(lease)
+    bare = LockClient(server)
+    with pytest.raises(Exception, match="credential"):
+        await bare.open()
+    await bare.close()
+
+
+async def test_force_revoke_needs_an_operator_and_audits_its_identity(
+    server: str, tokens: dict[str, str]
+) -> None:
+    async with httpx.AsyncClient(base_url=server) as http:
+        grant = await _hold(http, tokens["worker"])
+        body = {"key": KEY, "operator": "mallory", "reason": "stuck holder"}
+        for token, status in ((None, 401), ("forged", 401), (tokens["invariants"], 403)):
+            r = await http.post("/v1/locks/revoke", json=body, headers=_h(token))
+            assert r.status_code == status, r.text
+            # Nothing changed: the same grant still holds the key.
+            assert await _holder(http, tokens["worker"]) == (grant["session_id"], grant["token"])
+        with capture_logs() as logs:
+            r = await http.post("/v1/locks/revoke", json=body, headers=_h(tokens["local-operator"]))
+        assert r.status_code == 200, r.text
+        assert r.json()["operator"] == "local-operator"  # not the body's free-text "mallory"
+        revoked = [e for e in logs if e["event"] == "lock.revoked"]
+        assert revoked and all(e["operator"] == "local-operator" for e in revoked)
+        assert await _holder(http, tokens["worker"]) == (None, None)
+
+
+async def test_a_worker_revoke_is_marked_unverified(server: str, tokens: dict[str, str]) -> None:
+    """The revoke activity (a Temporal signal's operator name) is attributed to the worker and
+    marked unverified, never recorded as if the operator had authenticated."""
+    async with httpx.AsyncClient(base_url=server) as http:
+        await _hold(http, tokens["worker"])
+        body = {"key": KEY, "operator": "bo", "reason": "signal"}
+        r = await http.post("/v1/locks/revoke", json=body, headers=_h(tokens["worker"]))
+        assert r.status_code == 200, r.text
+        assert r.json()["operator"] == "worker/unverified:bo"
+
+
+async def test_bump_epoch_needs_an_operator(
+    server: str, backend: LockBackend, tokens: dict[str, str]
+) -> None:
+    before = (await backend.issuance_position()).epoch
+    body = {"min_epoch": before + 1, "operator": "0", "reason": "fuzz"}
+    async with httpx.AsyncClient(base_url=server) as http:
+        for token, status in ((None, 401), (tokens["worker"], 403), (tokens["invariants"], 403)):
+            r = await http.post("/v1/epoch/bump", json=body, headers=_h(token))
+            assert r.status_code == status, r.text
+            assert (await backend.issuance_position()).epoch == before
+        # The step bound (+16) still holds for an authenticated operator.
+        too_far = dict(body, min_epoch=before + 17)
+        r = await http.post("/v1/epoch/bump", json=too_far, headers=_h(tokens["local-operator"]))
+        assert r.status_code == 422
+        assert (await backend.issuance_position()).epoch == before
+        with capture_logs() as logs:
+            r = await http.post("/v1/epoch/bump", json=body, headers=_h(tokens["local-operator"]))
+        assert r.status_code == 200 and r.json()["epoch"] == before + 1
+    bumped = [e for e in logs if e["event"] == "lock.epoch_bumped"]
+    assert bumped and bumped[0]["operator"] == "local-operator"
+
+
+async def test_negative_control_without_credentials_anyone_revokes(
+    backend: LockBackend, tokens: dict[str, str]
+) -> None:
+    """Authentication off (no credentials file, which `main` refuses): the anonymous revoke
+    that the protected server refused goes through and ends the holder's grant."""
+    async with _fx.serve_app(create_app(backend)) as url, httpx.AsyncClient(base_url=url) as http:
+        await _hold(http, tokens["worker"])
+        r = await http.post("/v1/locks/revoke", json={"key": KEY, "reason": "anyone"})
+        assert r.status_code == 200 and r.json()["operator"] == "unauthenticated"
+        assert await _holder(http, "") == (None, None)
+
+
+async def test_the_cli_presents_the_operator_token(
+    server: str, tokens: dict[str, str], tmp_path: Path
+) -> None:
+    """`python -m lockservice revoke` reads $PAYOUTS_OPERATOR_TOKEN_FILE; without it, 401 and
+    the holder keeps the lock; with it, the output and the audit name the operator."""
+    import asyncio
+    import os
+    import subprocess
+    import sys
+
+    async with httpx.AsyncClient(base_url=server) as http:
+        grant = await _hold(http, tokens["worker"])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PAYOUTS_OPERATOR_TOKEN")}
+    cmd = [sys.executable, "-m", "lockservice", "revoke", KEY, "--reason", "r", "--url", server]
+
+    async def run(extra_env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        return await asyncio.to_thread(
+            subprocess.run, cmd, capture_output=True, text=True, env={**env, **extra_env}
+        )
+
+    done = await run({})
+    assert done.returncode == 1 and "401" in done.stderr
+    async with httpx.AsyncClient(base_url=server) as http:
+        assert await _holder(http, tokens["worker"]) == (grant["session_id"], grant["token"])
+    (tmp_path / "op.token").write_text(tokens["local-operator"] + "\n")
+    done = await run({"PAYOUTS_OPERATOR_TOKEN_FILE": str(tmp_path / "op.token")})
+    assert done.returncode == 0, done.stderr
+    assert "local-operator" in done.stdout
