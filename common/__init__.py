@@ -1,4 +1,4 @@
-"""Foundation helpers shared by every component (ARCHITECTURE §8, layer "foundation").
+"""Foundation helpers shared by every component (the foundation layer of docs/architecture.md).
 
 Owns: bearer-token credentials (`common.credentials`): digests on the server side, tokens on the
 client side, the FastAPI dependency that authenticates a request.

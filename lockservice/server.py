@@ -158,7 +158,8 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     s: {"model": ErrorBody} for s in (401, 403, 404, 409, 422, 503)
 }
 
-#: Who may call what (ARCHITECTURE §9). The worker holds grants; the invariant checker reads the
+#: Who may call what (docs/architecture.md, Trust).
+#: The worker holds grants; the invariant checker reads the
 #: grant history; inspect is for operators (and the checker); force-revoke and bump-epoch are
 #: break-glass: operators only. /health, /livez and /metrics stay open (network isolation).
 WORKER = "worker"

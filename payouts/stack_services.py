@@ -158,7 +158,7 @@ class ServiceFactory:
     @property
     def credentials(self) -> StackCredentials:
         """The stack's bearer tokens: each process gets only its own token file and its own
-        credentials file (ARCHITECTURE §9)."""
+        credentials file (docs/architecture.md, Trust)."""
         if self._creds is None:
             self._creds = stack_credentials(self.config.run_dir)
         return self._creds

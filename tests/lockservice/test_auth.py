@@ -1,4 +1,4 @@
-"""Credentials at the lock server (ARCHITECTURE §9, FR-08, NFR-13): a real server over a real
+"""Credentials at the lock server (docs/architecture.md, Trust, FR-08, NFR-13): a real server over a real
 PostgreSQL backend, with a credentials file generated as the stack generates it.
 
 Each protected endpoint without a credential answers 401 and changes nothing (the lock is still

@@ -1,4 +1,4 @@
-"""Credentials at the finance ledger (ARCHITECTURE §9): the real ledger stand-in under uvicorn,
+"""Credentials at the finance ledger (docs/architecture.md, Trust): the real ledger stand-in under uvicorn,
 real publishers on a real PostgreSQL outbox.
 
 Writes only from the outbox publisher's own credential: without it a write is refused (401)

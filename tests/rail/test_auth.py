@@ -1,4 +1,4 @@
-"""Credentials at the rail proxy and the rail stub (ARCHITECTURE §9): real servers (uvicorn), a
+"""Credentials at the rail proxy and the rail stub (docs/architecture.md, Trust): real servers (uvicorn), a
 real PostgreSQL, credentials files generated as the stack generates them.
 
 worker -> proxy and proxy -> stub authenticate per component; an unauthenticated submit is

@@ -34,7 +34,7 @@ async def _acquire_token(stack: Stack, key: str) -> int:
 
 
 async def _assert_credentials(stack: Stack) -> None:
-    """ARCHITECTURE §9: every token file is 0600 under the run dir and reaches only its own
+    """docs/architecture.md, Trust: every token file is 0600 under the run dir and reaches only its own
     process; the lock server refuses an unauthenticated acquire and a worker's bump-epoch."""
     creds = stack.credentials
     for name, path in {**creds.tokens, **creds.servers}.items():
