@@ -140,7 +140,13 @@ def create_app(settings: FinledgerSettings | None = None) -> FastAPI:
     @app.put(
         "/v1/records/{correlation_id}",
         status_code=201,
-        responses={200: {}, 404: {}, 409: {}, 503: {}},
+        responses={
+            200: {},
+            400: {"description": "the body could not be parsed"},
+            404: {},
+            409: {},
+            503: {},
+        },
     )
     async def write_record(
         request: Request,
@@ -167,7 +173,7 @@ def create_app(settings: FinledgerSettings | None = None) -> FastAPI:
             return JSONResponse(status_code=503, content={"code": "UNAVAILABLE"})
         return {"status": "ok"}
 
-    @app.get("/metrics")
+    @app.get("/metrics", include_in_schema=False)  # Prometheus text, as on every service
     async def metrics() -> Response:
         return Response(generate_latest(state().registry), media_type=CONTENT_TYPE_LATEST)
 

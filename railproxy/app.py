@@ -13,6 +13,7 @@ from fastapi import FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from payouts.logs import get_logger
 from payouts.migrate import migrate
@@ -37,9 +38,11 @@ from railproxy.startup import check_start, load_verifier
 
 log = get_logger("railproxy")
 
+#: 400: a body that could not be parsed at all (before validation); the rest: service.py.
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorBody} for code in (403, 409, 422, 429, 503, 504)
+    code: {"model": ErrorBody} for code in (400, 403, 409, 422, 429, 503, 504)
 }
+_HTTP_CODES = {400: "INVALID_REQUEST", 404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}
 
 
 def _error(status: int, body: ErrorBody) -> JSONResponse:
@@ -88,6 +91,22 @@ def create_app(settings: ProxySettings | None = None) -> FastAPI:
                 handoff_certainty=HandoffCertainty.NOT_SUBMITTED,
             ),
         )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """Every other refusal (an unparseable body, an unknown route or method) in the same
+        shape as the rest: nothing was forwarded or recorded."""
+        response = _error(
+            exc.status_code,
+            ErrorBody(
+                code=_HTTP_CODES.get(exc.status_code, "HTTP_ERROR"),
+                message=str(exc.detail)[:1000],
+                handoff_certainty=HandoffCertainty.NOT_SUBMITTED,
+            ),
+        )
+        for name, value in (exc.headers or {}).items():  # a 405 keeps its Allow header
+            response.headers[name] = value
+        return response
 
     @app.post(
         "/v1/submissions",

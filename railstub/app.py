@@ -187,7 +187,14 @@ def create_app(settings: StubSettings | None = None) -> FastAPI:
     @app.post(
         "/payments",
         response_model=PaymentResponse,
-        responses={202: {"model": PaymentResponse}, 503: {"model": NotAccepted}},
+        responses={
+            202: {"model": PaymentResponse},
+            400: {"description": "the body could not be parsed"},
+            # The rail's faults the stub simulates when its behaviour says so (off by default):
+            500: {"description": "ambiguity: the movement was recorded, the answer is lost"},
+            503: {"model": NotAccepted},
+            504: {"description": "a stall: the answer never came in time"},
+        },
     )
     async def submit_payment(req: PaymentRequest) -> Any:
         """Submit a payment. Non-idempotent: the same client_reference twice moves money twice."""
