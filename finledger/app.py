@@ -17,6 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from finledger.book import Book
 from finledger.faults import Action, Faults, decide, is_unknown_account
 from finledger.settings import FinledgerSettings
+from payouts.correlation import CorrelationMiddleware
 from payouts.logs import get_logger
 
 log = get_logger("finledger")
@@ -132,6 +133,7 @@ def create_app(settings: FinledgerSettings | None = None) -> FastAPI:
 
     app = FastAPI(title="finance ledger stand-in", version="1", lifespan=lifespan)
     app.add_middleware(DropConnection)
+    app.add_middleware(CorrelationMiddleware)  # X-Correlation-Id, per request
 
     def state() -> LedgerState:
         ledger: LedgerState = app.state.ledger

@@ -47,6 +47,7 @@ from lockservice import api
 from lockservice.api import Grant, LockBackend, NotAcquired
 from lockservice.grants import GrantSigner
 from lockservice.watermark import Watermark
+from payouts.correlation import CorrelationMiddleware
 from payouts.logs import get_logger
 
 T = TypeVar("T")
@@ -310,6 +311,8 @@ def _build(  # noqa: PLR0915 - one route table, read top to bottom
         lifespan=lifespan,
     )
     app.state.lock = state
+    # Binds the caller's X-Correlation-Id for the request: every event below carries it.
+    app.add_middleware(CorrelationMiddleware)
     m = state.metrics
 
     async def run(op: str, call: Callable[[], Awaitable[T]]) -> T:

@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from payouts import correlation
 from payouts.logs import get_logger
 from payouts.migrate import migrate
 from payouts.pgutil import create_pool
@@ -72,6 +73,7 @@ def create_app(settings: ProxySettings | None = None) -> FastAPI:
 
     app = FastAPI(title="rail proxy", version=settings.contract_version, lifespan=lifespan)
     app.state.metrics = ProxyMetrics()
+    app.add_middleware(correlation.CorrelationMiddleware)  # X-Correlation-Id, per request
 
     def proxy() -> RailProxy:
         p: RailProxy = app.state.proxy
@@ -116,10 +118,13 @@ def create_app(settings: ProxySettings | None = None) -> FastAPI:
     async def submit(req: SubmitRequest) -> Any:
         """Record the attempt (fenced, guarded), forward it once, and report handoff certainty."""
         p = proxy()
-        try:
-            result = await p.submit(req)
-        except Rejected as exc:
-            return _rejected(p, req, exc)
+        # The submission's own correlation id (its body) is the one its events and its
+        # request to the rail carry, whatever header came with it.
+        with correlation.bound(req.context.correlation_id):
+            try:
+                result = await p.submit(req)
+            except Rejected as exc:
+                return _rejected(p, req, exc)
         status = 202 if result.outcome is Outcome.UNKNOWN else 200
         return JSONResponse(status_code=status, content=result.model_dump(mode="json"))
 

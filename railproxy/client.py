@@ -18,6 +18,7 @@ from urllib.parse import quote
 
 import httpx
 
+from payouts.correlation import httpx_hooks
 from railproxy.errors import LookupUnavailable, ProxyClientError
 from railproxy.models import (
     AttemptRecord,
@@ -63,6 +64,7 @@ class RailProxyClient:
         self._submit = httpx.AsyncClient(
             base_url=base_url,
             follow_redirects=False,
+            event_hooks=httpx_hooks(),  # X-Correlation-Id of the bound context
             transport=transport
             or httpx.AsyncHTTPTransport(
                 retries=0, limits=httpx.Limits(max_keepalive_connections=0)
@@ -71,6 +73,7 @@ class RailProxyClient:
         self._read = httpx.AsyncClient(
             base_url=base_url,
             timeout=read_timeout_s,
+            event_hooks=httpx_hooks(),
             transport=transport or httpx.AsyncHTTPTransport(retries=0),
         )
 

@@ -18,6 +18,7 @@ from typing import Literal
 
 import httpx
 
+from payouts.correlation import httpx_hooks
 from railproxy.errors import LookupUnavailable
 from railproxy.models import LookupResponse, Outcome, SubmitRequest
 from railproxy.settings import ProxySettings
@@ -57,6 +58,7 @@ def submit_client(settings: ProxySettings) -> httpx.AsyncClient:
             retries=0, limits=httpx.Limits(max_keepalive_connections=0)
         ),
         follow_redirects=False,  # a redirect would resend the instruction somewhere else
+        event_hooks=httpx_hooks(),  # the submission's X-Correlation-Id (railproxy.app binds it)
     )
 
 
@@ -66,6 +68,7 @@ def lookup_client(settings: ProxySettings) -> httpx.AsyncClient:
         base_url=settings.rail_url,
         timeout=settings.lookup_timeout_s,
         transport=httpx.AsyncHTTPTransport(retries=0),
+        event_hooks=httpx_hooks(),
     )
 
 

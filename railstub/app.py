@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 from pydantic import BaseModel, Field
 
+from payouts.correlation import CorrelationMiddleware
 from payouts.logs import get_logger
 from railstub.behaviour import Action, Behaviour, decide
 from railstub.movements import LookupStatus, Movement, MovementLog
@@ -179,6 +180,7 @@ def create_app(settings: StubSettings | None = None) -> FastAPI:
         app.state.stub.log.close()
 
     app = FastAPI(title="rail stub", version="1", lifespan=lifespan)
+    app.add_middleware(CorrelationMiddleware)  # X-Correlation-Id, per request
 
     def state() -> StubState:
         stub: StubState = app.state.stub

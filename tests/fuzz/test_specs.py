@@ -8,6 +8,7 @@ The only exclusions are harness.EXCLUSIONS (also in docs/api-conformance.md).
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,13 +30,14 @@ from ledger.invariants import (
     stub_movement_source,
 )
 from lockservice.client import LockClient
+from payouts import correlation
 from railproxy import RailProxyClient, SubmitContext, SubmitRequest
 from railproxy.models import GrantIn
 from tests.fuzz.conftest import fresh_database
 from tests.fuzz.harness import FuzzStats, HeadersFor, future_deadlines, fuzz
 from tests.grants import grant_verifier
 from tests.servers import ServerThread
-from tests.workflows.system import System, create_payout, fund, running_system
+from tests.workflows.system import System, create_payout, fund, running_system, wait_for
 
 MAX_EXAMPLES = 25  # per operation and mode: bounds the whole module to well under 90 s
 
@@ -153,7 +155,8 @@ async def pay_once(system: System) -> tuple[str, int]:
             LockClient(system.lock_url) as locks,
             RailProxyClient(system.proxy_url) as proxy,
         ):
-            lease = await locks.acquire(f"payout:{account}", wait_s=5)
+            with correlation.bound(payout_id):  # as the acquire activity binds it
+                lease = await locks.acquire(f"payout:{account}", wait_s=5)
             grant = await lease.signed_grant()
             assert grant is not None
             await store.claim(payout_id, lease.token, ctx, grant=grant)
@@ -176,7 +179,8 @@ async def pay_once(system: System) -> tuple[str, int]:
             assert str(result.outcome) == "ACKED", result
             await store.mark_acked(payout_id, lease.token, ctx, grant=grant)
             await store.post(payout_id, lease.token, ctx, grant=grant)
-            await locks.release(lease)
+            with correlation.bound(payout_id):
+                await locks.release(lease)
         assert (await store.get_payout(payout_id)).state == "POSTED"
         return payout_id, lease.token
     finally:
@@ -196,6 +200,35 @@ async def test_invariants_clean_after_the_fuzz_and_the_system_still_pays(fuzzed:
     payout_id, _ = await pay_once(system)
     assert len(system.movements(payout_id)) == 1
     assert violations(await invariants(system)) == {}
+    await _assert_correlated(system, payout_id)
+
+
+def _logged(log: Path, correlation_id: str) -> list[str]:
+    """The names of the events in a process's JSON log that carry `correlation_id`."""
+    names = []
+    for line in log.read_text().splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict) and event.get("correlation_id") == correlation_id:
+            names.append(str(event.get("event")))
+    return names
+
+
+async def _assert_correlated(system: System, payout_id: str) -> None:
+    """The payout's correlation id is in the lock server's, the proxy's and the rail stub's
+    events for it: one trace across the three processes (issue 15)."""
+
+    async def everywhere() -> bool:
+        lock = _logged(system.log_dir / "lock.log", payout_id)
+        return (
+            {"lock.acquired", "lock.released"} <= set(lock)
+            and "rail.submit" in " ".join(_logged(system.log_dir / "proxy.log", payout_id))
+            and "railstub.movement" in _logged(system.log_dir / "stub.log", payout_id)
+        )
+
+    await wait_for(everywhere, timeout_s=10)
 
 
 @pytest.fixture(scope="module")
