@@ -34,7 +34,7 @@ from payouts import correlation
 from railproxy import RailProxyClient, SubmitContext, SubmitRequest
 from railproxy.models import GrantIn
 from tests.fuzz.conftest import fresh_database
-from tests.fuzz.harness import FuzzStats, HeadersFor, future_deadlines, fuzz
+from tests.fuzz.harness import EXCLUSIONS, FuzzStats, HeadersFor, future_deadlines, fuzz
 from tests.grants import grant_verifier
 from tests.servers import ServerThread
 from tests.workflows.system import System, create_payout, fund, running_system, wait_for
@@ -252,3 +252,11 @@ async def test_negative_control_without_grant_verification(
     print(stats.summary(), "violations:", found)
     assert found.get("INV-07", 0) > 0, found
     assert set(found) <= {"INV-02", "INV-05", "INV-07", "INV-09"}, found
+
+
+def test_exclusion_table_is_documented() -> None:
+    """docs/api-conformance.md lists exactly harness.EXCLUSIONS: one place, two views."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "api-conformance.md").read_text()
+    for service, what, why in EXCLUSIONS:
+        assert f"| {service} | {what} | {why} |" in doc
+    assert doc.count("\n| ") - doc.count("\n|---") >= len(EXCLUSIONS)
