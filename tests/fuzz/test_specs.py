@@ -31,13 +31,23 @@ from ledger.invariants import (
 )
 from lockservice.client import LockClient
 from payouts import correlation
+from payouts.embedded import free_port
 from railproxy import RailProxyClient, SubmitContext, SubmitRequest
 from railproxy.models import GrantIn
 from tests.fuzz.conftest import fresh_database
 from tests.fuzz.harness import EXCLUSIONS, FuzzStats, HeadersFor, future_deadlines, fuzz
-from tests.grants import grant_verifier
+from tests.grants import grant_verifier, lock_server_env
 from tests.servers import ServerThread
-from tests.workflows.system import System, create_payout, fund, running_system, wait_for
+from tests.workflows.system import (
+    System,
+    create_payout,
+    fund,
+    running_system,
+    spawn,
+    stop,
+    wait_for,
+    wait_healthy,
+)
 
 MAX_EXAMPLES = 25  # per operation and mode: bounds the whole module to well under 90 s
 
@@ -260,3 +270,30 @@ def test_exclusion_table_is_documented() -> None:
     for service, what, why in EXCLUSIONS:
         assert f"| {service} | {what} | {why} |" in doc
     assert doc.count("\n| ") - doc.count("\n|---") >= len(EXCLUSIONS)
+
+
+def test_lock_server_spec_on_etcd(
+    etcd_endpoints: list[str], run_dir: Path, fuzz_headers: HeadersFor
+) -> None:
+    """The same spec run against a lock server process on the etcd backend."""
+    port = free_port()
+    log = run_dir / f"fuzz-lock-etcd-{port}.log"
+    env = {
+        "LOCK_BACKEND": "etcd",
+        "LOCK_ETCD_ENDPOINTS": ",".join(etcd_endpoints),
+        "LOCK_KEY_PREFIX": f"fuzz{uuid.uuid4().hex[:6]}/",
+        "LOCK_PORT": str(port),
+        **lock_server_env(),
+    }
+    proc = spawn(["-m", "lockservice", "serve"], env, log)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(f"{url}/health", proc, log)
+        schema = schemathesis.openapi.from_url(f"{url}/openapi.json")
+        stats = fuzz(
+            "lock server (etcd)", schema, headers=fuzz_headers("lock"), max_examples=MAX_EXAMPLES
+        )
+        _assert_clean(stats)
+        assert stats.operations == 11
+    finally:
+        stop(proc)
