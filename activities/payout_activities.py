@@ -32,6 +32,7 @@ from ledger.errors import InvalidGrant, InvalidTransition
 from lockservice.api import LockError, NotHeld
 from lockservice.client import Lease, LockClient, NotAcquiredError
 from lockservice.grants import SignedGrant
+from payouts import correlation
 from payouts.logs import get_logger
 from railproxy.client import RailProxyClient, SubmitResult
 from railproxy.errors import LookupUnavailable, ProxyClientError
@@ -320,7 +321,12 @@ class PayoutActivities:
 
     @activity.defn(name=m.ACQUIRE_LOCK)
     async def acquire_lock(self, req: m.AcquireRequest) -> m.AcquireResult:
-        """UC-01 step 2. Bounded, jittered retries live in the SDK (FR-28); no grant, no work."""
+        """UC-01 step 2. Bounded, jittered retries live in the SDK (FR-28); no grant, no work.
+        The payout's correlation id goes with the request: the lock server's events carry it."""
+        with correlation.bound(req.context.correlation_id):
+            return await self._acquire_lock(req)
+
+    async def _acquire_lock(self, req: m.AcquireRequest) -> m.AcquireResult:
         try:
             lease = await self._locks.acquire(lock_key(req.account_id), req.wait_s)
         except NotAcquiredError as exc:
@@ -664,7 +670,10 @@ class PayoutActivities:
         held = self._leases.pop((lock_key(req.account_id), req.token), None)
         if held is None:
             return
-        with contextlib.suppress(LockError, httpx.HTTPError):
+        with (
+            correlation.bound(req.context.correlation_id),
+            contextlib.suppress(LockError, httpx.HTTPError),
+        ):
             await self._locks.release(held.lease)
 
     # ------------------------------------------------------------------ leaked grants

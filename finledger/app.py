@@ -18,6 +18,7 @@ from common.credentials import load_optional, require
 from finledger.book import Book
 from finledger.faults import Action, Faults, decide, is_unknown_account
 from finledger.settings import FinledgerSettings
+from payouts.correlation import CorrelationMiddleware
 from payouts.logs import get_logger
 
 log = get_logger("finledger")
@@ -142,6 +143,7 @@ def create_app(settings: FinledgerSettings | None = None) -> FastAPI:
     readers = [Depends(require(credentials, operator=True, components=_READERS))]
     operators = [Depends(require(credentials, operator=True))]
     app.add_middleware(DropConnection)
+    app.add_middleware(CorrelationMiddleware)  # X-Correlation-Id, per request
 
     def state() -> LedgerState:
         ledger: LedgerState = app.state.ledger
@@ -150,7 +152,13 @@ def create_app(settings: FinledgerSettings | None = None) -> FastAPI:
     @app.put(
         "/v1/records/{correlation_id}",
         status_code=201,
-        responses={200: {}, 404: {}, 409: {}, 503: {}},
+        responses={
+            200: {},
+            400: {"description": "the body could not be parsed"},
+            404: {},
+            409: {},
+            503: {},
+        },
         dependencies=writer,
     )
     async def write_record(
@@ -178,7 +186,7 @@ def create_app(settings: FinledgerSettings | None = None) -> FastAPI:
             return JSONResponse(status_code=503, content={"code": "UNAVAILABLE"})
         return {"status": "ok"}
 
-    @app.get("/metrics")
+    @app.get("/metrics", include_in_schema=False)  # Prometheus text, as on every service
     async def metrics() -> Response:
         return Response(generate_latest(state().registry), media_type=CONTENT_TYPE_LATEST)
 

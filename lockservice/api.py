@@ -54,6 +54,7 @@ _KEY_RE = re.compile(r"^[A-Za-z0-9:_\-./]+$")
 #
 # LockError
 #  +-- InvalidRequest          bad key, TTL, wait budget, missing operator or reason
+#  |    +-- EpochRefused       a bump beyond the bounded step or the 64-bit token space
 #  +-- SessionNotFound         unknown or already expired/closed session
 #  +-- NotHeld                 renew/release of a grant that is no longer valid
 #  +-- BackendUnavailable      the backend cannot be reached; callers fail closed (FR-27)
@@ -68,6 +69,13 @@ class LockError(Exception):
 
 class InvalidRequest(LockError):
     code = "invalid_request"
+
+
+class EpochRefused(InvalidRequest):
+    """A well-formed bump refused for where the epoch stands now (more than MAX_EPOCH_STEP above
+    it, or past the token space): a conflict with the current state (HTTP 409), not bad input."""
+
+    code = "epoch_refused"
 
 
 class SessionNotFound(LockError):
@@ -222,14 +230,14 @@ def next_epoch(current: int, min_epoch: int, highest_fence_seen: int | None = No
     needed = 0 if highest_fence_seen is None else min_epoch_for(highest_fence_seen)
     ceiling = max(current, needed) + MAX_EPOCH_STEP
     if min_epoch > ceiling:
-        raise InvalidRequest(
+        raise EpochRefused(
             f"min_epoch {min_epoch} is more than {MAX_EPOCH_STEP} above the current epoch"
             f" {current}{'' if not needed else f' and the needed epoch {needed}'}: refused;"
             " run the offline bump-epoch, which works the needed epoch out from the fences"
         )
     new = max(current + 1, min_epoch, needed)
     if new > MAX_EPOCH:
-        raise InvalidRequest(
+        raise EpochRefused(
             f"epoch {new} would leave the 64-bit token space (max epoch {MAX_EPOCH}); a fence that"
             " high was not issued by this lock service"
         )

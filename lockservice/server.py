@@ -11,7 +11,8 @@ Must never: decide lease expiry itself (the backend's clock does), turn bad inpu
 state change, put a key, session or token into a metric label (NFR-09), return an unsigned grant,
 or start (`main`) without its signing key.
 
-Status codes: 200 ok, 204 no body, 404 unknown route or session, 409 not acquired / not held,
+Status codes: 200 ok, 204 no body, 400 a body that is not JSON, 404 unknown route or session,
+409 not acquired / not held / a bump-epoch refused for the current epoch (`epoch_refused`),
 422 invalid input (FastAPI's validation errors reshaped to the same JSON body), 503 backend
 unavailable (callers fail closed, FR-27) or `restore_detected`: the backend's data is older than
 what this server already issued (lockservice.watermark), no grant until `bump-epoch`.
@@ -47,6 +48,7 @@ from lockservice import api
 from lockservice.api import Grant, LockBackend, NotAcquired
 from lockservice.grants import GrantSigner
 from lockservice.watermark import Watermark
+from payouts.correlation import CorrelationMiddleware
 from payouts.logs import get_logger
 
 T = TypeVar("T")
@@ -55,8 +57,19 @@ _HEALTH_PROBE_S = 2.0
 _log = get_logger("lockservice.server")
 
 _KEY_PATTERN = r"^[A-Za-z0-9:_\-./]+$"
-_MAX_TOKEN = (1 << 63) - 1  # tokens are stored as signed 64-bit integers by both backends
+# Tokens are signed 64-bit integers in both backends. The wire bound is 2**63 - 2**10, the
+# largest bound a JSON Schema validator comparing as a double reads exactly (2**63 - 1 reads as
+# 2**63, so a client trusting the spec would send 2**63 and be refused). The last 1,024 tokens
+# of the space would need 2**40 - 1,024 grants of one key in the final epoch: never issued.
+_MAX_TOKEN = (1 << 63) - (1 << 10)
 _SESSION_ID = Field(min_length=1, max_length=128)
+#: Audit text (operator, reason): no control characters (PostgreSQL refuses a NUL in text, and
+#: a newline would forge a log line), and at least one character that is not whitespace
+#: (api.validate_operator strips it; the control-character range also covers \x1c-\x1f, which
+#: Python's str.isspace() counts as whitespace and the regex engine's \s does not).
+_NOT_BLANK = r"^[^\x00-\x1f\x7f]*[^\s\x00-\x1f\x7f][^\x00-\x1f\x7f]*$"
+#: A key prefix: what a key may contain, possibly nothing.
+_PREFIX_PATTERN = _KEY_PATTERN.replace("]+$", "]*$")
 
 # --------------------------------------------------------------------------- wire models
 # Constraints mirror lockservice.api so that the OpenAPI spec documents them; api's validators
@@ -124,8 +137,8 @@ class RevokeIn(BaseModel):
     key: str = Field(min_length=1, max_length=api.MAX_KEY_LENGTH, pattern=_KEY_PATTERN)
     #: Ignored: the audit names the authenticated operator (common.credentials), never a
     #: free-text name. Accepted so that older clients keep working.
-    operator: str | None = Field(default=None, max_length=200)
-    reason: str = Field(min_length=1, max_length=2000)
+    operator: str | None = Field(default=None, max_length=200, pattern=_NOT_BLANK)
+    reason: str = Field(min_length=1, max_length=2000, pattern=_NOT_BLANK)
 
 
 class RevokeOut(BaseModel):
@@ -140,8 +153,8 @@ class BumpEpochIn(BaseModel):
     # Bounded further by the backend: at most api.MAX_EPOCH_STEP above the current epoch.
     min_epoch: int = Field(ge=0, le=api.MAX_EPOCH)
     #: Ignored, as in RevokeIn: the authenticated operator is audited.
-    operator: str | None = Field(default=None, max_length=200)
-    reason: str = Field(min_length=1, max_length=2000)
+    operator: str | None = Field(default=None, max_length=200, pattern=_NOT_BLANK)
+    reason: str = Field(min_length=1, max_length=2000, pattern=_NOT_BLANK)
 
 
 class BumpEpochOut(BaseModel):
@@ -154,8 +167,11 @@ class ErrorBody(BaseModel):
     reason: str | None = None  # only for not_acquired: "held" or "timeout"
 
 
+#: Every status a /v1 route can answer besides its success: 400 a body that is not JSON at all
+#: (Starlette's parser, before validation), 401/403 (common.credentials), 404, 409, 422, 503
+#: as above.
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    s: {"model": ErrorBody} for s in (401, 403, 404, 409, 422, 503)
+    s: {"model": ErrorBody} for s in (400, 401, 403, 404, 409, 422, 503)
 }
 
 #: Who may call what (docs/architecture.md, Trust).
@@ -189,7 +205,8 @@ def _error(status: int, code: str, message: str, **extra: Any) -> JSONResponse:
     return JSONResponse({"code": code, "message": message, **extra}, status_code=status)
 
 
-_STATUS_OF: dict[type[api.LockError], int] = {
+_STATUS_OF: dict[type[api.LockError], int] = {  # first match wins: subclasses first
+    api.EpochRefused: 409,
     api.InvalidRequest: 422,
     api.SessionNotFound: 404,
     api.NotHeld: 409,
@@ -318,6 +335,8 @@ def _build(  # noqa: PLR0915 - one route table, read top to bottom
         lifespan=lifespan,
     )
     app.state.lock = state
+    # Binds the caller's X-Correlation-Id for the request: every event below carries it.
+    app.add_middleware(CorrelationMiddleware)
     m = state.metrics
     holder = [Depends(require(state.credentials, components=(WORKER,)))]
     reader = [Depends(require(state.credentials, operator=True, components=READERS))]
@@ -508,7 +527,7 @@ def _build(  # noqa: PLR0915 - one route table, read top to bottom
         dependencies=reader,
     )
     async def grant_history(
-        prefix: str = Query(default="", max_length=api.MAX_KEY_LENGTH),
+        prefix: str = Query(default="", max_length=api.MAX_KEY_LENGTH, pattern=_PREFIX_PATTERN),
         limit: int = Query(default=api.DEFAULT_HISTORY_LIMIT, ge=0, le=api.MAX_HISTORY_LIMIT),
     ) -> Response:
         """Every grant issued for keys starting with `prefix`, ordered by (key, token), at most

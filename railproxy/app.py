@@ -10,13 +10,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Path, Query, Request
-from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from common.credentials import load_optional, require
+from payouts import correlation
 from payouts.logs import get_logger
 from payouts.migrate import migrate
 from payouts.pgutil import create_pool
@@ -40,33 +40,61 @@ from railproxy.startup import check_start, load_verifier
 
 log = get_logger("railproxy")
 
+#: 400: a body that could not be parsed at all (before validation); the rest: service.py.
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorBody} for code in (401, 403, 409, 422, 429, 503, 504)
+    code: {"model": ErrorBody} for code in (400, 401, 403, 409, 422, 429, 503, 504)
 }
 #: Components that read attempts and lookups with their own credential.
 _READERS = ("reconciler", "invariants")
-
-
-def _refusals(app: FastAPI) -> None:
-    """401/403 (common.credentials) in the proxy's error shape: NOT_SUBMITTED, since the
-    request was refused before anything was recorded or forwarded."""
-
-    @app.exception_handler(StarletteHTTPException)
-    async def refused(request: Request, exc: StarletteHTTPException) -> Response:
-        if exc.status_code not in (401, 403):
-            return await http_exception_handler(request, exc)
-        code = "UNAUTHENTICATED" if exc.status_code == 401 else "FORBIDDEN"
-        app.state.metrics.rejections.labels(code=code).inc()
-        body = ErrorBody(
-            code=code, message=str(exc.detail), handoff_certainty=HandoffCertainty.NOT_SUBMITTED
-        )
-        response = _error(exc.status_code, body)
-        response.headers.update(exc.headers or {})
-        return response
+_HTTP_CODES = {
+    400: "INVALID_REQUEST",
+    401: "UNAUTHENTICATED",
+    403: "FORBIDDEN",
+    404: "NOT_FOUND",
+    405: "METHOD_NOT_ALLOWED",
+}
 
 
 def _error(status: int, body: ErrorBody) -> JSONResponse:
     return JSONResponse(status_code=status, content=body.model_dump(mode="json"))
+
+
+def _error_handlers(app: FastAPI) -> None:
+    """Every refusal before a handler runs, in the proxy's error shape (NOT_SUBMITTED)."""
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        app.state.metrics.rejections.labels(code="INVALID_REQUEST").inc()
+        errors = "; ".join(
+            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors()
+        )
+        return _error(
+            422,
+            ErrorBody(
+                code="INVALID_REQUEST",
+                message=errors[:1000],
+                handoff_certainty=HandoffCertainty.NOT_SUBMITTED,
+            ),
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """Every other refusal (an unparseable body, an unknown route or method) in the same
+        shape as the rest: nothing was forwarded or recorded. 401/403 (common.credentials) are
+        answered before any handler: no attempt recorded, nothing forwarded, no fence raised."""
+        if exc.status_code in (401, 403):
+            app.state.metrics.rejections.labels(code=_HTTP_CODES[exc.status_code]).inc()
+        response = _error(
+            exc.status_code,
+            ErrorBody(
+                code=_HTTP_CODES.get(exc.status_code, "HTTP_ERROR"),
+                message=str(exc.detail)[:1000],
+                handoff_certainty=HandoffCertainty.NOT_SUBMITTED,
+            ),
+        )
+        for name, value in (exc.headers or {}).items():  # a 405 keeps its Allow header
+            response.headers[name] = value
+        return response
 
 
 def create_app(settings: ProxySettings | None = None) -> FastAPI:
@@ -98,27 +126,13 @@ def create_app(settings: ProxySettings | None = None) -> FastAPI:
     credentials = load_optional(settings.credentials_path)  # None: authentication off (tests)
     submitter = [Depends(require(credentials, components=("worker",)))]
     readers = [Depends(require(credentials, operator=True, components=("worker", *_READERS)))]
-
-    _refusals(app)
+    app.add_middleware(correlation.CorrelationMiddleware)  # X-Correlation-Id, per request
 
     def proxy() -> RailProxy:
         p: RailProxy = app.state.proxy
         return p
 
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        app.state.metrics.rejections.labels(code="INVALID_REQUEST").inc()
-        errors = "; ".join(
-            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors()
-        )
-        return _error(
-            422,
-            ErrorBody(
-                code="INVALID_REQUEST",
-                message=errors[:1000],
-                handoff_certainty=HandoffCertainty.NOT_SUBMITTED,
-            ),
-        )
+    _error_handlers(app)
 
     @app.post(
         "/v1/submissions",
@@ -129,10 +143,13 @@ def create_app(settings: ProxySettings | None = None) -> FastAPI:
     async def submit(req: SubmitRequest) -> Any:
         """Record the attempt (fenced, guarded), forward it once, and report handoff certainty."""
         p = proxy()
-        try:
-            result = await p.submit(req)
-        except Rejected as exc:
-            return _rejected(p, req, exc)
+        # The submission's own correlation id (its body) is the one its events and its
+        # request to the rail carry, whatever header came with it.
+        with correlation.bound(req.context.correlation_id):
+            try:
+                result = await p.submit(req)
+            except Rejected as exc:
+                return _rejected(p, req, exc)
         status = 202 if result.outcome is Outcome.UNKNOWN else 200
         return JSONResponse(status_code=status, content=result.model_dump(mode="json"))
 

@@ -19,6 +19,7 @@ from urllib.parse import quote
 import httpx
 
 from common.credentials import auth_headers
+from payouts.correlation import httpx_hooks
 from railproxy.errors import LookupUnavailable, ProxyClientError
 from railproxy.models import (
     AttemptRecord,
@@ -68,6 +69,7 @@ class RailProxyClient:
             base_url=base_url,
             headers=headers,
             follow_redirects=False,
+            event_hooks=httpx_hooks(),  # X-Correlation-Id of the bound context
             transport=transport
             or httpx.AsyncHTTPTransport(
                 retries=0, limits=httpx.Limits(max_keepalive_connections=0)
@@ -77,6 +79,7 @@ class RailProxyClient:
             base_url=base_url,
             headers=headers,
             timeout=read_timeout_s,
+            event_hooks=httpx_hooks(),
             transport=transport or httpx.AsyncHTTPTransport(retries=0),
         )
 

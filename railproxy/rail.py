@@ -19,6 +19,7 @@ from typing import Literal
 import httpx
 
 from common.credentials import auth_headers, read_token
+from payouts.correlation import httpx_hooks
 from railproxy.errors import LookupUnavailable
 from railproxy.models import LookupResponse, Outcome, SubmitRequest
 from railproxy.settings import ProxySettings
@@ -64,6 +65,7 @@ def submit_client(settings: ProxySettings) -> httpx.AsyncClient:
             retries=0, limits=httpx.Limits(max_keepalive_connections=0)
         ),
         follow_redirects=False,  # a redirect would resend the instruction somewhere else
+        event_hooks=httpx_hooks(),  # the submission's X-Correlation-Id (railproxy.app binds it)
     )
 
 
@@ -74,6 +76,7 @@ def lookup_client(settings: ProxySettings) -> httpx.AsyncClient:
         headers=rail_auth_headers(settings),
         timeout=settings.lookup_timeout_s,
         transport=httpx.AsyncHTTPTransport(retries=0),
+        event_hooks=httpx_hooks(),
     )
 
 

@@ -25,6 +25,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, g
 from pydantic import BaseModel, Field
 
 from common.credentials import load_optional, require
+from payouts.correlation import CorrelationMiddleware
 from payouts.logs import get_logger
 from railstub.behaviour import Action, Behaviour, decide
 from railstub.movements import LookupStatus, Movement, MovementLog
@@ -190,6 +191,7 @@ def create_app(settings: StubSettings | None = None) -> FastAPI:
     app = FastAPI(title="rail stub", version="1", lifespan=lifespan)
     credentials = load_optional(settings.credentials_path)  # None: authentication off (tests)
     client = [Depends(require(credentials, components=("railproxy",)))]
+    app.add_middleware(CorrelationMiddleware)  # X-Correlation-Id, per request
 
     def state() -> StubState:
         stub: StubState = app.state.stub
@@ -198,7 +200,14 @@ def create_app(settings: StubSettings | None = None) -> FastAPI:
     @app.post(
         "/payments",
         response_model=PaymentResponse,
-        responses={202: {"model": PaymentResponse}, 503: {"model": NotAccepted}},
+        responses={
+            202: {"model": PaymentResponse},
+            400: {"description": "the body could not be parsed"},
+            # The rail's faults the stub simulates when its behaviour says so (off by default):
+            500: {"description": "ambiguity: the movement was recorded, the answer is lost"},
+            503: {"model": NotAccepted},
+            504: {"description": "a stall: the answer never came in time"},
+        },
         dependencies=client,
     )
     async def submit_payment(req: PaymentRequest) -> Any:

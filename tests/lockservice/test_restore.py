@@ -187,7 +187,7 @@ def test_next_epoch_is_bounded() -> None:
 
 
 async def test_bump_refuses_an_unbounded_step_and_changes_nothing(backend: LockBackend) -> None:
-    """Both backends, online (HTTP 422) and direct: a step above the bound is refused and the
+    """Both backends, online (HTTP 409 epoch_refused) and direct: a step above the bound is refused and the
     epoch stays where it was (a fuzzer cannot burn the token space, issue 13)."""
     before = (await backend.issuance_position()).epoch
     with pytest.raises(InvalidRequest):
@@ -196,7 +196,8 @@ async def test_bump_refuses_an_unbounded_step_and_changes_nothing(backend: LockB
     async with httpx.AsyncClient(transport=transport, base_url="http://lock") as http:
         body = {"min_epoch": before + MAX_EPOCH_STEP + 1, "operator": "0", "reason": "0"}
         r = await http.post("/v1/epoch/bump", json=body)
-        assert r.status_code == 422 and "above the current epoch" in r.json()["message"]
+        assert r.status_code == 409 and r.json()["code"] == "epoch_refused"
+        assert "above the current epoch" in r.json()["message"]
         assert (await backend.issuance_position()).epoch == before
         body["min_epoch"] = before + MAX_EPOCH_STEP
         r = await http.post("/v1/epoch/bump", json=body)
