@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from common.credentials import load_optional, require
+from common.strict_query import reject_unknown_query
 from finledger.book import Book
 from finledger.faults import Action, Faults, decide, is_unknown_account
 from finledger.settings import FinledgerSettings
@@ -125,6 +126,14 @@ async def _write(
         ledger.writes.labels(answer=answer).inc()
 
 
+#: Every route but /health and /metrics needs a credential (common.credentials): a refused
+#: call is answered before the handler, with nothing changed.
+_REFUSALS: dict[int | str, dict[str, Any]] = {
+    401: {"description": "no or unknown credential"},
+    403: {"description": "a credential not allowed here"},
+}
+
+
 def create_app(settings: FinledgerSettings | None = None) -> FastAPI:
     settings = settings or FinledgerSettings()
 
@@ -134,7 +143,13 @@ def create_app(settings: FinledgerSettings | None = None) -> FastAPI:
         log.info("finledger.started", port=settings.port)
         yield
 
-    app = FastAPI(title="finance ledger stand-in", version="1", lifespan=lifespan)
+    app = FastAPI(
+        title="finance ledger stand-in",
+        version="1",
+        lifespan=lifespan,
+        responses=_REFUSALS,
+        dependencies=[Depends(reject_unknown_query)],
+    )
     # Who may call what: writes only the outbox publisher; reads the publisher, the checkers
     # and operators; /admin/* operators only (reads also the checkers); /health and /metrics
     # open (network isolation). A refused call is answered 401/403 before anything is recorded.

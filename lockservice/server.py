@@ -44,6 +44,7 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from common.credentials import Credentials, Identity, load_optional, require
+from common.strict_query import reject_unknown_query
 from lockservice import api
 from lockservice.api import Grant, LockBackend, NotAcquired
 from lockservice.grants import GrantSigner
@@ -333,6 +334,7 @@ def _build(  # noqa: PLR0915 - one route table, read top to bottom
         version="1",
         description=__doc__,
         lifespan=lifespan,
+        dependencies=[Depends(reject_unknown_query)],  # a misspelt parameter is a 422
     )
     app.state.lock = state
     # Binds the caller's X-Correlation-Id for the request: every event below carries it.

@@ -16,6 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from common.credentials import load_optional, require
+from common.strict_query import reject_unknown_query
 from payouts import correlation
 from payouts.logs import get_logger
 from payouts.migrate import migrate
@@ -118,7 +119,13 @@ def create_app(settings: ProxySettings | None = None) -> FastAPI:
             await proxy.close()
             await pool.close()
 
-    app = FastAPI(title="rail proxy", version=settings.contract_version, lifespan=lifespan)
+    app = FastAPI(
+        title="rail proxy",
+        version=settings.contract_version,
+        lifespan=lifespan,
+        responses={401: {"model": ErrorBody}, 403: {"model": ErrorBody}},
+        dependencies=[Depends(reject_unknown_query)],
+    )
     app.state.metrics = ProxyMetrics()
     # Who may call what: submit only the worker; attempts and lookups also the reconciler, the
     # invariant checker and operators; /health and /metrics open (network isolation). A refused

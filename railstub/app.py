@@ -25,6 +25,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, g
 from pydantic import BaseModel, Field
 
 from common.credentials import load_optional, require
+from common.strict_query import reject_unknown_query
 from payouts.correlation import CorrelationMiddleware
 from payouts.logs import get_logger
 from railstub.behaviour import Action, Behaviour, decide
@@ -177,6 +178,14 @@ def _evidence(stub: StubState, m: Movement, now: float) -> dict[str, object]:
     }
 
 
+#: Every route but /health and /metrics needs a credential (common.credentials): a refused
+#: call is answered before the handler, with nothing changed.
+_REFUSALS: dict[int | str, dict[str, Any]] = {
+    401: {"description": "no or unknown credential"},
+    403: {"description": "a credential not allowed here"},
+}
+
+
 def create_app(settings: StubSettings | None = None) -> FastAPI:
     settings = settings or StubSettings()
 
@@ -188,7 +197,13 @@ def create_app(settings: StubSettings | None = None) -> FastAPI:
         app.state.stub.release_stalls()
         app.state.stub.log.close()
 
-    app = FastAPI(title="rail stub", version="1", lifespan=lifespan)
+    app = FastAPI(
+        title="rail stub",
+        version="1",
+        lifespan=lifespan,
+        responses=_REFUSALS,
+        dependencies=[Depends(reject_unknown_query)],
+    )
     credentials = load_optional(settings.credentials_path)  # None: authentication off (tests)
     client = [Depends(require(credentials, components=("railproxy",)))]
     app.add_middleware(CorrelationMiddleware)  # X-Correlation-Id, per request

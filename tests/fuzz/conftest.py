@@ -11,26 +11,38 @@ from pathlib import Path
 import pytest
 
 from finledger import create_app as create_finledger
+from finledger.settings import FinledgerSettings
 from payouts.migrate import migrate
 from payouts.pgutil import create_database, drop_database
 from railstub import StubSettings
 from railstub import create_app as create_stub
-from tests.fuzz.harness import HeadersFor
+from tests.credentials import OPERATOR, credentials, headers
+from tests.fuzz.harness import CaseHeaders, HeadersFor
 from tests.servers import ServerThread
 from tests.workflows.system import System, running_system
+
+#: The lock server's break-glass routes: an operator's credential; every other route: the
+#: worker's (the identity that holds grants and may inspect).
+_OPERATOR_PATHS = ("/v1/locks/revoke", "/v1/epoch/bump")
+#: Which identity each service is fuzzed as (the caller it serves in production).
+_CALLER = {"proxy": "worker", "stub": "railproxy", "finledger": "outbox"}
 
 
 @pytest.fixture(scope="module")
 def fuzz_headers() -> HeadersFor:
-    """The one hook for request headers per service ("lock", "proxy", "stub", "finledger").
+    """The one hook for request headers per service ("lock", "proxy", "stub", "finledger"):
+    each run sends the credential of the caller the route serves, so the fuzz reaches the
+    handlers instead of stopping at 401 (the auth tests of each component cover those)."""
 
-    Empty today. When the services require bearer tokens, return each service's credential
-    here and every fuzz run sends it."""
+    def for_service(service: str) -> CaseHeaders:
+        def for_path(path: str) -> Mapping[str, str]:
+            if service == "lock":
+                return headers(OPERATOR if path in _OPERATOR_PATHS else "worker")
+            return headers(_CALLER[service])
 
-    def headers(service: str) -> Mapping[str, str]:
-        return {}
+        return for_path
 
-    return headers
+    return for_service
 
 
 def fresh_database(pg_server_url: str, prefix: str) -> Iterator[str]:
@@ -56,7 +68,8 @@ def fuzz_system(fuzz_db: str, run_dir: Path) -> Iterator[System]:
 
 @pytest.fixture(scope="module")
 def finledger_server() -> Iterator[ServerThread]:
-    server = ServerThread(create_finledger())
+    settings = FinledgerSettings(credentials_path=str(credentials().servers["finledger"]))
+    server = ServerThread(create_finledger(settings))
     server.start()
     yield server
     server.stop()
@@ -66,7 +79,12 @@ def finledger_server() -> Iterator[ServerThread]:
 def lone_stub() -> Iterator[ServerThread]:
     """A rail stub of its own (see harness.EXCLUSIONS): no stalls, no ambiguity."""
     settings = StubSettings(
-        seed=11, latency_mode="fixed", latency_fixed_ms=1, ambiguity_rate=0.0, stall_s=1.0
+        seed=11,
+        latency_mode="fixed",
+        latency_fixed_ms=1,
+        ambiguity_rate=0.0,
+        stall_s=1.0,
+        credentials_path=credentials().servers["railstub"],
     )
     server = ServerThread(create_stub(settings))
     server.start()

@@ -34,6 +34,8 @@ from payouts import correlation
 from payouts.embedded import free_port
 from railproxy import RailProxyClient, SubmitContext, SubmitRequest
 from railproxy.models import GrantIn
+from tests.credentials import OPERATOR, server_env, token
+from tests.credentials import headers as credential_headers
 from tests.fuzz.conftest import fresh_database
 from tests.fuzz.harness import EXCLUSIONS, FuzzStats, HeadersFor, future_deadlines, fuzz
 from tests.grants import grant_verifier, lock_server_env
@@ -63,7 +65,11 @@ class Fuzzed:
 def _movements(stub_url: str, reference: object) -> int:
     if not isinstance(reference, str):
         return 0
-    r = httpx.get(f"{stub_url}/admin/movements", params={"client_reference": reference})
+    r = httpx.get(
+        f"{stub_url}/admin/movements",
+        params={"client_reference": reference},
+        headers=credential_headers(OPERATOR),
+    )
     return sum(1 for m in r.json()["movements"] if m["client_reference"] == reference)
 
 
@@ -140,7 +146,7 @@ async def invariants(system: System) -> InvariantReport:
     try:
         return await check_invariants(
             conn,
-            stub_movement_source(system.stub_url),
+            stub_movement_source(system.stub_url, token=token("invariants")),
             postgres_grant_source(system.database_url),
         )
     finally:
@@ -162,8 +168,8 @@ async def pay_once(system: System) -> tuple[str, int]:
     ctx = LedgerContext(correlation_id=payout_id, actor="fuzz-test")
     try:
         async with (
-            LockClient(system.lock_url) as locks,
-            RailProxyClient(system.proxy_url) as proxy,
+            LockClient(system.lock_url, token=token("worker")) as locks,
+            RailProxyClient(system.proxy_url, token=token("worker")) as proxy,
         ):
             with correlation.bound(payout_id):  # as the acquire activity binds it
                 lease = await locks.acquire(f"payout:{account}", wait_s=5)
@@ -204,7 +210,9 @@ async def test_invariants_clean_after_the_fuzz_and_the_system_still_pays(fuzzed:
     system = fuzzed.system
     report = await invariants(system)
     assert violations(report) == {}, report.as_dict()
-    async with httpx.AsyncClient(base_url=system.stub_url, timeout=10) as http:
+    async with httpx.AsyncClient(
+        base_url=system.stub_url, timeout=10, headers=credential_headers(OPERATOR)
+    ) as http:
         counts = (await http.get("/admin/movements")).json()["counts"]
     assert counts == {}, counts  # every made-up submission was refused before the rail
     payout_id, _ = await pay_once(system)
@@ -284,6 +292,7 @@ def test_lock_server_spec_on_etcd(
         "LOCK_KEY_PREFIX": f"fuzz{uuid.uuid4().hex[:6]}/",
         "LOCK_PORT": str(port),
         **lock_server_env(),
+        **server_env("lock-server"),
     }
     proc = spawn(["-m", "lockservice", "serve"], env, log)
     try:
