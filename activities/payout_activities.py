@@ -25,6 +25,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities import models as m
+from common import correlation
 from common.credentials import auth_headers
 from ledger import AlreadyAdvanced, FencedOut, Payout, PayoutState, PayoutStore, UnknownPayout
 from ledger import WorkContext as LedgerContext
@@ -32,7 +33,6 @@ from ledger.errors import InvalidGrant, InvalidTransition
 from lockservice.api import LockError, NotHeld
 from lockservice.client import Lease, LockClient, NotAcquiredError
 from lockservice.grants import SignedGrant
-from payouts import correlation
 from payouts.logs import get_logger
 from railproxy.client import RailProxyClient, SubmitResult
 from railproxy.errors import LookupUnavailable, ProxyClientError

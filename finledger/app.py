@@ -14,12 +14,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, g
 from pydantic import BaseModel, Field
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from common.correlation import CorrelationMiddleware
 from common.credentials import load_optional, require
 from common.strict_query import reject_unknown_query
 from finledger.book import Book
 from finledger.faults import Action, Faults, decide, is_unknown_account
 from finledger.settings import FinledgerSettings
-from payouts.correlation import CorrelationMiddleware
 from payouts.logs import get_logger
 
 log = get_logger("finledger")

@@ -48,12 +48,12 @@ from urllib.parse import quote
 
 import httpx
 
+from common.correlation import httpx_hooks
 from common.credentials import auth_headers
 from lockservice import api
 from lockservice._http import KeepAliveTransport
 from lockservice.api import Grant, LockError
 from lockservice.grants import SignedGrant
-from payouts.correlation import httpx_hooks
 from payouts.logs import get_logger
 
 _log = get_logger("lockservice.client")
@@ -196,7 +196,7 @@ class LockClient:
             # The lean keep-alive transport: same httpx API and errors, ~0.5 ms less per request.
             transport = KeepAliveTransport()
         # `token`: this component's bearer credential (common.credentials), sent on every call.
-        # Every request carries the caller's correlation id (payouts.correlation, bound by the
+        # Every request carries the caller's correlation id (common.correlation, bound by the
         # activity that asks), so the lock server's events for it carry the same id.
         self._http = httpx.AsyncClient(
             base_url=base_url,

@@ -43,13 +43,13 @@ from prometheus_client import (
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from common.correlation import CorrelationMiddleware
 from common.credentials import Credentials, Identity, load_optional, require
 from common.strict_query import reject_unknown_query
 from lockservice import api
 from lockservice.api import Grant, LockBackend, NotAcquired
 from lockservice.grants import GrantSigner
 from lockservice.watermark import Watermark
-from payouts.correlation import CorrelationMiddleware
 from payouts.logs import get_logger
 
 T = TypeVar("T")

@@ -15,9 +15,9 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from common import correlation
 from common.credentials import load_optional, require
 from common.strict_query import reject_unknown_query
-from payouts import correlation
 from payouts.logs import get_logger
 from payouts.migrate import migrate
 from payouts.pgutil import create_pool

@@ -18,8 +18,8 @@ from urllib.parse import quote
 
 import httpx
 
+from common.correlation import httpx_hooks
 from common.credentials import auth_headers
-from payouts.correlation import httpx_hooks
 from railproxy.errors import LookupUnavailable, ProxyClientError
 from railproxy.models import (
     AttemptRecord,

@@ -18,8 +18,8 @@ from typing import Literal
 
 import httpx
 
+from common.correlation import httpx_hooks
 from common.credentials import auth_headers, read_token
-from payouts.correlation import httpx_hooks
 from railproxy.errors import LookupUnavailable
 from railproxy.models import LookupResponse, Outcome, SubmitRequest
 from railproxy.settings import ProxySettings

@@ -24,9 +24,9 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 from pydantic import BaseModel, Field
 
+from common.correlation import CorrelationMiddleware
 from common.credentials import load_optional, require
 from common.strict_query import reject_unknown_query
-from payouts.correlation import CorrelationMiddleware
 from payouts.logs import get_logger
 from railstub.behaviour import Action, Behaviour, decide
 from railstub.movements import LookupStatus, Movement, MovementLog

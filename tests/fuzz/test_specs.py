@@ -21,6 +21,7 @@ import httpx
 import pytest
 import schemathesis
 
+from common import correlation
 from ledger import PayoutStore
 from ledger import WorkContext as LedgerContext
 from ledger.invariants import (
@@ -30,7 +31,6 @@ from ledger.invariants import (
     stub_movement_source,
 )
 from lockservice.client import LockClient
-from payouts import correlation
 from payouts.embedded import free_port
 from railproxy import RailProxyClient, SubmitContext, SubmitRequest
 from railproxy.models import GrantIn

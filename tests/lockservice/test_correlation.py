@@ -11,8 +11,8 @@ from typing import Any
 
 import httpx
 
+from common import correlation
 from lockservice.client import LockClient
-from payouts import correlation
 from payouts.embedded import free_port
 from tests.grants import lock_server_env
 from tests.workflows.system import spawn, stop, wait_for, wait_healthy
