@@ -14,6 +14,7 @@ import httpx
 from common import correlation
 from lockservice.client import LockClient
 from payouts.embedded import free_port
+from tests.credentials import server_env, token
 from tests.grants import lock_server_env
 from tests.workflows.system import spawn, stop, wait_for, wait_healthy
 
@@ -41,13 +42,14 @@ async def test_lock_server_events_carry_the_callers_correlation_id(
         "LOCK_PORT": str(port),
         "LOCK_KEY_PREFIX": f"corr{uuid.uuid4().hex[:6]}/",
         **lock_server_env(),
+        **server_env("lock-server"),
     }
     proc = spawn(["-m", "lockservice", "serve"], env, log)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(f"{url}/health", proc, log)
         cid, key = f"corr-{uuid.uuid4().hex[:10]}", f"payout:acct-{uuid.uuid4().hex[:8]}"
-        async with LockClient(url) as locks:
+        async with LockClient(url, token=token("worker")) as locks:
             with correlation.bound(cid):
                 lease = await locks.acquire(key, wait_s=2)
                 await locks.release(lease)
