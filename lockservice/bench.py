@@ -1,13 +1,21 @@
 """Benchmark (`python -m lockservice.bench`, `make bench-locks`): uncontended acquire+release
-through SDK -> lock server -> backend, for each backend, beside the floor measured in the same run:
-the minimal raw backend operations for one acquire+release from this same Python process
-(etcd: one txn + one delete with aetcd; PostgreSQL: an upsert + an update with asyncpg).
+through SDK -> lock server -> backend, for each backend, beside two floors measured in the same
+run, interleaved round by round with it so that all three see the same machine load:
+
+- `floor_*`: the minimal raw backend operations for one acquire+release from this same Python
+  process (etcd: one txn + one delete with aetcd; PostgreSQL: an upsert + an update with asyncpg);
+- `http_floor_*`: what the lock server cannot avoid: the raw operations above plus the two HTTP
+  round trips an acquire+release needs (acquire, release), each to a trivial endpoint (`/livez`)
+  of the same lock server process (FastAPI on uvicorn) through the SDK's own transport. One
+  sample is one such sequence, timed as a whole. `http_rtt_*` is one such round trip alone.
 
 Owns: starting (and always stopping) its own servers: embedded PostgreSQL unless DATABASE_URL is
 set (then a fresh database on that server, dropped at the end), embedded etcd unless
 ETCD_ENDPOINTS is set, and one `python -m lockservice serve` subprocess per backend.
 Must never: assert anything (it reports), or leave a process behind.
-Prints progress, then as its LAST line exactly one JSON object with p50/p99/floor per backend.
+Prints progress, a table, then as its LAST line exactly one JSON object with p50/p99 and the
+floors per backend, and /proc/loadavg before and after (the machine is shared: read the figures
+beside it).
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from typing import Any
 
 import httpx
 
+from lockservice._http import KeepAliveTransport
 from lockservice.client import LockClient
 from lockservice.grants import generate_keypair
 from payouts.embedded import EmbeddedEtcd, EmbeddedPostgres, free_port
@@ -43,21 +52,41 @@ def _ms(samples: list[float]) -> dict[str, float]:
     return {"p50_ms": round(statistics.median(ordered) * 1000, 3), "p99_ms": round(p99 * 1000, 3)}
 
 
-async def _timed(n: int, op: Callable[[], Awaitable[None]]) -> list[float]:
-    for _ in range(WARMUP):
-        await op()
-    out = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        await op()
-        out.append(time.perf_counter() - t0)
+Op = Callable[[], Awaitable[None]]
+ROUNDS = 10
+
+
+async def _interleaved(n: int, ops: dict[str, Op]) -> dict[str, list[float]]:
+    """Samples of every op, `n` each, taken in ROUNDS alternating rounds after a warm-up, so a
+    burst of load from elsewhere on the machine lands on all of them alike."""
+    for op in ops.values():
+        for _ in range(WARMUP):
+            await op()
+    out: dict[str, list[float]] = {name: [] for name in ops}
+    per_round = max(1, n // ROUNDS)
+    while any(len(v) < n for v in out.values()):
+        for name, op in ops.items():
+            samples = out[name]
+            for _ in range(min(per_round, n - len(samples))):
+                t0 = time.perf_counter()
+                await op()
+                samples.append(time.perf_counter() - t0)
     return out
+
+
+def loadavg() -> str:
+    """The 1/5/15-minute load averages (Linux), or "" where there are none."""
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return ""
 
 
 # --------------------------------------------------------------------------- floors
 
 
-async def etcd_floor(endpoints: list[str], n: int) -> list[float]:
+@contextlib.asynccontextmanager
+async def etcd_floor(endpoints: list[str]) -> AsyncIterator[Op]:
     """One compare-and-put txn (attached to a lease) plus one delete: the least an acquire and a
     release can cost on etcd."""
     import aetcd
@@ -77,14 +106,14 @@ async def etcd_floor(endpoints: list[str], n: int) -> list[float]:
             assert ok
             await client.delete(key)
 
-        samples = await _timed(n, op)
+        yield op
         await client.revoke_lease(lease.id)
-        return samples
     finally:
         await client.close()
 
 
-async def postgres_floor(database_url: str, n: int) -> list[float]:
+@contextlib.asynccontextmanager
+async def postgres_floor(database_url: str) -> AsyncIterator[Op]:
     """An upsert that grants and bumps a per-key counter, plus a compare-and-clear release:
     the statement pair an acquire+release needs at minimum, each its own autocommit."""
     import asyncpg
@@ -110,7 +139,7 @@ async def postgres_floor(database_url: str, n: int) -> list[float]:
             assert token is not None
             await release.fetch(key, "s", token)
 
-        return await _timed(n, op)
+        yield op
     finally:
         await conn.close()
 
@@ -157,15 +186,28 @@ async def lock_server(env: dict[str, str], log: Path) -> AsyncIterator[str]:
             proc.wait(5)
 
 
-async def through_server(url: str, n: int) -> list[float]:
-    async with LockClient(url) as locks:
+async def measure(url: str, floor: Op, n: int) -> dict[str, list[float]]:
+    """Through the server, the raw floor, one HTTP round trip, and the HTTP floor, interleaved."""
+    async with (
+        LockClient(url) as locks,
+        httpx.AsyncClient(base_url=url, transport=KeepAliveTransport()) as http,
+    ):
         key = f"bench:{uuid.uuid4().hex[:12]}"
 
-        async def op() -> None:
+        async def server() -> None:
             lease = await locks.acquire(key)
             await locks.release(lease)
 
-        return await _timed(n, op)
+        async def rtt() -> None:
+            (await http.get("/livez")).raise_for_status()
+
+        async def http_floor() -> None:
+            await rtt()  # the acquire's round trip
+            await rtt()  # the release's round trip
+            await floor()  # the backend work of both
+
+        ops = {"server": server, "floor": floor, "http_rtt": rtt, "http_floor": http_floor}
+        return await _interleaved(n, ops)
 
 
 # --------------------------------------------------------------------------- servers
@@ -204,7 +246,7 @@ async def _postgres(work: Path) -> AsyncIterator[str]:
 
 
 async def run(n: int) -> dict[str, Any]:
-    result: dict[str, Any] = {"n": n}
+    result: dict[str, Any] = {"n": n, "loadavg_before": loadavg()}
     with tempfile.TemporaryDirectory(prefix="lockbench-") as d:
         work = Path(d)
         # The embedded PostgreSQL runs as an unprivileged user under root.
@@ -217,23 +259,43 @@ async def run(n: int) -> dict[str, Any]:
                     "etcd": {"LOCK_BACKEND": "etcd", "ETCD_ENDPOINTS": ",".join(endpoints)},
                     "postgres": {"LOCK_BACKEND": "postgres", "DATABASE_URL": db},
                 }
-                floors: dict[str, Callable[[], Awaitable[list[float]]]] = {
-                    "etcd": lambda: etcd_floor(endpoints, n),
-                    "postgres": lambda: postgres_floor(db, n),
+                floors: dict[str, Callable[[], contextlib.AbstractAsyncContextManager[Op]]] = {
+                    "etcd": lambda: etcd_floor(endpoints),
+                    "postgres": lambda: postgres_floor(db),
                 }
                 for kind in ("etcd", "postgres"):
                     print(f"{kind}: starting lock server", flush=True)
                     server_env = {**env[kind], "LOCK_KEY_PREFIX": prefix}
-                    async with lock_server(server_env, work / f"server-{kind}.log") as url:
-                        print(f"{kind}: SDK -> {url} -> backend ...", flush=True)
-                        stats = _ms(await through_server(url, n))
-                    print(f"{kind}: floor (raw backend ops) ...", flush=True)
-                    floor = _ms(await floors[kind]())
-                    stats["floor_p50_ms"] = floor["p50_ms"]
-                    stats["floor_p99_ms"] = floor["p99_ms"]
-                    print(f"{kind}: {stats}", flush=True)
-                    result[kind] = stats
+                    log = work / f"server-{kind}.log"
+                    async with lock_server(server_env, log) as url, floors[kind]() as floor:
+                        print(f"{kind}: SDK -> {url} -> backend, and floors", flush=True)
+                        samples = await measure(url, floor, n)
+                    result[kind] = _stats(samples)
+                    print(f"{kind}: {result[kind]}", flush=True)
+    result["loadavg_after"] = loadavg()
     return result
+
+
+def _stats(samples: dict[str, list[float]]) -> dict[str, float]:
+    stats = _ms(samples["server"])
+    for name in ("floor", "http_floor", "http_rtt"):
+        s = _ms(samples[name])
+        stats[f"{name}_p50_ms"], stats[f"{name}_p99_ms"] = s["p50_ms"], s["p99_ms"]
+    stats["ratio_to_http_floor"] = round(stats["p50_ms"] / stats["http_floor_p50_ms"], 2)
+    return stats
+
+
+def table(result: dict[str, Any]) -> str:
+    """The figures as a readable table (ms)."""
+    cols: tuple[str, ...] = ("p50_ms", "p99_ms", "http_floor_p50_ms", "http_floor_p99_ms")
+    cols += ("floor_p50_ms",)
+    cols += ("floor_p99_ms", "http_rtt_p50_ms", "ratio_to_http_floor")
+    lines = ["backend   " + " ".join(f"{c.removesuffix('_ms'):>17}" for c in cols)]
+    for kind in ("etcd", "postgres"):
+        if kind in result:
+            lines.append(f"{kind:<9} " + " ".join(f"{result[kind][c]:>17}" for c in cols))
+    lines.append(f"loadavg before {result['loadavg_before']}  after {result['loadavg_after']}")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -241,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=2000, help="acquire+release pairs per backend")
     args = parser.parse_args(argv)
     result = asyncio.run(run(args.n))
+    print(table(result), flush=True)
     print(json.dumps(result), flush=True)
     return 0
 
