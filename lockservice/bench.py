@@ -7,7 +7,11 @@ run, interleaved round by round with it so that all three see the same machine l
 - `http_floor_*`: what the lock server cannot avoid: the raw operations above plus the two HTTP
   round trips an acquire+release needs (acquire, release), each to a trivial endpoint (`/livez`)
   of the same lock server process (FastAPI on uvicorn) through the SDK's own transport. One
-  sample is one such sequence, timed as a whole. `http_rtt_*` is one such round trip alone.
+  sample is one such sequence, timed as a whole. `http_rtt_*` is one such round trip alone;
+- `backend_*`: the project's own backend class (lockservice.backends, the code the server runs)
+  doing acquire+release in this process, no HTTP: what the backend's real statements cost
+  beyond the minimal floor (history rows, epoch, waiter wake-ups), and its events, written
+  to a file as the server writes them.
 
 Owns: starting (and always stopping) its own servers: embedded PostgreSQL unless DATABASE_URL is
 set (then a fresh database on that server, dropped at the end), embedded etcd unless
@@ -38,9 +42,12 @@ from typing import Any
 import httpx
 
 from lockservice._http import KeepAliveTransport
+from lockservice.api import Grant, LockBackend
+from lockservice.backends import create_backend
 from lockservice.client import LockClient
 from lockservice.grants import generate_keypair
 from payouts.embedded import EmbeddedEtcd, EmbeddedPostgres, free_port
+from payouts.logs import configure_logging
 from payouts.pgutil import create_database, drop_database
 
 WARMUP = 100
@@ -95,7 +102,8 @@ async def etcd_floor(endpoints: list[str]) -> AsyncIterator[Op]:
     client = aetcd.Client(host=host, port=int(port))
     await client.connect()
     try:
-        lease = await client.lease(30)
+        # Outlives the whole interleaved run (never kept alive); revoked at the end.
+        lease = await client.lease(3600)
         key = f"bench-floor/{uuid.uuid4().hex}".encode()
         t = client.transactions
 
@@ -186,8 +194,17 @@ async def lock_server(env: dict[str, str], log: Path) -> AsyncIterator[str]:
             proc.wait(5)
 
 
-async def measure(url: str, floor: Op, n: int) -> dict[str, list[float]]:
-    """Through the server, the raw floor, one HTTP round trip, and the HTTP floor, interleaved."""
+async def measure(url: str, floor: Op, backend: LockBackend, n: int) -> dict[str, list[float]]:
+    """Through the server, the raw floor, one HTTP round trip, the HTTP floor, and the backend
+    class alone, interleaved."""
+    session = await backend.open_session(30.0)
+    backend_key = f"bench-backend:{uuid.uuid4().hex[:12]}"
+
+    async def direct() -> None:
+        grant = await backend.acquire(session.session_id, backend_key, 0.0)
+        assert isinstance(grant, Grant)
+        await backend.release(grant)
+
     async with (
         LockClient(url) as locks,
         httpx.AsyncClient(base_url=url, transport=KeepAliveTransport()) as http,
@@ -207,7 +224,11 @@ async def measure(url: str, floor: Op, n: int) -> dict[str, list[float]]:
             await floor()  # the backend work of both
 
         ops = {"server": server, "floor": floor, "http_rtt": rtt, "http_floor": http_floor}
-        return await _interleaved(n, ops)
+        ops["backend"] = direct
+        try:
+            return await _interleaved(n, ops)
+        finally:
+            await backend.close_session(session.session_id)
 
 
 # --------------------------------------------------------------------------- servers
@@ -247,11 +268,14 @@ async def _postgres(work: Path) -> AsyncIterator[str]:
 
 async def run(n: int) -> dict[str, Any]:
     result: dict[str, Any] = {"n": n, "loadavg_before": loadavg()}
-    with tempfile.TemporaryDirectory(prefix="lockbench-") as d:
+    with tempfile.TemporaryDirectory(prefix="lockbench-") as d, contextlib.ExitStack() as stack:
         work = Path(d)
         # The embedded PostgreSQL runs as an unprivileged user under root.
         work.chmod(0o755)  # noqa: ASYNC240 - start-up, outside the measured loop
         print(f"work dir {work}; n={n} (+{WARMUP} warm-up) per measurement", flush=True)
+        # The backend class measured in-process emits its events, as in the server: to a file.
+        events = stack.enter_context((work / "backend-events.log").open("a"))
+        configure_logging("lock-bench", stream=events)
         async with _postgres(work) as db:
             with _etcd(work) as endpoints:
                 prefix = f"bench{uuid.uuid4().hex[:8]}/"
@@ -267,18 +291,38 @@ async def run(n: int) -> dict[str, Any]:
                     print(f"{kind}: starting lock server", flush=True)
                     server_env = {**env[kind], "LOCK_KEY_PREFIX": prefix}
                     log = work / f"server-{kind}.log"
-                    async with lock_server(server_env, log) as url, floors[kind]() as floor:
+                    async with (
+                        lock_server(server_env, log) as url,
+                        floors[kind]() as floor,
+                        _backend(kind, db, endpoints, f"{prefix}direct/") as backend,
+                    ):
                         print(f"{kind}: SDK -> {url} -> backend, and floors", flush=True)
-                        samples = await measure(url, floor, n)
+                        samples = await measure(url, floor, backend, n)
                     result[kind] = _stats(samples)
                     print(f"{kind}: {result[kind]}", flush=True)
     result["loadavg_after"] = loadavg()
     return result
 
 
+@contextlib.asynccontextmanager
+async def _backend(
+    kind: str, db: str, endpoints: list[str], prefix: str
+) -> AsyncIterator[LockBackend]:
+    backend = await create_backend(
+        "etcd" if kind == "etcd" else "postgres",
+        database_url=db,
+        etcd_endpoints=endpoints,
+        prefix=prefix,
+    )
+    try:
+        yield backend
+    finally:
+        await backend.close()
+
+
 def _stats(samples: dict[str, list[float]]) -> dict[str, float]:
     stats = _ms(samples["server"])
-    for name in ("floor", "http_floor", "http_rtt"):
+    for name in ("floor", "http_floor", "http_rtt", "backend"):
         s = _ms(samples[name])
         stats[f"{name}_p50_ms"], stats[f"{name}_p99_ms"] = s["p50_ms"], s["p99_ms"]
     stats["ratio_to_http_floor"] = round(stats["p50_ms"] / stats["http_floor_p50_ms"], 2)
@@ -288,8 +332,8 @@ def _stats(samples: dict[str, list[float]]) -> dict[str, float]:
 def table(result: dict[str, Any]) -> str:
     """The figures as a readable table (ms)."""
     cols: tuple[str, ...] = ("p50_ms", "p99_ms", "http_floor_p50_ms", "http_floor_p99_ms")
-    cols += ("floor_p50_ms",)
-    cols += ("floor_p99_ms", "http_rtt_p50_ms", "ratio_to_http_floor")
+    cols += ("floor_p50_ms", "floor_p99_ms", "http_rtt_p50_ms", "backend_p50_ms")
+    cols += ("ratio_to_http_floor",)
     lines = ["backend   " + " ".join(f"{c.removesuffix('_ms'):>17}" for c in cols)]
     for kind in ("etcd", "postgres"):
         if kind in result:
