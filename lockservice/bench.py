@@ -123,23 +123,28 @@ async def etcd_floor(endpoints: list[str]) -> AsyncIterator[Op]:
 @contextlib.asynccontextmanager
 async def postgres_floor(database_url: str) -> AsyncIterator[Op]:
     """An upsert that grants and bumps a per-key counter, plus a compare-and-clear release:
-    the statement pair an acquire+release needs at minimum, each its own autocommit."""
+    the statement pair an acquire+release needs at minimum, each its own autocommit.
+
+    On an ordinary (WAL-logged) table, because a lock service's tokens must survive a restart
+    (INV-04): each commit waits for its WAL flush like the real backend's. A TEMP table, which
+    this floor used before, writes no WAL and measured about a sixth of the durable cost on this
+    machine: a floor no lock service could reach (docs/performance.md)."""
     import asyncpg
 
     conn = await asyncpg.connect(database_url)
+    table = f"bench_floor_{uuid.uuid4().hex[:12]}"
     try:
         await conn.execute(
-            "CREATE TEMP TABLE bench_floor (key text PRIMARY KEY, counter bigint NOT NULL,"
-            " holder text)"
+            f"CREATE TABLE {table} (key text PRIMARY KEY, counter bigint NOT NULL, holder text)"
         )
         key = f"bench-floor/{uuid.uuid4().hex}"
         grant = await conn.prepare(
-            "INSERT INTO bench_floor AS f (key, counter, holder) VALUES ($1, 1, $2)"
+            f"INSERT INTO {table} AS f (key, counter, holder) VALUES ($1, 1, $2)"
             " ON CONFLICT (key) DO UPDATE SET counter = f.counter + 1, holder = $2"
             " WHERE f.holder IS NULL RETURNING counter"
         )
         release = await conn.prepare(
-            "UPDATE bench_floor SET holder = NULL WHERE key = $1 AND holder = $2 AND counter = $3"
+            f"UPDATE {table} SET holder = NULL WHERE key = $1 AND holder = $2 AND counter = $3"
         )
 
         async def op() -> None:
@@ -149,6 +154,8 @@ async def postgres_floor(database_url: str) -> AsyncIterator[Op]:
 
         yield op
     finally:
+        with contextlib.suppress(asyncpg.PostgresError, OSError):
+            await conn.execute(f"DROP TABLE IF EXISTS {table}")
         await conn.close()
 
 
