@@ -112,12 +112,29 @@ async def _burst(client: Client, shared: str, shape: str, n: int) -> dict[str, f
     }
 
 
+async def _serial(client: Client, shared: str, shape: str, n: int) -> float:
+    """p50 (ms) of `n` workflows run one after another: the hand-off latency on a quiet
+    engine, which a burst hides behind CPU saturation."""
+    wf, _ = SHAPES[shape]
+    latencies = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        await client.execute_workflow(
+            wf.run, shared, id=f"floor-{shape}-{uuid.uuid4().hex}", task_queue=shared
+        )
+        latencies.append(time.perf_counter() - t0)
+    return round(statistics.median(latencies) * 1000, 1)
+
+
 def _mean(runs: list[dict[str, float]]) -> dict[str, float]:
     return {k: round(statistics.mean(r[k] for r in runs), 2) for k in runs[0]}
 
 
-async def measure(n: int, workers: int, rounds: int, transfer_rps: int, work: Path) -> Any:
-    """Both shapes, alternated for `rounds` rounds, on one fresh dev server."""
+async def measure(
+    n: int, workers: int, rounds: int, transfer_rps: int, *, work: Path, serial: int
+) -> Any:
+    """Both shapes, alternated for `rounds` rounds of bursts, then `serial` one at a time, on
+    one fresh dev server."""
     args = [
         "--db-filename",
         str(work / f"temporal-{transfer_rps}.db"),
@@ -142,17 +159,23 @@ async def measure(n: int, workers: int, rounds: int, transfer_rps: int, work: Pa
                     res = await _burst(env.client, shared, shape, n)
                     print(f"transfer_rps={transfer_rps} round {r + 1} {shape}: {res}", flush=True)
                     results[shape].append(res)
-        return {shape: _mean(runs) for shape, runs in results.items()}
+            summary = {shape: _mean(runs) for shape, runs in results.items()}
+            for shape in SHAPES:
+                summary[shape]["serial_p50_ms"] = await _serial(env.client, shared, shape, serial)
+                print(f"transfer_rps={transfer_rps} one at a time {shape}: {summary[shape]}")
+        return summary
     finally:
         await env.shutdown()
 
 
-async def run(n: int, workers: int, rounds: int, rps_values: list[int]) -> dict[str, Any]:
+async def run(
+    n: int, workers: int, rounds: int, rps_values: list[int], serial: int
+) -> dict[str, Any]:
     out: dict[str, Any] = {"n": n, "workers": workers, "rounds": rounds}
     out["loadavg_before"] = loadavg()
     with tempfile.TemporaryDirectory(prefix="floorbench-") as d:
         for rps in rps_values:
-            by_shape = await measure(n, workers, rounds, rps, Path(d))
+            by_shape = await measure(n, workers, rounds, rps, work=Path(d), serial=serial)
             out[f"transfer_rps_{rps}"] = {
                 "baseline_floor": by_shape["today"],
                 "floor": by_shape["merged"],
@@ -162,7 +185,7 @@ async def run(n: int, workers: int, rounds: int, rps_values: list[int]) -> dict[
 
 
 def table(result: dict[str, Any]) -> str:
-    cols = ("throughput_per_s", "p50_ms", "p99_ms", "workflow_tasks")
+    cols = ("throughput_per_s", "p50_ms", "p99_ms", "serial_p50_ms", "workflow_tasks")
     lines = [f"{'transfer rps':<13}{'shape':<16}" + "".join(f"{c:>18}" for c in cols)]
     for key, val in result.items():
         if key.startswith("transfer_rps_"):
@@ -178,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=50, help="workflows per burst")
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=2, help="alternated rounds per shape")
+    parser.add_argument("--serial", type=int, default=20, help="one-at-a-time runs per shape")
     parser.add_argument(
         "--transfer-rps",
         default=f"{DEFAULT_TRANSFER_RPS},200",
@@ -188,9 +212,10 @@ def main(argv: list[str] | None = None) -> int:
         rps = [int(v) for v in args.transfer_rps.split(",") if v.strip()]
     except ValueError:
         parser.error("--transfer-rps: comma-separated integers")
-    if args.n < 1 or args.workers < 1 or args.rounds < 1 or not rps or min(rps) < 1:
-        parser.error("--n, --workers, --rounds and every --transfer-rps must be at least 1")
-    result = asyncio.run(run(args.n, args.workers, args.rounds, rps))
+    sizes = (args.n, args.workers, args.rounds, args.serial)
+    if min(sizes) < 1 or not rps or min(rps) < 1:
+        parser.error("--n, --workers, --rounds, --serial and --transfer-rps must be at least 1")
+    result = asyncio.run(run(args.n, args.workers, args.rounds, rps, args.serial))
     print(table(result), flush=True)
     print(json.dumps(result), flush=True)
     return 0

@@ -14,6 +14,7 @@ async def test_bench_floor_runs_both_shapes_and_prints_json_last() -> None:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         *("-m", "payouts.bench_floor", "--n", "3", "--rounds", "1", "--workers", "1"),
+        *("--serial", "2"),
         *("--transfer-rps", "20,100"),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -29,6 +30,7 @@ async def test_bench_floor_runs_both_shapes_and_prints_json_last() -> None:
         for shape in ("baseline_floor", "floor"):
             stats = figures[shape]
             assert stats["throughput_per_s"] > 0 and 0 < stats["p50_ms"] <= stats["p99_ms"]
+            assert stats["serial_p50_ms"] > 0
 
 
 async def test_bench_floor_refuses_bad_sizes_in_one_line() -> None:
