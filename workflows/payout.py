@@ -41,6 +41,9 @@ PATCH_QUEUED_REVOKE = "revoke-queued-outside-handler"
 PATCH_CONTINUE_AS_NEW = "continue-as-new"
 #: State, account and escalation are upserted as search attributes at every change.
 PATCH_SEARCH_ATTRIBUTES = "search-attributes"
+#: The acquire activity has a heartbeat timeout: one taken by a frozen worker's open long-poll
+#: times out in seconds instead of waiting out its whole start-to-close (issue 16, takeover).
+PATCH_ACQUIRE_HEARTBEAT = "acquire-heartbeat"
 
 # Database writes before handoff may be retried a few times; fenced rejections never are. A write
 # that still fails is not fatal: the critical section ends, the grant is released, and the run
@@ -341,6 +344,14 @@ class PayoutWorkflow:
         return timedelta(seconds=max(0.05, base * workflow.random().uniform(0.5, 1.0)))
 
     async def _acquire(self, inp: m.PayoutInput) -> m.AcquireResult | None:
+        # A frozen (SIGSTOPped) worker's open long-poll still receives this task; without a
+        # heartbeat timeout the task then waits out acquire_wait_s + 5 s before another worker
+        # may try. The activity heartbeats while it waits on the lock server. Money cannot move
+        # twice through this: a grant obtained by an attempt Temporal already timed out goes to
+        # nobody (the idle sweeper releases it), and a later grant has a higher token.
+        heartbeat = None
+        if workflow.patched(PATCH_ACQUIRE_HEARTBEAT):
+            heartbeat = timedelta(seconds=inp.holder_heartbeat_timeout_s)
         try:
             result: m.AcquireResult = await workflow.execute_activity(
                 m.ACQUIRE_LOCK,
@@ -352,6 +363,7 @@ class PayoutWorkflow:
                 ),
                 result_type=m.AcquireResult,
                 start_to_close_timeout=timedelta(seconds=inp.acquire_wait_s + 5),
+                heartbeat_timeout=heartbeat,
                 # The SDK already retries transport errors a bounded number of times with
                 # jitter; the workflow's own backoff handles the rest. One attempt here.
                 retry_policy=RetryPolicy(maximum_attempts=1),
