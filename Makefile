@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test lint fmt typecheck bench-locks demo chaos clean
+.PHONY: venv test lint fmt typecheck bench-locks bench-floor demo chaos clean
 
 venv: $(STAMP)
 
@@ -35,6 +35,13 @@ typecheck: venv
 # Uncontended acquire+release through SDK -> lock server -> backend, beside the raw-backend floor.
 bench-locks: venv
 	$(BIN)/python -m lockservice.bench
+
+# Temporal alone for no-op workflows of today's payout shape and of the merged shape, on the dev
+# server's default transfer-queue read rate and a raised one (issue 16; docs/performance.md).
+# Sizes: make bench-floor FLOOR_ARGS="--n 200 --rounds 4"
+FLOOR_ARGS ?=
+bench-floor: venv
+	$(BIN)/python -m payouts.bench_floor $(FLOOR_ARGS)
 
 # The main job on embedded defaults: stack, 200 payouts over 50 accounts, the pause experiment,
 # reconciliation, invariants, and a report. Exits 0 only if every check holds.

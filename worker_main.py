@@ -215,8 +215,12 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
                 # before any worker may take it (and replay the whole history). Not shorter: on
                 # a busy machine a 3 s timeout fired for healthy workers, and every timeout was
                 # a replay, which made the machine busier still (a 2,000-payout run fell to
-                # 1 payout/s). A paused or dead worker's workflows move on after this.
-                sticky_queue_schedule_to_start_timeout=timedelta(seconds=10),
+                # 1 payout/s). A paused or dead worker's workflows move on after this. Never
+                # longer than one lock TTL, so that a frozen holder's workflows are taken over
+                # within about two lease lengths (issue 16); 10 s at the default 15 s TTL.
+                sticky_queue_schedule_to_start_timeout=timedelta(
+                    seconds=min(10.0, settings.lock_ttl_s)
+                ),
                 max_concurrent_activities=settings.shared_max_concurrent_activities,
             )
             holder = Worker(

@@ -328,7 +328,10 @@ class PayoutActivities:
 
     async def _acquire_lock(self, req: m.AcquireRequest) -> m.AcquireResult:
         try:
-            lease = await self._locks.acquire(lock_key(req.account_id), req.wait_s)
+            # Heartbeats while it waits on the lock server: the workflow gives this activity a
+            # heartbeat timeout, so one taken by a frozen worker is retried elsewhere in seconds.
+            async with _heartbeating():
+                lease = await self._locks.acquire(lock_key(req.account_id), req.wait_s)
         except NotAcquiredError as exc:
             return m.AcquireResult(acquired=False, reason=exc.reason)
         except (LockError, httpx.HTTPError) as exc:

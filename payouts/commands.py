@@ -18,6 +18,7 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -253,16 +254,21 @@ async def start_workflows(
         nonlocal started
         async with sem:
             with contextlib.suppress(WorkflowAlreadyStartedError):  # it exists: keep it
+                inp = PayoutInput(
+                    payout_id=s.payout_id,
+                    account_id=s.account_id,
+                    correlation_id=s.payout_id,
+                    **input_overrides,
+                )
                 await client.start_workflow(
                     PayoutWorkflow.run,
-                    PayoutInput(
-                        payout_id=s.payout_id,
-                        account_id=s.account_id,
-                        correlation_id=s.payout_id,
-                        **input_overrides,
-                    ),
+                    inp,
                     id=f"payout-{s.payout_id}",
                     task_queue=queue,
+                    # A workflow task a frozen worker's long-poll took is retried elsewhere after
+                    # this: no longer than the holder heartbeat timeout (10 s, Temporal's own
+                    # default, unless a run shortens it), so takeover scales with it (issue 16).
+                    task_timeout=timedelta(seconds=min(10.0, inp.holder_heartbeat_timeout_s)),
                     # Findable by state from the start, before its first workflow task runs.
                     search_attributes=TypedSearchAttributes(
                         [

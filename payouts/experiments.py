@@ -224,6 +224,7 @@ async def pause_experiment(
             return process_state(w1.pid or 0) == "T"
 
         await _until("W1 to claim and freeze itself (SIGSTOP)", w1_frozen)
+        frozen_at = time.monotonic()
         t1 = int((await _payout_row(stack.database_url, payout_id))["fence"])
         progress(
             f"W1 frozen after claiming with T1={t1}; its lease expires in {LOCK_TTL_S:.0f}s "
@@ -235,8 +236,9 @@ async def pause_experiment(
             return str((await _payout_row(stack.database_url, payout_id))["state"]) == "POSTED"
 
         await _until("W2 to execute the payout to POSTED", posted)
+        takeover_s = round(time.monotonic() - frozen_at, 1)  # a figure, never asserted
         t2 = int((await _payout_row(stack.database_url, payout_id))["fence"])
-        progress(f"W2 posted the payout with T2={t2}; resuming W1 (SIGCONT)")
+        progress(f"W2 posted the payout with T2={t2} {takeover_s}s after W1 froze; resuming W1")
         stack.kill("worker-W1", signal.SIGCONT)
         w1_log = w1.log_path
 
@@ -272,6 +274,7 @@ async def pause_experiment(
             "amount": amount,
             "t1": t1,
             "t2": t2,
+            "takeover_s": takeover_s,
             "final_state": extract["payout"][0]["state"],
             "rail_movements": len(movements),
             "rail_debited": rail_debited,

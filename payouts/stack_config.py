@@ -105,6 +105,24 @@ class Ports:
         )
 
 
+#: PAYOUTS_TEMPORAL_TRANSFER_RPS's default (the dev server's own is 20; docs/performance.md).
+DEFAULT_TEMPORAL_TRANSFER_RPS = 200
+_TRANSFER_RPS_VAR = "PAYOUTS_TEMPORAL_TRANSFER_RPS"
+
+
+def _transfer_rps(env: Mapping[str, str]) -> int:
+    raw = env.get(_TRANSFER_RPS_VAR, "").strip()
+    if not raw:
+        return DEFAULT_TEMPORAL_TRANSFER_RPS
+    try:
+        value = int(raw)
+    except ValueError:
+        raise StackError(f"{_TRANSFER_RPS_VAR}={raw!r} is not an integer") from None
+    if not 1 <= value <= 10_000:
+        raise StackError(f"{_TRANSFER_RPS_VAR}={value} is outside 1..10000")
+    return value
+
+
 @dataclass(frozen=True, kw_only=True)
 class StackConfig:
     """What `payouts up` starts. Build it with `StackConfig.from_env(...)` or directly."""
@@ -126,6 +144,9 @@ class StackConfig:
     #: Extra environment per service name (e.g. {"railstub": {"RAILSTUB_AMBIGUITY_RATE": "0.005"}},
     #: {"lock-server": {"LOCK_DEFAULT_TTL_S": "2"}}); "*" applies to every child.
     service_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    #: The dev server's history.transferProcessorMaxPollRPS: how often its one history shard's
+    #: transfer queue is read, which bounds every task hand-off (docs/performance.md).
+    temporal_transfer_rps: int = DEFAULT_TEMPORAL_TRANSFER_RPS
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> StackConfig:
@@ -140,6 +161,7 @@ class StackConfig:
             database_url=env.get("DATABASE_URL") or None,
             etcd_endpoints=tuple(endpoints) or None,
             ports=Ports.from_env(env),
+            temporal_transfer_rps=_transfer_rps(env),
         )
         return replace(base, **overrides)  # type: ignore[arg-type]  # keyword overrides of fields
 

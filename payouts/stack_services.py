@@ -230,6 +230,10 @@ class ServiceFactory:
                 "--db-filename",
                 str(self.config.run_dir / "temporal.db"),
                 *TEMPORAL_SQLITE_PRAGMAS,
+                # Every task hand-off waits for the next read of the one shard's transfer queue;
+                # the dev server reads it at most 20 times a second unless told otherwise.
+                "--dynamic-config-value",
+                f"history.transferProcessorMaxPollRPS={self.config.temporal_transfer_rps}",
                 "--log-level",
                 "warn",
                 "--ui-disable-news-fetch",  # no outbound call from a local stack

@@ -42,6 +42,12 @@ PATCH_QUEUED_REVOKE = "revoke-queued-outside-handler"
 PATCH_CONTINUE_AS_NEW = "continue-as-new"
 #: State, account and escalation are upserted as search attributes at every change.
 PATCH_SEARCH_ATTRIBUTES = "search-attributes"
+#: The acquire activity has a heartbeat timeout: one taken by a frozen worker's open long-poll
+#: times out in seconds instead of waiting out its whole start-to-close (issue 16, takeover).
+PATCH_ACQUIRE_HEARTBEAT = "acquire-heartbeat"
+#: After a holder step timed out, the release on that holder's queue is one attempt bounded by
+#: the holder heartbeat timeout: a frozen worker's long-poll takes it and holds it for no longer.
+PATCH_SHORT_RELEASE_AFTER_TIMEOUT = "short-release-after-holder-timeout"
 
 # Database writes before handoff may be retried a few times; fenced rejections never are. A write
 # that still fails is not fatal: the critical section ends, the grant is released, and the run
@@ -342,6 +348,14 @@ class PayoutWorkflow:
         return timedelta(seconds=max(0.05, base * workflow.random().uniform(0.5, 1.0)))
 
     async def _acquire(self, inp: m.PayoutInput) -> m.AcquireResult | None:
+        # A frozen (SIGSTOPped) worker's open long-poll still receives this task; without a
+        # heartbeat timeout the task then waits out acquire_wait_s + 5 s before another worker
+        # may try. The activity heartbeats while it waits on the lock server. Money cannot move
+        # twice through this: a grant obtained by an attempt Temporal already timed out goes to
+        # nobody (the idle sweeper releases it), and a later grant has a higher token.
+        heartbeat = None
+        if workflow.patched(PATCH_ACQUIRE_HEARTBEAT):
+            heartbeat = timedelta(seconds=inp.holder_heartbeat_timeout_s)
         try:
             result: m.AcquireResult = await workflow.execute_activity(
                 m.ACQUIRE_LOCK,
@@ -353,6 +367,7 @@ class PayoutWorkflow:
                 ),
                 result_type=m.AcquireResult,
                 start_to_close_timeout=timedelta(seconds=inp.acquire_wait_s + 5),
+                heartbeat_timeout=heartbeat,
                 # The SDK already retries transport errors a bounded number of times with
                 # jitter; the workflow's own backoff handles the rest. One attempt here.
                 retry_policy=RetryPolicy(maximum_attempts=1),
@@ -430,6 +445,7 @@ class PayoutWorkflow:
         """Run the steps the payout's state calls for, under one grant. Returns whether the
         payout progressed (False: retry later after a backoff)."""
         queue = grant.worker_queue
+        holder_timed_out = False
         try:
             # FR-14: re-read after acquiring; holding the lock does not mean there is work.
             view = await self._on_holder(
@@ -444,9 +460,11 @@ class PayoutWorkflow:
                 return True
             # A timeout means the holder's worker died or stalled: re-acquire at once, and
             # recovery reads the state afresh. Anything else: back off before the next try.
-            return isinstance(err.cause, ActivityTimeout)
+            holder_timed_out = isinstance(err.cause, ActivityTimeout)
+            return holder_timed_out
         finally:
-            await self._release(inp, grant)
+            short = holder_timed_out and workflow.patched(PATCH_SHORT_RELEASE_AFTER_TIMEOUT)
+            await self._release(inp, grant, short=short)
 
     async def _advance(
         self, inp: m.PayoutInput, grant: m.AcquireResult, view: m.PayoutView
@@ -526,15 +544,22 @@ class PayoutWorkflow:
             workflow.logger.error("unexpected payout state %s", state)
             return False
 
-    async def _release(self, inp: m.PayoutInput, grant: m.AcquireResult) -> None:
+    async def _release(
+        self, inp: m.PayoutInput, grant: m.AcquireResult, *, short: bool = False
+    ) -> None:
+        # `short`: the holder just timed out (frozen, dead or stalled). Its frozen long-poll may
+        # take this task too, so one attempt bounded by the heartbeat timeout, not two of 10 s
+        # (21 s of a 45 s takeover, issue 16); a release that does not happen only delays the
+        # next holder until the lease expires (or the holder's idle sweeper), never safety.
+        limit = min(10.0, inp.holder_heartbeat_timeout_s) if short else 10.0
         try:
             await workflow.execute_activity(
                 m.RELEASE_LOCK,
                 self._step(inp, grant, "release"),
                 task_queue=grant.worker_queue,
                 schedule_to_start_timeout=timedelta(seconds=inp.holder_pickup_s),
-                start_to_close_timeout=timedelta(seconds=10),
-                retry_policy=RetryPolicy(maximum_attempts=2),
+                start_to_close_timeout=timedelta(seconds=limit),
+                retry_policy=RetryPolicy(maximum_attempts=1 if short else 2),
             )
         except ActivityError as err:
             # A lost release only delays the next holder until the lease expires; safety never

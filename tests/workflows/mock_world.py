@@ -6,6 +6,7 @@ real components elsewhere.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,7 +27,10 @@ class MockWorld:
         default_factory=lambda: ["ack"]
     )  # ack|decline|unknown|not_submitted
     lookup_script: list[str] = field(default_factory=lambda: ["settled"])
-    acquire_script: list[str] = field(default_factory=list)  # "unavailable" | "held" | "dead_queue"
+    # "unavailable" | "held" | "dead_queue" | "frozen" (never answers nor heartbeats, like a
+    # SIGSTOPped worker whose open long-poll took the task)
+    acquire_script: list[str] = field(default_factory=list)
+    release_script: list[str] = field(default_factory=list)  # "frozen"
     claim_script: list[str] = field(default_factory=list)  # "fenced" | a state to report
     attempt: m.AttemptView | None = None
     calls: list[tuple[str, int]] = field(default_factory=list)
@@ -61,6 +65,8 @@ class MockWorld:
         async def acquire(req: m.AcquireRequest) -> m.AcquireResult:
             step = world.acquire_script.pop(0) if world.acquire_script else "ok"
             world.calls.append(("acquire:" + step, 0))
+            if step == "frozen":
+                await _frozen()
             if step == "unavailable":
                 raise ApplicationError("lock service unreachable", type="BackendUnavailable")
             if step == "held":
@@ -86,6 +92,8 @@ class MockWorld:
         async def submit(req: m.StepRequest) -> m.PayoutView:
             world.calls.append(("submit", req.token))
             outcome = world.submit_script.pop(0)
+            if outcome == "frozen":
+                await _frozen()
             if outcome == "not_submitted":
                 world.attempt = m.AttemptView(attempt_id="a", outcome="NOT_SUBMITTED")
                 return world.view(detail="CIRCUIT_OPEN", handoff_certainty="NOT_SUBMITTED")
@@ -116,6 +124,8 @@ class MockWorld:
         @activity.defn(name=m.RELEASE_LOCK)
         async def release(req: m.StepRequest) -> None:
             world.calls.append(("release", req.token))
+            if world.release_script and world.release_script.pop(0) == "frozen":
+                await _frozen()
 
         @activity.defn(name=m.LOOKUP_RAIL)
         async def lookup(req: m.LookupRequest) -> m.LookupResult:
@@ -174,3 +184,8 @@ class MockWorld:
 
     def names(self) -> list[str]:
         return [name for name, _ in self.calls]
+
+
+async def _frozen() -> None:
+    """A frozen worker's activity: no answer, no heartbeat, until the worker shuts down."""
+    await asyncio.Event().wait()

@@ -1,0 +1,45 @@
+"""`make bench-locks` (`python -m lockservice.bench`) run tiny as a real subprocess against the
+suite's real PostgreSQL and etcd: it ends with one JSON line carrying, per backend, the figures
+and both floors of the same run. Figures are never asserted against a timing (the machine is
+shared); only that each was measured."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+
+FIGURES = ("p50_ms", "p99_ms", "floor_p50_ms", "http_floor_p50_ms", "http_rtt_p50_ms")
+
+
+async def test_bench_locks_prints_both_floors_as_its_last_line(
+    pg_server_url: str, etcd_endpoints: list[str]
+) -> None:
+    env = {**os.environ, "DATABASE_URL": pg_server_url, "ETCD_ENDPOINTS": ",".join(etcd_endpoints)}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "lockservice.bench",
+        "--n",
+        "20",
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    lines = out.decode().strip().splitlines()
+    result = json.loads(lines[-1])
+    assert result["n"] == 20
+    assert "http_floor_p50" in out.decode()  # the table precedes the JSON line
+    for kind in ("etcd", "postgres"):
+        stats = result[kind]
+        for name in FIGURES:
+            assert stats[name] > 0, (kind, name, stats)
+        # The HTTP floor contains the raw floor (it runs the same operations plus two trips).
+        assert stats["http_floor_p50_ms"] >= stats["http_rtt_p50_ms"]
+        assert stats["ratio_to_http_floor"] == round(
+            stats["p50_ms"] / stats["http_floor_p50_ms"], 2
+        )
+    assert result["loadavg_before"] and result["loadavg_after"]

@@ -1,0 +1,40 @@
+"""No-op workflows of the payout's shapes, for the engine-floor benchmark (payouts.bench_floor).
+
+Owns: two shapes. `FloorToday`: today's PayoutWorkflow commands (one activity on the shared queue
+returning a worker queue, then claim, submit, post and release on that queue: 5 activities, 6
+workflow tasks). `FloorMerged`: claim+submit+post as one holder activity and release after it
+(3 activities, 4 workflow tasks). Must never: touch money, a lock or a database; it measures what
+Temporal alone costs for a workflow of that shape.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+
+_T = timedelta(seconds=60)
+
+
+@workflow.defn(name="FloorToday")
+class FloorToday:
+    @workflow.run
+    async def run(self, shared_queue: str) -> int:
+        queue: str = await workflow.execute_activity(
+            "floor_acquire", task_queue=shared_queue, start_to_close_timeout=_T
+        )
+        for step in ("floor_claim", "floor_submit", "floor_post", "floor_release"):
+            await workflow.execute_activity(step, task_queue=queue, start_to_close_timeout=_T)
+        return 6
+
+
+@workflow.defn(name="FloorMerged")
+class FloorMerged:
+    @workflow.run
+    async def run(self, shared_queue: str) -> int:
+        queue: str = await workflow.execute_activity(
+            "floor_acquire", task_queue=shared_queue, start_to_close_timeout=_T
+        )
+        for step in ("floor_execute", "floor_release"):
+            await workflow.execute_activity(step, task_queue=queue, start_to_close_timeout=_T)
+        return 4
