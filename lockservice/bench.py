@@ -41,6 +41,7 @@ from typing import Any
 
 import httpx
 
+from common.credentials import issue_tokens, read_token, write_credentials
 from lockservice._http import KeepAliveTransport
 from lockservice.api import Grant, LockBackend
 from lockservice.backends import create_backend
@@ -163,12 +164,17 @@ async def postgres_floor(database_url: str) -> AsyncIterator[Op]:
 
 
 @contextlib.asynccontextmanager
-async def lock_server(env: dict[str, str], log: Path) -> AsyncIterator[str]:
-    """A `python -m lockservice serve` subprocess on a free port; terminated on exit."""
+async def lock_server(env: dict[str, str], log: Path) -> AsyncIterator[tuple[str, str]]:
+    """A `python -m lockservice serve` subprocess on a free port, and the worker token it
+    accepts; terminated on exit."""
     port = free_port()
     keys = generate_keypair(log.parent / "keys", "bench-k1")  # every grant is signed
+    # The benchmark calls as the worker does: with the worker's bearer credential.
+    tokens = issue_tokens(log.parent / "tokens", {"worker": "component"})
+    creds = write_credentials(log.parent / "lock-credentials.json", {"worker": "component"}, tokens)
     full_env = {
         **os.environ,
+        "LOCK_CREDENTIALS_PATH": str(creds),
         "LOCK_SIGNING_KEY_PATH": str(keys.private_path),
         "LOCK_SIGNING_KEY_ID": keys.kid,
         **env,
@@ -191,7 +197,9 @@ async def lock_server(env: dict[str, str], log: Path) -> AsyncIterator[str]:
                 await asyncio.sleep(0.05)
             else:
                 raise RuntimeError(f"lock server did not become healthy; see {log}")
-        yield url
+        token = read_token(token_file=tokens["worker"], what="bench worker token")
+        assert token is not None
+        yield url, token
     finally:
         proc.terminate()
         try:
@@ -201,7 +209,9 @@ async def lock_server(env: dict[str, str], log: Path) -> AsyncIterator[str]:
             proc.wait(5)
 
 
-async def measure(url: str, floor: Op, backend: LockBackend, n: int) -> dict[str, list[float]]:
+async def measure(
+    url: str, token: str, floor: Op, backend: LockBackend, n: int
+) -> dict[str, list[float]]:
     """Through the server, the raw floor, one HTTP round trip, the HTTP floor, and the backend
     class alone, interleaved."""
     session = await backend.open_session(30.0)
@@ -213,7 +223,7 @@ async def measure(url: str, floor: Op, backend: LockBackend, n: int) -> dict[str
         await backend.release(grant)
 
     async with (
-        LockClient(url) as locks,
+        LockClient(url, token=token) as locks,
         httpx.AsyncClient(base_url=url, transport=KeepAliveTransport()) as http,
     ):
         key = f"bench:{uuid.uuid4().hex[:12]}"
@@ -299,12 +309,12 @@ async def run(n: int) -> dict[str, Any]:
                     server_env = {**env[kind], "LOCK_KEY_PREFIX": prefix}
                     log = work / f"server-{kind}.log"
                     async with (
-                        lock_server(server_env, log) as url,
+                        lock_server(server_env, log) as (url, token),
                         floors[kind]() as floor,
                         _backend(kind, db, endpoints, f"{prefix}direct/") as backend,
                     ):
                         print(f"{kind}: SDK -> {url} -> backend, and floors", flush=True)
-                        samples = await measure(url, floor, backend, n)
+                        samples = await measure(url, token, floor, backend, n)
                     result[kind] = _stats(samples)
                     print(f"{kind}: {result[kind]}", flush=True)
     result["loadavg_after"] = loadavg()
