@@ -5,6 +5,7 @@
 #   payouts reconcile schedule (one-shot job) | payouts reconcile run | payouts check-invariants
 # Built and linted statically here (tests/deploy): no container engine runs on our machines.
 
+# checkov:skip=CKV_DOCKER_7: the base is ARG PYTHON_IMAGE, pinned to python:3.11.11-slim-bookworm; checkov cannot resolve the ARG
 ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
 
 # --- build: a virtual environment at the versions CI tested (constraints.txt) ----------------
