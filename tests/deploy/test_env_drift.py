@@ -104,3 +104,33 @@ def test_literal_environment_reads_are_found() -> None:
         "ledger.reconcile_cli"
     )
     assert "DATABASE_URL" in envcontract.literal_environment_reads("payouts.cli")
+
+
+def test_image_copies_every_package_the_project_installs() -> None:
+    """A package added to pyproject (e.g. split out of another) must reach the image."""
+    import re
+    import tomllib
+
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    include = pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = {p.removesuffix("*") for p in include}
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    copied = set(re.findall(r"^COPY (\w+)/ \1/$", dockerfile, re.M))
+    allowed = set(re.findall(r"^!(\w+)/$", (ROOT / ".dockerignore").read_text(), re.M))
+    assert copied == packages and allowed == packages
+    for module in pyproject["tool"]["setuptools"]["py-modules"]:
+        assert f"{module}.py" in dockerfile
+
+
+def test_compose_registers_every_search_attribute_the_workflow_upserts() -> None:
+    from workflows.search_attributes import _KINDS
+
+    command = compose()["services"]["temporal-setup"]["command"]
+    pairs = dict(
+        zip(
+            [c.removeprefix("--name=") for c in command if c.startswith("--name=")],
+            [c.removeprefix("--type=") for c in command if c.startswith("--type=")],
+            strict=True,
+        )
+    )
+    assert pairs == _KINDS
