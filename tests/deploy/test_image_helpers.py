@@ -1,0 +1,81 @@
+"""The image's HEALTHCHECK probe against a real HTTP server, and the compose secrets generator."""
+
+from __future__ import annotations
+
+import http.server
+import re
+import socket
+import stat
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from payouts import healthcheck
+from tests.deploy.conftest import ROOT
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_response(200 if self.path == "/health" else 503)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def server() -> Iterator[str]:
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_healthcheck_passes_on_2xx_and_fails_otherwise(server: str) -> None:
+    assert healthcheck.main([f"{server}/health"]) == 0
+    assert healthcheck.main([f"{server}/unhealthy"]) == 1
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    assert healthcheck.main([f"http://127.0.0.1:{closed}/health"]) == 1
+    assert healthcheck.main(["file:///etc/passwd"]) == 1
+
+
+def test_healthcheck_needs_a_url(monkeypatch: pytest.MonkeyPatch, server: str) -> None:
+    monkeypatch.delenv("HEALTHCHECK_URL", raising=False)
+    assert healthcheck.main([]) == 1
+    monkeypatch.setenv("HEALTHCHECK_URL", f"{server}/health")
+    assert healthcheck.main([]) == 0
+
+
+def test_gen_env_writes_private_random_secrets_once(tmp_path: Path) -> None:
+    env, keys = tmp_path / "compose.env", tmp_path / "secrets"
+    cmd = [
+        sys.executable,
+        str(ROOT / "deploy" / "gen_env.py"),
+        "--env-file",
+        str(env),
+        "--secrets-dir",
+        str(keys),
+    ]
+    subprocess.run(cmd, check=True, capture_output=True)
+    first = env.read_text()
+    values = dict(line.split("=", 1) for line in first.splitlines() if not line.startswith("#"))
+    compose_vars = set(
+        re.findall(r"\$\{([A-Z_]+_PASSWORD):\?", (ROOT / "docker-compose.yml").read_text())
+    )
+    assert set(values) == compose_vars  # every password compose needs, nothing else
+    assert len(set(values.values())) == len(values) and all(len(v) >= 32 for v in values.values())
+    assert stat.S_IMODE(env.stat().st_mode) == 0o600
+    assert stat.S_IMODE(keys.stat().st_mode) == 0o700
+    assert (keys / "private" / "compose-k1.pem").read_text().startswith("-----BEGIN PRIVATE KEY")
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    assert "kept" in out and env.read_text() == first  # a second run changes nothing
+    for value in values.values():
+        assert value not in out
