@@ -47,7 +47,9 @@ class Role:
     #: (schema, privileges, table or "*" for every table of the schema). Privileges may name
     #: columns, e.g. "UPDATE (status)".
     grants: tuple[tuple[str, str, str], ...]
-    sequences: tuple[str, ...] = ()  # schemas whose sequences it may use (bigserial ids)
+    #: Schemas whose sequences it may use (bigserial ids), and how: "USAGE" (nextval), plus
+    #: "SELECT" where the code reads a sequence's last_value.
+    sequences: tuple[tuple[str, str], ...] = ()
     functions: tuple[str, ...] = ()  # schemas whose functions it may call
 
 
@@ -65,7 +67,7 @@ ROLES: tuple[Role, ...] = (
             ("lockservice", "SELECT, INSERT", "audit"),
             ("lockservice", "SELECT", "schema_migrations"),
         ),
-        sequences=("lockservice",),
+        sequences=(("lockservice", "USAGE, SELECT"),),  # SELECT: grant_history_id_seq read
         functions=("lockservice",),
     ),
     Role(
@@ -76,7 +78,7 @@ ROLES: tuple[Role, ...] = (
             ("railproxy", "SELECT, INSERT, UPDATE", "attempts"),
             ("railproxy", "SELECT", "schema_migrations"),
         ),
-        sequences=("railproxy",),
+        sequences=(("railproxy", "USAGE"),),
     ),
     Role(
         PAYDB,
@@ -91,7 +93,7 @@ ROLES: tuple[Role, ...] = (
             ("paydb", "SELECT, INSERT", "audit_log"),
             ("paydb", "INSERT", "outbox"),
         ),
-        sequences=("paydb",),
+        sequences=(("paydb", "USAGE"),),
     ),
     Role(
         OUTBOX,
@@ -100,7 +102,7 @@ ROLES: tuple[Role, ...] = (
             ("paydb", f"SELECT, UPDATE ({_OUTBOX_UPDATED})", "outbox"),
             ("paydb", "INSERT", "audit_log"),  # operator retry/discard is audited
         ),
-        sequences=("paydb",),
+        sequences=(("paydb", "USAGE"),),
     ),
     Role(
         RECONCILER,
@@ -224,9 +226,11 @@ async def _grant_role(conn: asyncpg.Connection, role: Role, tables: dict[str, se
         else:
             continue
         await conn.execute(f"GRANT {privileges} ON {target} TO {role.name}")
-    for schema in role.sequences:
+    for schema, privileges in role.sequences:
         if schema in tables:
-            await conn.execute(f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA {schema} TO {role.name}")
+            await conn.execute(
+                f"GRANT {privileges} ON ALL SEQUENCES IN SCHEMA {schema} TO {role.name}"
+            )
     for schema in role.functions:
         if schema in tables:
             await conn.execute(f"GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA {schema} TO {role.name}")

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from payouts.db_roles import role_url
+from payouts.db_roles import LOCKSERVICE, role_url
 from payouts.embedded import EmbeddedEtcd, EmbeddedPostgres, temporal_binary
 from payouts.migrate import migrate
 from payouts.pgutil import create_database, drop_database
@@ -68,6 +68,14 @@ def database_url(pg_server_url: str) -> Iterator[str]:
         yield url
     finally:
         asyncio.run(drop_database(pg_server_url, url))
+
+
+@pytest.fixture(scope="session")
+def lock_database_url(database_url: str) -> str:
+    """The session database with the lockservice schema migrated by the admin DSN, as the lock
+    server's own role (payouts_lockservice): what the postgres lock backend connects as."""
+    asyncio.run(migrate(database_url, schemas={"lockservice"}))
+    return as_role(database_url, LOCKSERVICE)
 
 
 @pytest.fixture(scope="session")

@@ -14,6 +14,8 @@ from pathlib import Path
 import asyncpg
 
 from ledger import PayoutStore, WorkContext
+from payouts.db_roles import OUTBOX
+from tests.conftest import as_role
 from tests.outbox.conftest import (
     FinLedger,
     MakePublisher,
@@ -28,7 +30,7 @@ PAYOUTS = [str(Path(sys.executable).parent / "payouts")]
 
 def publisher_env(db: str, ledger_url: str) -> dict[str, str]:
     return os.environ | {
-        "DATABASE_URL": db,
+        "OUTBOX_DATABASE_URL": as_role(db, OUTBOX),  # the publisher's own role
         "OUTBOX_FINLEDGER_URL": ledger_url,
         "OUTBOX_HTTP_TIMEOUT_S": "1.5",
         "OUTBOX_LEASE_S": "3",
@@ -102,7 +104,7 @@ async def test_publisher_killed_mid_delivery_then_restarted(
 
 def cli(db: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [*PAYOUTS, "outbox", *args, "--database-url", db],
+        [*PAYOUTS, "outbox", *args, "--database-url", as_role(db, OUTBOX)],
         check=False,
         capture_output=True,
         text=True,
