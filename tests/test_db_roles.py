@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import asyncpg
 import pytest
@@ -212,12 +213,10 @@ async def test_concurrent_migrations_on_one_cluster_agree(pg_server_url: str) ->
             await drop_database(pg_server_url, u)
 
 
-async def test_passwords_come_from_configuration(roles_db: str, tmp_path: object) -> None:
+async def test_passwords_come_from_configuration(roles_db: str, tmp_path: Path) -> None:
     """`DB_ROLE_PASSWORDS_DIR` files set the role's password (ALTER ROLE from configuration);
     a file readable by others or an unknown role is a clear error."""
-    from pathlib import Path
-
-    folder = Path(str(tmp_path))
+    folder = tmp_path
     (folder / CHECKER).write_text("s3cret-from-config\n")
     (folder / CHECKER).chmod(0o644)
     with pytest.raises(RoleConfigError, match="chmod 600"):
@@ -235,3 +234,29 @@ async def test_passwords_come_from_configuration(roles_db: str, tmp_path: object
         assert stored is not None and stored.startswith("SCRAM-SHA-256$")
     finally:
         await conn.close()
+
+
+def test_db_migrate_command_reads_the_password_directory(roles_db: str, tmp_path: Path) -> None:
+    """`payouts db migrate --role-passwords DIR`: a too-open file is one clear error before
+    anything is applied; a 0600 file sets that role's password."""
+    from payouts.cli import main
+
+    secret = tmp_path / RAILPROXY
+    secret.write_text("from-the-command\n")
+    secret.chmod(0o640)
+    argv = ["db", "migrate", "--database-url", roles_db, "--role-passwords", str(tmp_path)]
+    with pytest.raises(SystemExit, match=r"^error: .*readable by others; chmod 600 it$"):
+        main(argv)
+    secret.chmod(0o600)
+    assert main(argv) == 0
+
+    async def stored() -> object:
+        conn = await asyncpg.connect(roles_db)
+        try:
+            return await conn.fetchval(
+                "SELECT rolpassword FROM pg_authid WHERE rolname = $1", RAILPROXY
+            )
+        finally:
+            await conn.close()
+
+    assert str(asyncio.run(stored())).startswith("SCRAM-SHA-256$")
