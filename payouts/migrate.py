@@ -22,6 +22,9 @@ from importlib import resources
 import asyncpg
 
 from payouts.db_roles import apply_roles
+from payouts.logs import get_logger
+
+log = get_logger("payouts.migrate")
 
 
 class MigrationError(RuntimeError):
@@ -117,18 +120,25 @@ async def migrate(
     try:
         components = [c for c in COMPONENTS if schemas is None or c.schema in schemas]
         pending = [c.schema for c in components if await _pending(conn, c)]
-        if not await _is_admin(conn):
-            if pending:
-                user = await conn.fetchval("SELECT current_user")
-                raise MigrationError(
-                    f"schema(s) {', '.join(pending)} need migrations that role {user} may not "
-                    "apply: run `payouts db migrate` with the admin DSN ($DATABASE_URL) first"
-                )
-            return []
+        admin = await _is_admin(conn)
+        if not admin and not pending:
+            return []  # a component's start-up check on its own role: nothing to do
         applied: list[str] = []
-        for component in components:
-            applied += await migrate_component(conn, component)
-        await apply_roles(conn, passwords)
+        try:
+            for component in components:
+                applied += await migrate_component(conn, component)
+        except asyncpg.InsufficientPrivilegeError as exc:
+            user = await conn.fetchval("SELECT current_user")
+            raise MigrationError(
+                f"schema(s) {', '.join(pending)} need migrations that role {user} may not "
+                "apply: run `payouts db migrate` with the admin DSN ($DATABASE_URL) first"
+            ) from exc
+        if admin:
+            await apply_roles(conn, passwords)
+        else:
+            # A schema owner without CREATEROLE (a deployment's own migrator role) may run
+            # the DDL; the roles and grants are then the deployment's business.
+            log.warning("db.roles_not_applied", reason="connected role lacks CREATEROLE")
         return applied
     finally:
         await conn.close()
