@@ -174,6 +174,11 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
         settings.temporal_address, namespace=settings.namespace, runtime=_runtime(settings)
     )
     pool = await create_pool(settings.database_url, min_size=1, max_size=10)
+    # The reconciler reads both schemas with its own read-only role, not the payment store's.
+    rec_settings = ReconcileSettings()
+    rec_pool = pool
+    if rec_settings.database_url:
+        rec_pool = await create_pool(rec_settings.database_url, min_size=0, max_size=2)
     try:
         token = read_token(token_file=settings.token_file, what="WORKER_TOKEN_FILE")
         store = PayoutStore(
@@ -200,9 +205,8 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
                 pause_before_submit=settings.experiment_pause_before_submit,
                 crash_at=settings.experiment_crash_at,
             )
-            rec_settings = ReconcileSettings()
             reconciler = ReconcileActivities(
-                pool,
+                rec_pool,
                 stub_movement_source(rec_settings.rail_admin_url, token=rec_settings.token()),
                 sla=timedelta(seconds=rec_settings.ambiguity_sla_s),
             )
@@ -251,6 +255,8 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
                     await task
             log.info("worker.stopped", worker_id=settings.worker_id)
     finally:
+        if rec_pool is not pool:
+            await rec_pool.close()
         await pool.close()
         if http is not None:
             http.shutdown()

@@ -55,7 +55,7 @@ def workflow_source(args: argparse.Namespace) -> WorkflowSource | None:
 
 
 async def _run(args: argparse.Namespace, settings: InvariantSettings) -> InvariantReport:
-    url = database_url(args)
+    url = database_url(args, "CHECKER_DATABASE_URL")
     grants = grant_source(args, settings, url)
     conn = await asyncpg.connect(url)
     try:
@@ -102,7 +102,7 @@ def register(subparsers: Any) -> None:
         "check-invariants", help="check INV-01..INV-10 read-only (exit 0 clean, 1 violations)"
     )
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
-    p.add_argument("--database-url", help="defaults to $DATABASE_URL")
+    p.add_argument("--database-url", help="defaults to $CHECKER_DATABASE_URL, else $DATABASE_URL")
     p.add_argument("--rail-admin-url", help="defaults to $INVARIANTS_RAIL_ADMIN_URL")
     p.add_argument("--lock-url", help="lock server, for --history http ($INVARIANTS_LOCK_URL)")
     p.add_argument(

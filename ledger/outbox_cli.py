@@ -55,7 +55,7 @@ async def _run(url: str) -> int:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     configure_logging("outbox", level=OutboxSettings().log_level)
-    return asyncio.run(_run(database_url(args)))
+    return asyncio.run(_run(database_url(args, "OUTBOX_DATABASE_URL")))
 
 
 async def _list(url: str, status: Status | None, limit: int, as_json: bool) -> int:
@@ -80,7 +80,9 @@ async def _list(url: str, status: Status | None, limit: int, as_json: bool) -> i
 
 def _cmd_list(args: argparse.Namespace) -> int:
     status = Status(args.status) if args.status else None
-    return asyncio.run(_list(database_url(args), status, args.limit, args.json))
+    return asyncio.run(
+        _list(database_url(args, "OUTBOX_DATABASE_URL"), status, args.limit, args.json)
+    )
 
 
 async def _act(url: str, args: argparse.Namespace, operator: str) -> list[uuid.UUID]:
@@ -105,7 +107,7 @@ def _cmd_act(args: argparse.Namespace) -> int:
         sys.stderr.write(f"error: refused, nothing changed: {exc}\n")
         return 2
     try:
-        ids = asyncio.run(_act(database_url(args), args, operator))
+        ids = asyncio.run(_act(database_url(args, "OUTBOX_DATABASE_URL"), args, operator))
     except OutboxError as exc:
         sys.stderr.write(f"error: {exc}\n")
         return 2
@@ -127,11 +129,11 @@ def register(subparsers: Any) -> None:
     sub = outbox.add_subparsers(dest="outbox_command", required=True)
 
     run = sub.add_parser("run", help="run a publisher until SIGINT/SIGTERM (OUTBOX_* env)")
-    run.add_argument("--database-url", help="defaults to $DATABASE_URL")
+    run.add_argument("--database-url", help="defaults to $OUTBOX_DATABASE_URL, else $DATABASE_URL")
     run.set_defaults(func=_cmd_run)
 
     lst = sub.add_parser("list", help="counts by status, and the rows")
-    lst.add_argument("--database-url", help="defaults to $DATABASE_URL")
+    lst.add_argument("--database-url", help="defaults to $OUTBOX_DATABASE_URL, else $DATABASE_URL")
     lst.add_argument("--status", choices=[str(s) for s in Status], help="only rows in this status")
     lst.add_argument("--limit", type=int, default=100, help="at most this many rows")
     lst.add_argument("--json", action="store_true", help="one JSON object: summary and rows")
@@ -142,7 +144,9 @@ def register(subparsers: Any) -> None:
         ("discard", "mark dead-lettered / conflict-blocked rows discarded"),
     ):
         p = sub.add_parser(action, help=text)
-        p.add_argument("--database-url", help="defaults to $DATABASE_URL")
+        p.add_argument(
+            "--database-url", help="defaults to $OUTBOX_DATABASE_URL, else $DATABASE_URL"
+        )
         target = p.add_mutually_exclusive_group(required=True)
         target.add_argument("--event-id", action="append", type=_event_id, help="repeatable")
         target.add_argument("--status", choices=[str(s) for s in OPERABLE], help="every such row")

@@ -95,6 +95,9 @@ class ReconcileSettings(BaseSettings):
     window_s: float = 3600.0  # hourly, closed windows
     settle_lag_s: float = 300.0  # a window closes this long after its end
     task_queue: str = "payouts"  # where the Schedule starts ReconcileWorkflow
+    #: The reconciler's read-only role (payouts_reconciler); the worker's ReconcileWorkflow
+    #: activity uses it, unset: the worker's own DSN (docs/database-roles.md).
+    database_url: str | None = None
 
 
 class ReconcileError(PaydbError):

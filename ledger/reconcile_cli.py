@@ -142,7 +142,7 @@ def report_dict(report: ReconcileReport) -> dict[str, Any]:
 async def _run(args: argparse.Namespace, settings: ReconcileSettings) -> ReconcileReport:
     window = last_closed_window(settings, datetime.now(UTC))
     window = Window(start=args.window_start or window.start, end=args.window_end or window.end)
-    conn = await asyncpg.connect(database_url(args))
+    conn = await asyncpg.connect(database_url(args, "RECONCILE_DATABASE_URL"))
     try:
         return await reconcile(
             conn,
@@ -206,7 +206,9 @@ def register(subparsers: Any) -> None:
     run.add_argument("--window-start", type=parse_instant, help="ISO time with zone")
     run.add_argument("--window-end", type=parse_instant, help="ISO time with zone")
     run.add_argument("--json", action="store_true", help="print the report as one JSON object")
-    run.add_argument("--database-url", help="defaults to $DATABASE_URL")
+    run.add_argument(
+        "--database-url", help="defaults to $RECONCILE_DATABASE_URL, else $DATABASE_URL"
+    )
     run.add_argument("--rail-admin-url", help="defaults to $RECONCILE_RAIL_ADMIN_URL")
     run.set_defaults(func=_cmd_run)
 

@@ -210,11 +210,12 @@ async def _check(stack: Stack, window_start: Any, *, settled: bool) -> tuple[Any
 
     movements = stub_movement_source(stack.railstub_url, token=stack.token("invariants"))
     grants = (
-        postgres_grant_source(stack.database_url)
+        postgres_grant_source(stack.role_dsn("CHECKER_DATABASE_URL"))
         if stack.config.backend == "postgres"
         else lock_server_grant_source(stack.lock_url, token=stack.token("invariants"))
     )
-    conn = await asyncpg.connect(stack.database_url)
+    # Reconciler and checker read only, as the checker's read-only role.
+    conn = await asyncpg.connect(stack.role_dsn("CHECKER_DATABASE_URL"))
     try:
         end = await conn.fetchval("SELECT now()")
         window = Window(start=window_start - timedelta(seconds=1), end=end)

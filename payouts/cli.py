@@ -27,18 +27,30 @@ COMMAND_MODULES: tuple[str, ...] = (
 )
 
 
-def database_url(args: argparse.Namespace) -> str:
-    """--database-url, else $DATABASE_URL; a clear error when neither is set."""
-    url = getattr(args, "database_url", None) or os.environ.get("DATABASE_URL")
+def database_url(args: argparse.Namespace, *own_vars: str) -> str:
+    """--database-url, else the command's own role DSN variable(s) (e.g. $PAYDB_DATABASE_URL,
+    docs/database-roles.md), else $DATABASE_URL; a clear error when none is set."""
+    url = getattr(args, "database_url", None)
+    for var in (*own_vars, "DATABASE_URL"):
+        url = url or os.environ.get(var)
     if not url:
-        raise SystemExit("error: DATABASE_URL is not set (or pass --database-url)")
+        names = " or ".join(f"${v}" for v in (*own_vars, "DATABASE_URL"))
+        raise SystemExit(f"error: {names} is not set (or pass --database-url)")
     return str(url)
 
 
 def _cmd_db_migrate(args: argparse.Namespace) -> int:
-    from payouts.migrate import migrate
+    from pathlib import Path
 
-    applied = asyncio.run(migrate(database_url(args)))
+    from payouts.db_roles import RoleConfigError, read_passwords
+    from payouts.migrate import MigrationError, migrate
+
+    folder = args.role_passwords or os.environ.get("DB_ROLE_PASSWORDS_DIR")
+    try:
+        passwords = read_passwords(Path(folder)) if folder else None
+        applied = asyncio.run(migrate(database_url(args), passwords=passwords))
+    except (RoleConfigError, MigrationError) as exc:
+        raise SystemExit(f"error: {exc}") from exc
     print("\n".join(applied) if applied else "database is up to date")
     return 0
 
@@ -82,7 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
     db = sub.add_parser("db", help="payment database administration")
     db_sub = db.add_subparsers(dest="db_command", required=True)
     mig = db_sub.add_parser("migrate", help="apply pending schema migrations of every component")
-    mig.add_argument("--database-url", help="defaults to $DATABASE_URL")
+    mig.add_argument("--database-url", help="the admin DSN; defaults to $DATABASE_URL")
+    mig.add_argument(
+        "--role-passwords",
+        help="directory of per-role password files, 0600 (default $DB_ROLE_PASSWORDS_DIR; "
+        "unset: role passwords are left as they are)",
+    )
     mig.set_defaults(func=_cmd_db_migrate)
 
     for name in COMMAND_MODULES:

@@ -361,7 +361,9 @@ def _cmd_seed(args: argparse.Namespace) -> int:
     if args.accounts <= 0 or args.balance <= 0:
         raise CommandError("--accounts and --balance must be positive")
     created = asyncio.run(
-        seed_accounts(database_url(args), args.accounts, args.balance, args.prefix)
+        seed_accounts(
+            database_url(args, "PAYDB_DATABASE_URL"), args.accounts, args.balance, args.prefix
+        )
     )
     print(f"seeded {len(created)} account(s) {created[0]}..{created[-1]} with {args.balance} each")
     return 0
@@ -403,7 +405,11 @@ def _cmd_create(args: argparse.Namespace) -> int:
         print(f"  payout-{s.payout_id}  account={s.account_id}  amount={s.amount}")
     if args.wait and not args.no_start:
         counts = asyncio.run(
-            follow_payouts(database_url(args), [s.payout_id for s in specs], args.wait_timeout)
+            follow_payouts(
+                database_url(args, "PAYDB_DATABASE_URL"),
+                [s.payout_id for s in specs],
+                args.wait_timeout,
+            )
         )
         print("summary: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
         return 0 if _terminal(counts) == len(specs) else 6
@@ -460,7 +466,7 @@ async def _create_and_start(args: argparse.Namespace, specs: list[PayoutSpec]) -
     """Rows, then workflows, as one recoverable operation: Temporal is reached before any row is
     written, and if starting still fails half-way, `payout start-pending` starts the rest."""
     client = None if args.no_start else await connect_temporal(temporal_address(args))
-    await create_payouts(database_url(args), specs)
+    await create_payouts(database_url(args, "PAYDB_DATABASE_URL"), specs)
     if client is None:
         return
     try:
@@ -474,7 +480,7 @@ async def _create_and_start(args: argparse.Namespace, specs: list[PayoutSpec]) -
 
 
 def _cmd_start_pending(args: argparse.Namespace) -> int:
-    specs = asyncio.run(pending_payouts(database_url(args)))
+    specs = asyncio.run(pending_payouts(database_url(args, "PAYDB_DATABASE_URL")))
     started = asyncio.run(start_workflows(temporal_address(args), task_queue(args), specs))
     print(
         f"{len(specs)} PENDING payout(s): started {started} workflow(s), "
@@ -598,7 +604,7 @@ def _guard(func: Any) -> Any:
 def common(p: argparse.ArgumentParser, *, db: bool = False, temporal: bool = False) -> None:
     """The connection options a command needs."""
     if db:
-        p.add_argument("--database-url", help="defaults to $DATABASE_URL")
+        p.add_argument("--database-url", help="defaults to $PAYDB_DATABASE_URL, else $DATABASE_URL")
     if temporal:
         p.add_argument(
             "--temporal",

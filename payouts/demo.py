@@ -141,7 +141,8 @@ async def run_demo(options: DemoOptions, progress: Callable[[str], None]) -> dic
         per_payout = Counter(counts.get(pid, 0) for pid in ids)
         report["rail_movements_per_payout"] = {str(k): v for k, v in sorted(per_payout.items())}
         await asyncio.sleep(2.0)  # let the reconciliation window close past the last write
-        conn = await asyncpg.connect(stack.database_url)
+        # Reconciler and checker read only, as the checker's read-only role.
+        conn = await asyncpg.connect(stack.role_dsn("CHECKER_DATABASE_URL"))
         try:
             window = Window(start=window_start, end=datetime.now(UTC) - timedelta(seconds=1))
             rec = await reconcile(
@@ -153,7 +154,7 @@ async def run_demo(options: DemoOptions, progress: Callable[[str], None]) -> dic
             inv = await check_invariants(
                 conn,
                 stub_movement_source(stack.railstub_url, token=stack.token("invariants")),
-                postgres_grant_source(stack.database_url),
+                postgres_grant_source(stack.role_dsn("CHECKER_DATABASE_URL")),
                 workflow_source=temporal_workflow_source(stack.temporal_address),
                 # Settled only when the workload drained: then INV-10 also demands that every
                 # payout be terminal or escalated (the "every payout terminal" check is stricter).
@@ -209,7 +210,7 @@ async def _workload(
 ) -> tuple[list[str], datetime, Counter[str]]:
     """Seed, create and start the payouts, then show progress until all are terminal."""
     prefix = f"d{uuid.uuid4().hex[:5]}-"
-    await seed_accounts(stack.database_url, options.accounts, 1_000_000, prefix)
+    await seed_accounts(stack.role_dsn("PAYDB_DATABASE_URL"), options.accounts, 1_000_000, prefix)
     specs = generate(
         options.payouts,
         options.accounts,
@@ -220,7 +221,7 @@ async def _workload(
     )
     ids = [s.payout_id for s in specs]
     window_start = datetime.now(UTC) - timedelta(seconds=1)
-    await create_payouts(stack.database_url, specs)
+    await create_payouts(stack.role_dsn("PAYDB_DATABASE_URL"), specs)
     await stack.wait_for_rail_history()  # see Stack.wait_for_rail_history: sound absence
     await start_workflows(stack.temporal_address, config.task_queue, specs, lookup_interval_s=2.0)
     progress(

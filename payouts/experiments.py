@@ -177,9 +177,11 @@ async def _prepare(stack: Stack, amount: int, balance: int) -> tuple[str, str]:
 
     run = uuid.uuid4().hex[:8]
     prefix = f"x{run}-"
-    [account_id] = await seed_accounts(stack.database_url, 1, balance, prefix)
+    [account_id] = await seed_accounts(stack.role_dsn("PAYDB_DATABASE_URL"), 1, balance, prefix)
     payout_id = f"po-{run}"
-    await create_payouts(stack.database_url, [PayoutSpec(payout_id, account_id, amount)])
+    await create_payouts(
+        stack.role_dsn("PAYDB_DATABASE_URL"), [PayoutSpec(payout_id, account_id, amount)]
+    )
     return payout_id, account_id
 
 

@@ -5,15 +5,30 @@ Each component keeps `NNN_description.sql` files in its own `migrations/` folder
 than Alembic on purpose: the project uses asyncpg without an ORM, migrations are plain SQL, and the
 whole mechanism (ordered files, a version table, an advisory lock against concurrent migrators) is
 small enough to read in one sitting.
+
+After the migrations, `migrate` applies the per-component roles and grants (payouts/db_roles.py)
+when it runs with the admin DSN. A component that calls `migrate` at start-up with its own role
+(the lock server, the rail proxy) finds nothing pending and changes nothing; if something is
+pending it stops with a one-line `MigrationError` naming the admin command to run.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 
 import asyncpg
+
+from payouts.db_roles import apply_roles
+from payouts.logs import get_logger
+
+log = get_logger("payouts.migrate")
+
+
+class MigrationError(RuntimeError):
+    """Pending migrations that the connected role may not apply."""
 
 
 @dataclass(frozen=True)
@@ -74,14 +89,56 @@ async def migrate_component(conn: asyncpg.Connection, component: Component) -> l
     return applied_now
 
 
-async def migrate(database_url: str, schemas: set[str] | None = None) -> list[str]:
-    """Apply pending migrations of every component (or of the named schemas only)."""
+async def _pending(conn: asyncpg.Connection, component: Component) -> bool:
+    table = f"{component.schema}.schema_migrations"
+    if await conn.fetchval("SELECT to_regclass($1)", table) is None:
+        return True
+    try:
+        done = {r["version"] for r in await conn.fetch(f"SELECT version FROM {table}")}
+    except asyncpg.InsufficientPrivilegeError:
+        return True
+    return any(v not in done for v, _ in _migration_files(component.package))
+
+
+async def _is_admin(conn: asyncpg.Connection) -> bool:
+    return bool(
+        await conn.fetchval(
+            "SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user"
+        )
+    )
+
+
+async def migrate(
+    database_url: str,
+    schemas: set[str] | None = None,
+    *,
+    passwords: Mapping[str, str] | None = None,
+) -> list[str]:
+    """Apply pending migrations of every component (or of the named schemas only), then the
+    roles and grants (admin DSN only; `passwords` by role name, from configuration)."""
     conn = await asyncpg.connect(database_url)
     try:
+        components = [c for c in COMPONENTS if schemas is None or c.schema in schemas]
+        pending = [c.schema for c in components if await _pending(conn, c)]
+        admin = await _is_admin(conn)
+        if not admin and not pending:
+            return []  # a component's start-up check on its own role: nothing to do
         applied: list[str] = []
-        for component in COMPONENTS:
-            if schemas is None or component.schema in schemas:
+        try:
+            for component in components:
                 applied += await migrate_component(conn, component)
+        except asyncpg.InsufficientPrivilegeError as exc:
+            user = await conn.fetchval("SELECT current_user")
+            raise MigrationError(
+                f"schema(s) {', '.join(pending)} need migrations that role {user} may not "
+                "apply: run `payouts db migrate` with the admin DSN ($DATABASE_URL) first"
+            ) from exc
+        if admin:
+            await apply_roles(conn, passwords)
+        else:
+            # A schema owner without CREATEROLE (a deployment's own migrator role) may run
+            # the DDL; the roles and grants are then the deployment's business.
+            log.warning("db.roles_not_applied", reason="connected role lacks CREATEROLE")
         return applied
     finally:
         await conn.close()

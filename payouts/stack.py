@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 import httpx
 
 from common.credentials import auth_headers, read_token
+from payouts.db_roles import DSN_VARS, RoleFiles, generate_role_files, role_url
 from payouts.embedded import (
     EmbeddedEtcd,
     EmbeddedPostgres,
@@ -129,6 +130,7 @@ class Stack:
         self._creds: StackCredentials | None = None
         self._worker_seq = 0
         self.addresses: Addresses | None = None
+        self._roles: RoleFiles | None = None
 
     # ------------------------------------------------------------------ credentials
 
@@ -159,6 +161,24 @@ class Stack:
     @property
     def database_url(self) -> str:
         return self._addr().database_url
+
+    @property
+    def role_urls(self) -> dict[str, str]:
+        """Per-component DSN variables (no passwords: see `pgpass_file`)."""
+        return dict(self._addr().role_urls)
+
+    @property
+    def pgpass_file(self) -> Path:
+        """The libpq password file with every role's password (for the operator's shell)."""
+        return Path(self._addr().pgpass_dir) / "all.pgpass"
+
+    def role_dsn(self, variable: str) -> str:
+        """A component role's DSN with its password, for in-process use (demo, experiments,
+        chaos seed and create payouts as the payment store): never print or log it."""
+        if self._roles is None:
+            raise StackError("the stack is not started")
+        role = DSN_VARS[variable]
+        return role_url(self.database_url, role, self._roles.passwords[role])
 
     @property
     def etcd_endpoints(self) -> tuple[str, ...]:
@@ -244,7 +264,7 @@ class Stack:
             log.warning("stack.fencing_disabled", flags=["railproxy", "worker"])
             self._progress(FENCING_OFF_WARNING)
 
-        database_url = await self._start_postgres()
+        database_url, roles = await self._start_postgres()
         etcd = await self._start_etcd() if cfg.backend == "etcd" else ()
         p = cfg.ports
         self.addresses = Addresses(
@@ -256,7 +276,10 @@ class Stack:
             railstub_url=f"http://127.0.0.1:{p.railstub}",
             railproxy_url=f"http://127.0.0.1:{p.railproxy}",
             finledger_url=f"http://127.0.0.1:{p.finledger}",
+            role_urls={v: role_url(database_url, r) for v, r in DSN_VARS.items()},
+            pgpass_dir=str(roles.folder),
         )
+        self._roles = roles
         base_env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL",)}
         self._factory = f = ServiceFactory(self.config, self.addresses, base_env)
 
@@ -506,7 +529,7 @@ class Stack:
         )
         self._write_state(stopped=False)
 
-    async def _start_postgres(self) -> str:
+    async def _start_postgres(self) -> tuple[str, RoleFiles]:
         cfg = self.config
         if cfg.database_url:
             self._progress("PostgreSQL: using DATABASE_URL")
@@ -520,13 +543,14 @@ class Stack:
             except EmbeddedServerError as exc:
                 raise StackError(f"embedded PostgreSQL failed: {exc}") from exc
         url = cfg.database_url or (self._pg.url if self._pg else "")
+        roles = generate_role_files(self.run_dir / "db-roles")
         try:
-            applied = await migrate(url)
+            applied = await migrate(url, passwords=roles.passwords)
         except (OSError, Exception) as exc:  # asyncpg raises many types; name the step
             raise StackError(f"migrating {_safe_url(url)} failed: {exc}") from exc
         log.info("stack.migrated", applied=applied)
         self._write_state(stopped=False)
-        return url
+        return url, roles
 
     async def _start_etcd(self) -> tuple[str, ...]:
         cfg = self.config

@@ -47,7 +47,9 @@ def _summary(stack: Stack) -> str:
 def exports(stack: Stack) -> str:
     """Ready-to-paste `export` lines: every address a command needs, for this stack's ports."""
     env = {
-        "DATABASE_URL": stack.database_url,
+        "DATABASE_URL": stack.database_url,  # the admin DSN: `payouts db migrate`, bump-epoch
+        **stack.role_urls,  # each command's own role (docs/database-roles.md)
+        "PGPASSFILE": str(stack.pgpass_file),  # their passwords, never printed
         "TEMPORAL_ADDRESS": stack.temporal_address,
         "LOCK_URL": stack.lock_url,
         "WORKER_TASK_QUEUE": stack.config.task_queue,

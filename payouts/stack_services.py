@@ -11,7 +11,7 @@ import importlib
 import importlib.util
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.credentials import Kind, issue_tokens, write_credentials
@@ -100,6 +100,10 @@ class Addresses:
     railstub_url: str
     railproxy_url: str
     finledger_url: str
+    #: Per-component DSNs by variable (no passwords), and the folder of the libpq password
+    #: files each process gets as PGPASSFILE (payouts/db_roles.py).
+    role_urls: Mapping[str, str] = field(default_factory=dict)
+    pgpass_dir: str = ""
 
 
 def _flag(value: bool) -> str:
@@ -166,13 +170,18 @@ class ServiceFactory:
     def _env(self, name: str, own: Mapping[str, str]) -> dict[str, str]:
         env = dict(self.base_env)
         env["PYTHONUNBUFFERED"] = "1"
-        # Shared by every component's settings (lockservice reads them without its prefix).
-        env["DATABASE_URL"] = self.addr.database_url
+        # No child gets the admin DSN: each one connects with its own role (_db below).
         if self.addr.etcd_endpoints:
             env["ETCD_ENDPOINTS"] = ",".join(self.addr.etcd_endpoints)
         env.update(own)
         env.update(self.config.service_env.get("*", {}))
         env.update(self.config.service_env.get(name, {}))
+        return env
+
+    def _db(self, process: str, *variables: str) -> dict[str, str]:
+        """The process's own role DSN(s) and a password file holding only its roles."""
+        env = {var: self.addr.role_urls[var] for var in variables}
+        env["PGPASSFILE"] = str(Path(self.addr.pgpass_dir) / f"{process}.pgpass")
         return env
 
     def _python(
@@ -252,7 +261,7 @@ class ServiceFactory:
             "LOCK_BACKEND": self.config.backend,
             "LOCK_HOST": "127.0.0.1",
             "LOCK_PORT": str(port),
-            "LOCK_DATABASE_URL": self.addr.database_url,
+            **self._db("lock", "LOCK_DATABASE_URL"),
             "LOCK_SIGNING_KEY_PATH": str(self.grant_keys.private_path),
             "LOCK_SIGNING_KEY_ID": self.grant_keys.kid,
             "LOCK_CREDENTIALS_PATH": str(self.credentials.servers["lock-server"]),
@@ -295,7 +304,7 @@ class ServiceFactory:
         own = {
             "RAILPROXY_HOST": "127.0.0.1",
             "RAILPROXY_PORT": str(port),
-            "RAILPROXY_DATABASE_URL": self.addr.database_url,
+            **self._db("railproxy", "RAILPROXY_DATABASE_URL"),
             "RAILPROXY_RAIL_URL": self.addr.railstub_url,
             "RAILPROXY_GRANT_PUBLIC_KEYS": str(self.grant_keys.public_dir),
             "RAILPROXY_CREDENTIALS_PATH": str(self.credentials.servers["railproxy"]),
@@ -328,7 +337,6 @@ class ServiceFactory:
         own = {
             "FINLEDGER_HOST": "127.0.0.1",
             "FINLEDGER_PORT": str(port),
-            "FINLEDGER_DATABASE_URL": self.addr.database_url,
             "FINLEDGER_CREDENTIALS_PATH": str(self.credentials.servers["finledger"]),
         }
         return self._python(
@@ -345,7 +353,7 @@ class ServiceFactory:
         port = self.config.ports.outbox_metrics
         url = f"http://127.0.0.1:{port}"
         own = {
-            "OUTBOX_DATABASE_URL": self.addr.database_url,
+            **self._db("outbox", "OUTBOX_DATABASE_URL"),
             "OUTBOX_FINLEDGER_URL": self.addr.finledger_url,
             "FINLEDGER_URL": self.addr.finledger_url,
             "OUTBOX_METRICS_PORT": str(port),
@@ -366,7 +374,7 @@ class ServiceFactory:
     ) -> ManagedProcess:
         own = {
             "WORKER_TEMPORAL_ADDRESS": self.addr.temporal_address,
-            "WORKER_DATABASE_URL": self.addr.database_url,
+            **self._db("worker", "WORKER_DATABASE_URL", "RECONCILE_DATABASE_URL"),
             "WORKER_LOCK_URL": self.addr.lock_url,
             "WORKER_RAILPROXY_URL": self.addr.railproxy_url,
             "WORKER_GRANT_PUBLIC_KEYS": str(self.grant_keys.public_dir),

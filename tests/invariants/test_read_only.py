@@ -3,13 +3,12 @@ and leaves every table's row count unchanged."""
 
 from __future__ import annotations
 
-import uuid
-from urllib.parse import urlsplit, urlunsplit
-
 import asyncpg
 import pytest
 
 from ledger.invariants import check_invariants, postgres_grant_source, stub_movement_source
+from payouts.db_roles import CHECKER
+from tests.conftest import as_role
 from tests.invariants.conftest import World, violated
 
 COUNTED = (
@@ -28,49 +27,33 @@ COUNTED = (
 )
 
 
-def as_user(url: str, user: str) -> str:
-    parts = urlsplit(url)
-    host = parts.netloc.rsplit("@", 1)[-1]
-    return urlunsplit((parts.scheme, f"{user}@{host}", parts.path, parts.query, parts.fragment))
-
-
 async def row_counts(conn: asyncpg.Connection) -> dict[str, int]:
     return {t: int(await conn.fetchval(f"SELECT count(*) FROM {t}")) for t in COUNTED}
 
 
-async def test_checker_runs_under_a_select_only_role(world: World) -> None:
-    """With only USAGE and SELECT on the three schemas, a run that finds a violation succeeds,
-    every table keeps its row count, and the same role fails to write."""
+async def test_checker_runs_under_its_select_only_role(world: World) -> None:
+    """As payouts_checker (the migrations' role: USAGE and SELECT on the three schemas), a run
+    that finds a violation succeeds, every table keeps its row count, and the same role fails
+    to write (tests/test_db_roles.py covers every table and statement)."""
     a = await world.account()
     payout_id = await world.pay(a, 1000)
     await world.stub_payment(payout_id, a)  # a violation, so every rule sees data
-    role = f"checker_{uuid.uuid4().hex[:8]}"
     async with world.pool.acquire() as admin:
-        await admin.execute(f"CREATE ROLE {role} LOGIN")
-        await admin.execute(f"GRANT USAGE ON SCHEMA paydb, railproxy, lockservice TO {role}")
-        await admin.execute(
-            f"GRANT SELECT ON ALL TABLES IN SCHEMA paydb, railproxy, lockservice TO {role}"
-        )
         before = await row_counts(admin)
+    url = as_role(world.url, CHECKER)
+    conn = await asyncpg.connect(url)
     try:
-        url = as_user(world.url, role)
-        conn = await asyncpg.connect(url)
-        try:
-            report = await check_invariants(
-                conn, stub_movement_source(world.stub.url), postgres_grant_source(url)
-            )
-            # The negative control of the role itself: it really cannot write.
-            with pytest.raises(asyncpg.InsufficientPrivilegeError):
-                await conn.execute("UPDATE paydb.balances SET fence = fence")
-        finally:
-            await conn.close()
-        assert violated(report) == {"INV-02", "INV-09"}  # POSTED once, paid twice
-        async with world.pool.acquire() as admin:
-            assert await row_counts(admin) == before
+        report = await check_invariants(
+            conn, stub_movement_source(world.stub.url), postgres_grant_source(url)
+        )
+        # The negative control of the role itself: it really cannot write.
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await conn.execute("UPDATE paydb.balances SET fence = fence")
     finally:
-        async with world.pool.acquire() as admin:
-            await admin.execute(f"DROP OWNED BY {role}")
-            await admin.execute(f"DROP ROLE {role}")
+        await conn.close()
+    assert violated(report) == {"INV-02", "INV-09"}  # POSTED once, paid twice
+    async with world.pool.acquire() as admin:
+        assert await row_counts(admin) == before
 
 
 class RecordingConnection(asyncpg.Connection):  # type: ignore[misc]  # asyncpg is untyped
@@ -87,7 +70,7 @@ async def test_every_checker_query_runs_in_a_read_only_transaction(world: World)
     """Each query of the database snapshot sees transaction_read_only = on."""
     a = await world.account()
     await world.pay(a, 1000)
-    conn = await asyncpg.connect(world.url, connection_class=RecordingConnection)
+    conn = await asyncpg.connect(as_role(world.url, CHECKER), connection_class=RecordingConnection)
     conn.read_only = []
     try:
         report = await check_invariants(conn, stub_movement_source(world.stub.url), world.grants())

@@ -1,4 +1,8 @@
-"""Fixtures for the payment-database tests: a fresh, migrated database per test module."""
+"""Fixtures for the payment-database tests: a fresh, migrated database per test module.
+
+`pool` is the admin DSN (setup, inspection, raw statements against the triggers); every store
+runs on `role_pool`, the payment store's own role (payouts_paydb, docs/database-roles.md).
+"""
 
 from __future__ import annotations
 
@@ -9,8 +13,10 @@ import asyncpg
 import pytest
 
 from ledger import PayoutStore, WorkContext
+from payouts.db_roles import PAYDB
 from payouts.migrate import migrate
 from payouts.pgutil import create_database, drop_database
+from tests.conftest import as_role
 
 TABLES = (
     "accounts",
@@ -44,8 +50,18 @@ async def pool(paydb_url: str) -> AsyncIterator[asyncpg.Pool]:
 
 
 @pytest.fixture(scope="module")
-def store(pool: asyncpg.Pool) -> PayoutStore:
-    return PayoutStore(pool)
+async def role_pool(paydb_url: str) -> AsyncIterator[asyncpg.Pool]:
+    """The payment store's role (payouts_paydb): what the workers connect as."""
+    pool = await asyncpg.create_pool(as_role(paydb_url, PAYDB), min_size=1, max_size=24)
+    try:
+        yield pool
+    finally:
+        await pool.close()
+
+
+@pytest.fixture(scope="module")
+def store(role_pool: asyncpg.Pool) -> PayoutStore:
+    return PayoutStore(role_pool)
 
 
 @pytest.fixture

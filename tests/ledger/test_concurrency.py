@@ -18,6 +18,8 @@ from ledger import (
     WorkContext,
 )
 from ledger.queries import ledger_discrepancies
+from payouts.db_roles import PAYDB
+from tests.conftest import as_role
 from tests.ledger.conftest import funded_account, new_id
 
 S = PayoutState
@@ -40,7 +42,7 @@ async def _worker(url: str, token: int, payout_ids: list[str], seed: int) -> Cou
     recovery rule of docs/architecture.md#payout-state-machine) until terminal, or until fenced out."""
     outcomes: Counter[str] = Counter()
     ctx = WorkContext(correlation_id=f"worker-{token}", actor=f"worker-{token}")
-    pool = await asyncpg.create_pool(url, min_size=1, max_size=1)
+    pool = await asyncpg.create_pool(as_role(url, PAYDB), min_size=1, max_size=1)
     try:
         store = PayoutStore(pool)
         order = payout_ids[:]

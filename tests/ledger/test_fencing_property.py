@@ -17,8 +17,8 @@ PLAN_NAMES = sorted(PLANS)
 
 
 @pytest.fixture(scope="module")
-def unfenced_store(pool: asyncpg.Pool) -> PayoutStore:
-    return PayoutStore(pool, enforce_fencing=False)
+def unfenced_store(role_pool: asyncpg.Pool) -> PayoutStore:
+    return PayoutStore(role_pool, enforce_fencing=False)
 
 
 @settings(

@@ -24,8 +24,8 @@ HUGE_TOKEN = 2**62 + 7
 
 
 @pytest.fixture(scope="module")
-def vstore(pool: asyncpg.Pool) -> PayoutStore:
-    return PayoutStore(pool, verifier=grant_verifier())
+def vstore(role_pool: asyncpg.Pool) -> PayoutStore:
+    return PayoutStore(role_pool, verifier=grant_verifier())
 
 
 async def _fences(pool: asyncpg.Pool, payout_id: str) -> tuple[str, int, int]:

@@ -33,7 +33,7 @@ def backend_kind(request: pytest.FixtureRequest) -> str:
 def backend_address(request: pytest.FixtureRequest, backend_kind: str) -> str | list[str]:
     """Only the server this test's kind needs (resolved outside the event loop on purpose)."""
     if backend_kind == "postgres":
-        return str(request.getfixturevalue("database_url"))
+        return str(request.getfixturevalue("lock_database_url"))  # the lock server's role
     return list(request.getfixturevalue("etcd_endpoints"))
 
 

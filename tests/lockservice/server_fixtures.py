@@ -100,7 +100,7 @@ def fake_backend() -> FakeBackend:
 @pytest.fixture(params=["postgres", "etcd"])
 async def real_backend(
     request: pytest.FixtureRequest,
-    database_url: str,
+    lock_database_url: str,
     etcd_endpoints: list[str],
     key_prefix: str,
 ) -> AsyncIterator[LockBackend]:
@@ -109,7 +109,7 @@ async def real_backend(
 
     kind: Any = request.param
     backend = await create_backend(
-        kind, database_url=database_url, etcd_endpoints=etcd_endpoints, prefix=key_prefix
+        kind, database_url=lock_database_url, etcd_endpoints=etcd_endpoints, prefix=key_prefix
     )
     try:
         yield backend

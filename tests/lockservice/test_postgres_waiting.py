@@ -27,8 +27,8 @@ _LOCK_TIMEOUT = "500ms"
 
 
 @pytest.fixture
-async def pg(database_url: str, key_prefix: str) -> AsyncIterator[PostgresBackend]:
-    backend = await PostgresBackend.start(database_url, prefix=key_prefix)
+async def pg(lock_database_url: str, key_prefix: str) -> AsyncIterator[PostgresBackend]:
+    backend = await PostgresBackend.start(lock_database_url, prefix=key_prefix)
     yield backend
     await backend.close()
 

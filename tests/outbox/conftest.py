@@ -20,8 +20,10 @@ from finledger import create_app as create_finledger
 from ledger import PayoutStore, WorkContext
 from ledger.delivery import OutboxSettings
 from ledger.publisher import Publisher
+from payouts.db_roles import OUTBOX, PAYDB
 from payouts.migrate import migrate
 from payouts.pgutil import create_database, drop_database
+from tests.conftest import as_role
 from tests.servers import ServerThread
 
 
@@ -94,8 +96,24 @@ async def pool(outbox_db: str) -> AsyncIterator[asyncpg.Pool]:
 
 
 @pytest.fixture
-def store(pool: asyncpg.Pool) -> PayoutStore:
-    return PayoutStore(pool)
+async def paydb_pool(outbox_db: str) -> AsyncIterator[asyncpg.Pool]:
+    """The payment store's role (payouts_paydb), which writes the outbox rows."""
+    p = await asyncpg.create_pool(as_role(outbox_db, PAYDB), min_size=1, max_size=10)
+    yield p
+    await p.close()
+
+
+@pytest.fixture
+async def publisher_pool(outbox_db: str) -> AsyncIterator[asyncpg.Pool]:
+    """The publisher's role (payouts_outbox): reads the outbox, updates its delivery columns."""
+    p = await asyncpg.create_pool(as_role(outbox_db, OUTBOX), min_size=1, max_size=10)
+    yield p
+    await p.close()
+
+
+@pytest.fixture
+def store(paydb_pool: asyncpg.Pool) -> PayoutStore:
+    return PayoutStore(paydb_pool)
 
 
 def outbox_settings(finledger_url: str, **overrides: Any) -> OutboxSettings:
@@ -117,12 +135,16 @@ MakePublisher = Callable[..., Publisher]
 
 
 @pytest.fixture
-async def make_publisher(pool: asyncpg.Pool, finledger: FinLedger) -> AsyncIterator[MakePublisher]:
+async def make_publisher(
+    publisher_pool: asyncpg.Pool, finledger: FinLedger
+) -> AsyncIterator[MakePublisher]:
     made: list[Publisher] = []
 
     def make(**overrides: Any) -> Publisher:
         overrides.setdefault("finledger_url", finledger.url)
-        p = Publisher(pool, outbox_settings(**overrides), rng=random.Random(len(made) + 1))
+        p = Publisher(
+            publisher_pool, outbox_settings(**overrides), rng=random.Random(len(made) + 1)
+        )
         made.append(p)
         return p
 

@@ -17,6 +17,8 @@ import asyncpg
 
 from common.credentials import Kind, issue_tokens, write_credentials
 from ledger import PayoutStore, WorkContext
+from payouts.db_roles import OUTBOX
+from tests.conftest import as_role
 from tests.outbox.conftest import (
     FinLedger,
     MakePublisher,
@@ -31,7 +33,7 @@ PAYOUTS = [str(Path(sys.executable).parent / "payouts")]
 
 def publisher_env(db: str, ledger_url: str) -> dict[str, str]:
     return os.environ | {
-        "DATABASE_URL": db,
+        "OUTBOX_DATABASE_URL": as_role(db, OUTBOX),  # the publisher's own role
         "OUTBOX_FINLEDGER_URL": ledger_url,
         "OUTBOX_HTTP_TIMEOUT_S": "1.5",
         "OUTBOX_LEASE_S": "3",
@@ -122,7 +124,7 @@ def cli(db: str, *args: str, who: str | None = "alice") -> subprocess.CompletedP
     if who is not None:
         env["PAYOUTS_OPERATOR_TOKEN_FILE"] = str(tokens[who])
     return subprocess.run(
-        [*PAYOUTS, "outbox", *args, "--database-url", db],
+        [*PAYOUTS, "outbox", *args, "--database-url", as_role(db, OUTBOX)],
         check=False,
         capture_output=True,
         text=True,

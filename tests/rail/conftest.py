@@ -19,6 +19,7 @@ from typing import Any, Literal
 import httpx
 import pytest
 
+from payouts.db_roles import RAILPROXY
 from payouts.embedded import free_port
 from payouts.migrate import migrate
 from payouts.pgutil import create_database, drop_database
@@ -27,6 +28,7 @@ from railproxy import create_app as create_proxy
 from railproxy.models import GrantIn
 from railstub import StubSettings
 from railstub import create_app as create_stub
+from tests.conftest import as_role
 from tests.grants import account_grant, public_keys
 from tests.servers import ServerThread
 
@@ -114,7 +116,7 @@ async def stub(stub_server: ServerThread) -> Stub:
 
 def proxy_settings(rail_db: str, rail_url: str, **overrides: Any) -> ProxySettings:
     base: dict[str, Any] = {
-        "database_url": rail_db,
+        "database_url": as_role(rail_db, RAILPROXY),  # the proxy's own role
         "rail_url": rail_url,
         "rail_timeout_s": 0.5,
         "connect_timeout_s": 0.3,

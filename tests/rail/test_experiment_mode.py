@@ -22,10 +22,12 @@ import httpx
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
+from payouts.db_roles import RAILPROXY
 from payouts.embedded import free_port
 from payouts.pgutil import create_database, drop_database
 from railproxy import create_app
 from railproxy.errors import StartupRefused
+from tests.conftest import as_role
 from tests.credentials import server_env, token_file
 from tests.grants import lock_server_env, public_keys
 from tests.rail.conftest import MakeProxy, Stub, proxy_settings
@@ -72,7 +74,7 @@ def _run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[st
 
 def _proxy_env(db: str, rail_url: str, **env: str) -> dict[str, str]:
     return {
-        "RAILPROXY_DATABASE_URL": db,
+        "RAILPROXY_DATABASE_URL": as_role(db, RAILPROXY),
         "RAILPROXY_RAIL_URL": rail_url,
         "RAILPROXY_PORT": str(free_port()),
         "RAILPROXY_GRANT_PUBLIC_KEYS": public_keys(),

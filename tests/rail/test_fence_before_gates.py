@@ -16,6 +16,7 @@ import asyncpg
 import pytest
 
 from ledger import FencedOut, Payout, PayoutState, PayoutStore, WorkContext
+from payouts.db_roles import PAYDB
 from payouts.migrate import migrate
 from payouts.pgutil import create_database, create_pool, drop_database
 from railproxy import HandoffCertainty
@@ -30,6 +31,7 @@ from railproxy.errors import (
 from railproxy.metrics import ProxyMetrics
 from railproxy.service import RailProxy
 from railproxy.startup import load_verifier
+from tests.conftest import as_role
 from tests.rail.conftest import MakeProxy, Stub, proxy_settings, submit_request, wait_for
 
 
@@ -43,7 +45,7 @@ async def paydb_url(pg_server_url: str) -> AsyncIterator[str]:
 
 @pytest.fixture
 async def paydb(paydb_url: str) -> AsyncIterator[PayoutStore]:
-    pool = await create_pool(paydb_url, min_size=1, max_size=4)
+    pool = await create_pool(as_role(paydb_url, PAYDB), min_size=1, max_size=4)
     yield PayoutStore(pool)
     await pool.close()
 
@@ -187,7 +189,7 @@ async def test_lower_token_is_refused_by_the_fence_before_a_refusing_gate(
     """With a gate that refuses everything, a lower token is still told STALE_TOKEN (the fence
     runs first), and a higher token is refused by the gate but raises the mark all the same."""
     settings = proxy_settings(rail_db, stub.url, max_concurrency=1, max_queue=0, db_pool_max=2)
-    pool = await create_pool(rail_db, min_size=1, max_size=2)
+    pool = await create_pool(settings.database_url, min_size=1, max_size=2)
     proxy = RailProxy(settings, pool, ProxyMetrics(), load_verifier(settings))
     account = f"a-{uuid.uuid4().hex[:10]}"
     open_gate, refusal = GATES[gate]

@@ -21,6 +21,7 @@ from ledger.reconcile import (
     reconcile,
     stub_movement_source,
 )
+from payouts.db_roles import PAYDB, RAILPROXY, RECONCILER
 from payouts.migrate import migrate
 from payouts.pgutil import create_database, drop_database
 from railproxy import ProxySettings, RailProxyClient, SubmitContext, SubmitRequest
@@ -28,6 +29,7 @@ from railproxy import create_app as create_proxy
 from railproxy.models import GrantIn
 from railstub import StubSettings
 from railstub import create_app as create_stub
+from tests.conftest import as_role
 from tests.grants import account_grant, public_keys
 from tests.rail.conftest import ServerThread, Stub
 
@@ -72,8 +74,12 @@ class World:
         return now
 
     async def reconcile(self, window: Window, **kw: object) -> ReconcileReport:
-        async with self.pool.acquire() as conn:
+        """A run as the reconciler's own read-only role (payouts_reconciler)."""
+        conn = await asyncpg.connect(as_role(self.url, RECONCILER))
+        try:
             return await reconcile(conn, self.movements, window, **kw)  # type: ignore[arg-type]
+        finally:
+            await conn.close()
 
     def next_token(self) -> int:
         self.token += 1
@@ -140,11 +146,11 @@ class World:
 @pytest.fixture
 async def world(pg_server_url: str, rec_stub_server: ServerThread) -> AsyncIterator[World]:
     url = await create_database(pg_server_url, prefix="reconcile_t")
-    await migrate(url, schemas={"paydb", "railproxy"})
+    await migrate(url, schemas={"paydb", "railproxy"})  # admin DSN: roles and grants too
     stub = Stub(rec_stub_server.url)
     await stub.reset()
     settings = ProxySettings(
-        database_url=url,
+        database_url=as_role(url, RAILPROXY),
         rail_url=rec_stub_server.url,
         rail_timeout_s=2.0,
         db_pool_max=3,
@@ -152,12 +158,13 @@ async def world(pg_server_url: str, rec_stub_server: ServerThread) -> AsyncItera
     )
     proxy_server = ServerThread(create_proxy(settings))
     proxy_server.start()
-    pool = await asyncpg.create_pool(url, min_size=1, max_size=4)
+    pool = await asyncpg.create_pool(url, min_size=1, max_size=4)  # admin: inspection only
+    paydb_pool = await asyncpg.create_pool(as_role(url, PAYDB), min_size=1, max_size=4)
     proxy = RailProxyClient(proxy_server.url)
     w = World(
         url=url,
         pool=pool,
-        store=PayoutStore(pool),
+        store=PayoutStore(paydb_pool),
         proxy=proxy,
         stub=stub,
         movements=stub_movement_source(rec_stub_server.url),
@@ -170,6 +177,7 @@ async def world(pg_server_url: str, rec_stub_server: ServerThread) -> AsyncItera
     finally:
         await proxy.aclose()
         proxy_server.stop()
+        await paydb_pool.close()
         await pool.close()
         await drop_database(pg_server_url, url)
 

@@ -13,6 +13,8 @@ import pytest
 from ledger import reconcile_cli
 from ledger.reconcile_rules import CLASSES
 from payouts.cli import main
+from payouts.db_roles import RECONCILER
+from tests.conftest import as_role
 from tests.reconcile.conftest import World
 
 
@@ -38,7 +40,7 @@ async def test_run_prints_json_report_and_exit_status(
     end = await world.db_now()
     argv = [
         "reconcile", "run", "--json",
-        "--database-url", world.url,
+        "--database-url", as_role(world.url, RECONCILER),
         "--rail-admin-url", world.stub.url,
         "--window-start", start.isoformat(),
         "--window-end", end.isoformat(),
@@ -61,7 +63,7 @@ async def test_run_refuses_an_open_window(world: World, capsys: pytest.CaptureFi
     now = await world.db_now()
     argv = [
         "reconcile", "run",
-        "--database-url", world.url,
+        "--database-url", as_role(world.url, RECONCILER),
         "--rail-admin-url", world.stub.url,
         "--window-start", now.isoformat(),
         "--window-end", (now + timedelta(hours=1)).isoformat(),

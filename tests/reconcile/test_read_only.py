@@ -3,14 +3,14 @@ transaction, and leaves every table's row count and write statistics unchanged."
 
 from __future__ import annotations
 
-import uuid
 from datetime import timedelta
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
 
 from ledger.reconcile import reconcile
+from payouts.db_roles import RECONCILER
+from tests.conftest import as_role
 from tests.reconcile.conftest import World, window_until_now
 
 COUNTED = (
@@ -26,46 +26,33 @@ COUNTED = (
 )
 
 
-def as_user(url: str, user: str) -> str:
-    parts = urlsplit(url)
-    host = parts.netloc.rsplit("@", 1)[-1]
-    return urlunsplit((parts.scheme, f"{user}@{host}", parts.path, parts.query, parts.fragment))
-
-
 async def snapshot(conn: asyncpg.Connection) -> dict[str, int]:
     return {t: int(await conn.fetchval(f"SELECT count(*) FROM {t}")) for t in COUNTED}
 
 
-async def test_reconciler_runs_under_a_select_only_role(world: World) -> None:
-    """With only USAGE and SELECT granted, a full run with breaks succeeds and changes nothing."""
+async def test_reconciler_runs_under_its_select_only_role(world: World) -> None:
+    """As payouts_reconciler (the migrations' role: USAGE and SELECT only), a full run with
+    breaks succeeds and changes nothing; the same role cannot write (tests/test_db_roles.py
+    covers every table and statement)."""
     start = await world.db_now() - timedelta(milliseconds=1)
     await world.pay(1000)
     await world.pay(2000, post=False)  # a break, so the run exercises every rule's queries
     await world.stub_payment("stray-ro")
     window = await window_until_now(world, start)
-    role = f"reconciler_{uuid.uuid4().hex[:8]}"
     async with world.pool.acquire() as admin:
-        await admin.execute(f"CREATE ROLE {role} LOGIN")
-        await admin.execute(f"GRANT USAGE ON SCHEMA paydb, railproxy TO {role}")
-        await admin.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA paydb, railproxy TO {role}")
         before = await snapshot(admin)
+    conn = await asyncpg.connect(as_role(world.url, RECONCILER))
     try:
-        conn = await asyncpg.connect(as_user(world.url, role))
-        try:
-            report = await reconcile(conn, world.movements, window)
-            # The negative control of the role itself: it really cannot write.
-            with pytest.raises(asyncpg.InsufficientPrivilegeError):
-                await conn.execute("UPDATE paydb.balances SET balance = balance")
-        finally:
-            await conn.close()
-        assert report.counts["submission_without_ledger"] == 1
-        assert report.counts["movement_without_attempt"] == 1
-        async with world.pool.acquire() as admin:
-            assert await snapshot(admin) == before
+        report = await reconcile(conn, world.movements, window)
+        # The negative control of the role itself: it really cannot write.
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await conn.execute("UPDATE paydb.balances SET balance = balance")
     finally:
-        async with world.pool.acquire() as admin:
-            await admin.execute(f"DROP OWNED BY {role}")
-            await admin.execute(f"DROP ROLE {role}")
+        await conn.close()
+    assert report.counts["submission_without_ledger"] == 1
+    assert report.counts["movement_without_attempt"] == 1
+    async with world.pool.acquire() as admin:
+        assert await snapshot(admin) == before
 
 
 class RecordingConnection(asyncpg.Connection):  # type: ignore[misc]  # asyncpg is untyped
@@ -88,7 +75,9 @@ async def test_every_reconciler_query_runs_in_a_read_only_transaction(world: Wor
     start = await world.db_now() - timedelta(milliseconds=1)
     await world.pay(1000)
     window = await window_until_now(world, start)
-    conn = await asyncpg.connect(world.url, connection_class=RecordingConnection)
+    conn = await asyncpg.connect(
+        as_role(world.url, RECONCILER), connection_class=RecordingConnection
+    )
     conn.read_only = []
     try:
         report = await reconcile(conn, world.movements, window)

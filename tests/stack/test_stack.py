@@ -8,6 +8,7 @@ import signal
 import stat
 import uuid
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import asyncpg
 import httpx
@@ -16,8 +17,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 from temporalio.client import Client
 
+from payouts import db_roles
 from payouts.commands import PayoutSpec, create_payouts, seed_accounts, start_workflows
 from payouts.stack import Stack
+from payouts.stack_cli import exports
 from payouts.stack_config import ServiceFailedError, StackConfig
 from payouts.stack_services import worker_available
 from tests.stack.conftest import assert_all_gone
@@ -73,6 +76,70 @@ def _assert_private_key_only_at_the_lock_server(stack: Stack, stack_dir: Path) -
     assert (Path(public) / private.name).exists()
 
 
+#: Which role each process's DSN variables name (docs/database-roles.md).
+_PROCESS_DSNS = {
+    "lock-server": {"LOCK_DATABASE_URL": db_roles.LOCKSERVICE},
+    "railproxy": {"RAILPROXY_DATABASE_URL": db_roles.RAILPROXY},
+    "outbox": {"OUTBOX_DATABASE_URL": db_roles.OUTBOX},
+    "worker": {
+        "WORKER_DATABASE_URL": db_roles.PAYDB,
+        "RECONCILE_DATABASE_URL": db_roles.RECONCILER,
+    },
+}
+
+
+def _assert_every_process_on_its_own_role(stack: Stack, stack_dir: Path) -> set[str]:
+    """NFR-13: no child gets the admin DSN; each one's DSN names its own role, its password
+    file (0600, under the run dir) holds only its roles' lines, and PostgreSQL really sees a
+    session of every role (`_assert_role_sessions`); the passwords are never printed. Returns
+    the roles that must have a session open."""
+    expected_sessions: set[str] = set()
+    for name, proc in stack._procs.items():
+        assert "DATABASE_URL" not in proc.env, name
+        assert stack.database_url not in proc.env.values(), name
+        own = _PROCESS_DSNS.get("worker" if name in stack.workers else name)
+        if own is None:
+            assert not [k for k in proc.env if k.endswith("DATABASE_URL")], name
+            continue
+        for var, role in own.items():
+            assert urlsplit(proc.env[var]).username == role, (name, var)
+            assert urlsplit(proc.env[var]).password is None, (name, var)
+        pgpass = Path(proc.env["PGPASSFILE"])
+        assert pgpass.resolve().is_relative_to(stack_dir.resolve())
+        assert stat.S_IMODE(pgpass.stat().st_mode) == 0o600
+        assert {line.split(":")[3] for line in pgpass.read_text().splitlines()} == set(own.values())
+        expected_sessions |= {r for r in own.values() if r != db_roles.RECONCILER}
+    folder = stack_dir / "db-roles"
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    exported = exports(stack)
+    for var in db_roles.DSN_VARS:
+        assert f"export {var}=" in exported
+    for role in db_roles.ROLE_NAMES:
+        assert stat.S_IMODE((folder / role).stat().st_mode) == 0o600
+        assert (folder / role).read_text().strip() not in exported
+    return expected_sessions
+
+
+async def _assert_role_sessions(stack: Stack, expected_sessions: set[str]) -> None:
+    """PostgreSQL sees a session of every process role, and every role has a password."""
+    conn = await asyncpg.connect(stack.database_url)
+    try:
+        sessions = {
+            r["usename"]
+            for r in await conn.fetch(
+                "SELECT usename FROM pg_stat_activity WHERE datname = current_database()"
+            )
+        }
+        assert expected_sessions <= sessions
+        without = await conn.fetch(
+            "SELECT rolname FROM pg_authid WHERE rolname = ANY($1::text[]) AND rolpassword IS NULL",
+            list(db_roles.ROLE_NAMES),
+        )
+        assert without == []
+    finally:
+        await conn.close()
+
+
 @pytest.mark.slow
 async def test_stack_starts_every_service_and_leaves_nothing_behind(
     stack_env: dict[str, str], stack_dir: Path, external_database_url: str | None
@@ -111,6 +178,7 @@ async def test_stack_starts_every_service_and_leaves_nothing_behind(
         assert await _acquire_token(stack, "stack-test:a") > 0
         _assert_private_key_only_at_the_lock_server(stack, stack_dir)
         await _assert_credentials(stack)
+        await _assert_role_sessions(stack, _assert_every_process_on_its_own_role(stack, stack_dir))
 
         old_pid = stack.processes["lock-server"].pid
         await stack.restart("lock-server")
@@ -172,9 +240,10 @@ async def _one_payout_then_scrape_every_process(stack: Stack) -> None:
     """One payout through the whole stack, then every process's metrics are scraped: each answers,
     and no label, by name or by value, carries the payout's, the account's or the lock's id."""
     prefix = f"scrape{uuid.uuid4().hex[:6]}-"
-    accounts = await seed_accounts(stack.database_url, 1, 10_000, prefix)
+    paydb = stack.role_dsn("PAYDB_DATABASE_URL")  # as an operator's shell would, on its role
+    accounts = await seed_accounts(paydb, 1, 10_000, prefix)
     spec = PayoutSpec(f"{prefix}p", accounts[0], 100)
-    await create_payouts(stack.database_url, [spec])
+    await create_payouts(paydb, [spec])
     await start_workflows(stack.temporal_address, stack.config.task_queue, [spec])
     conn = await asyncpg.connect(stack.database_url)
     try:
