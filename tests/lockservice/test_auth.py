@@ -161,7 +161,7 @@ async def test_bump_epoch_needs_an_operator(
         # The step bound (+16) still holds for an authenticated operator.
         too_far = dict(body, min_epoch=before + 17)
         r = await http.post("/v1/epoch/bump", json=too_far, headers=_h(tokens["local-operator"]))
-        assert r.status_code == 422
+        assert r.status_code == 409 and r.json()["code"] == "epoch_refused"
         assert (await backend.issuance_position()).epoch == before
         with capture_logs() as logs:
             r = await http.post("/v1/epoch/bump", json=body, headers=_h(tokens["local-operator"]))
