@@ -42,6 +42,9 @@ PATCH_QUEUED_REVOKE = "revoke-queued-outside-handler"
 PATCH_CONTINUE_AS_NEW = "continue-as-new"
 #: State, account and escalation are upserted as search attributes at every change.
 PATCH_SEARCH_ATTRIBUTES = "search-attributes"
+#: An abandon whose operator assertion the payment store refused is recorded as a rejected
+#: signal (audit row + event) and dropped, instead of failing the critical section.
+PATCH_VERIFIED_ABANDON = "abandon-assertion-refused"
 
 # Database writes before handoff may be retried a few times; fenced rejections never are. A write
 # that still fails is not fatal: the critical section ends, the grant is released, and the run
@@ -226,6 +229,9 @@ class PayoutWorkflow:
                 operator=cmd.operator,
                 reason=cmd.reason,
                 payout_id=self._input.payout_id,
+                # Verified by the lock server, which audits the identity inside (or refuses:
+                # a non-retryable failure, reported as a rejected signal).
+                assertion=cmd.assertion,
             ),
             start_to_close_timeout=timedelta(seconds=30),
             retry_policy=_unlimited_retry(self._input),
@@ -415,7 +421,7 @@ class PayoutWorkflow:
         )
 
     def _step(
-        self, inp: m.PayoutInput, grant: m.AcquireResult, name: str, **kw: str
+        self, inp: m.PayoutInput, grant: m.AcquireResult, name: str, **kw: Any
     ) -> m.StepRequest:
         deadline_s = inp.submit_deadline_s if name == "submit" else None
         return m.StepRequest(
@@ -494,18 +500,10 @@ class PayoutWorkflow:
                 continue
             if state == PayoutState.RAIL_AMBIGUOUS.value:
                 if self._abandon is not None:
-                    view = await self._on_holder(
-                        m.ABANDON_PAYOUT,
-                        self._step(
-                            inp,
-                            grant,
-                            "abandon",
-                            operator=self._abandon.operator,
-                            reason=self._abandon.reason,
-                        ),
-                        queue,
-                        _DB_WRITE_RETRY,
-                    )
+                    abandoned = await self._carry_out_abandon(inp, grant, self._abandon)
+                    if abandoned is None:
+                        return True  # refused and recorded: resolve by lookups as before
+                    view = abandoned
                     continue
                 if self._resolution:
                     view = await self._on_holder(
@@ -525,6 +523,36 @@ class PayoutWorkflow:
             self._last_error = f"unexpected payout state {state}"
             workflow.logger.error("unexpected payout state %s", state)
             return False
+
+    async def _carry_out_abandon(
+        self, inp: m.PayoutInput, grant: m.AcquireResult, cmd: m.OperatorCommand
+    ) -> m.PayoutView | None:
+        """The abandon under this grant; None when the payment store refused the command's
+        operator assertion: the rejection is recorded (audit row + `operator.signal_rejected`),
+        the command dropped, and nothing changed."""
+        try:
+            return await self._on_holder(
+                m.ABANDON_PAYOUT,
+                self._step(
+                    inp,
+                    grant,
+                    "abandon",
+                    operator=cmd.operator,
+                    reason=cmd.reason,
+                    assertion=cmd.assertion,
+                ),
+                grant.worker_queue,
+                _DB_WRITE_RETRY,
+            )
+        except ActivityError as err:
+            # Only new code can meet this refusal; the patch marks the commands it adds.
+            if not _is_type(err, m.ASSERTION_REFUSED) or not workflow.patched(
+                PATCH_VERIFIED_ABANDON
+            ):
+                raise
+            self._abandon = None
+            await self._reject("abandon", cmd, f"abandon refused: {_cause(err)}")
+            return None
 
     async def _release(self, inp: m.PayoutInput, grant: m.AcquireResult) -> None:
         try:
