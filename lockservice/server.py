@@ -2,11 +2,14 @@
 
 Owns: request validation, the mapping of contract errors to HTTP status codes and JSON bodies
 `{"code", "message"}`, the grant/renew/release/expiry events, the Prometheus metrics, and the
-Ed25519 signature on every grant it returns (acquire, renew: `kid` + `signature`, INV-07).
+Ed25519 signature on every grant it returns (acquire, renew: `kid` + `signature`, INV-07), and
+the signed operator assertions it issues to operators and checks on a worker-sent force-revoke
+(lockservice.assertions).
 Events: the backends emit `lock.acquired`, `lock.released`, `lock.renew_failed`, `lock.expired`,
 `lock.revoked`, `lock.epoch_bumped` and `alert` (lockservice.events); this layer adds only what
 they cannot see: `lock.not_acquired`, `lock.renewed`, `lock.session_expired`,
-`lock.release_failed`, `lock.session_opened`, `lock.session_closed`. One event per fact, never two.
+`lock.release_failed`, `lock.session_opened`, `lock.session_closed`,
+`lock.operator_assertion_issued`. One event per fact, never two.
 Must never: decide lease expiry itself (the backend's clock does), turn bad input into a 500 or a
 state change, put a key, session or token into a metric label (NFR-09), return an unsigned grant,
 or start (`main`) without its signing key.

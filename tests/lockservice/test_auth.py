@@ -5,6 +5,9 @@ Each protected endpoint without a credential answers 401 and changes nothing (th
 held, the epoch unchanged); a component credential where an operator is needed answers 403; an
 operator's token works and the audit names the authenticated identity, whatever the body says.
 Negative control: the same server without a credentials file lets the anonymous revoke through.
+Operator assertions: issued to operators only; a worker-sent revoke (a Temporal signal) needs a
+valid one for that payout, action and key, unexpired, and is audited as the identity inside;
+negative control: with assertion verification off, the unasserted worker revoke goes through.
 """
 
 from __future__ import annotations
