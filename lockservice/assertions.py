@@ -112,6 +112,10 @@ class OperatorAssertion:
             raise AssertionRefused("malformed", f"malformed operator assertion: {exc}") from None
         if issued_at.tzinfo is None or expires_at.tzinfo is None:
             raise AssertionRefused("malformed", "operator assertion times carry no time zone")
+        try:  # a time UTC cannot hold (year 1 at +01:00) is bad input, never a crash
+            epoch_us(issued_at), epoch_us(expires_at)
+        except (OverflowError, ValueError):
+            raise AssertionRefused("malformed", "operator assertion time out of range") from None
         identity, action, payout_id, key, reason, nonce, kid, signature = texts
         return cls(
             identity, action, payout_id, key, reason, issued_at, expires_at, nonce, kid, signature

@@ -622,17 +622,20 @@ def _build(  # noqa: PLR0915 - one route table, read top to bottom
         for `action` on `payout_id`, for `payouts payout revoke|abandon` to carry in its
         Temporal signal (no secret travels in Temporal history). Changes nothing here."""
         now = datetime.now(UTC)
-        a = sign_assertion(
-            state.signer,
-            identity=who.name,
-            action=body.action,
-            payout_id=body.payout_id,
-            reason=body.reason,
-            issued_at=now,
-            expires_at=now + timedelta(seconds=state.assertion_ttl_s),
-            nonce=secrets.token_urlsafe(16),
-            key=body.key or "",
-        )
+        try:
+            a = sign_assertion(
+                state.signer,
+                identity=who.name,
+                action=body.action,
+                payout_id=body.payout_id,
+                reason=body.reason,
+                issued_at=now,
+                expires_at=now + timedelta(seconds=state.assertion_ttl_s),
+                nonce=secrets.token_urlsafe(16),
+                key=body.key or "",
+            )
+        except ValueError as exc:  # e.g. a blank reason: bad input, a 422, nothing signed
+            raise api.InvalidRequest(str(exc)) from None
         _log.info(
             "lock.operator_assertion_issued",
             operator=a.identity,

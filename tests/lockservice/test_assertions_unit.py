@@ -118,3 +118,10 @@ def test_bad_requests_are_not_signed() -> None:
     for kw in ({"action": "bump"}, {"reason": " "}, {"payout_id": "a b"}, {"expires_at": NOW}):
         with pytest.raises(ValueError):
             _assertion(**kw)
+
+
+def test_a_time_out_of_range_is_malformed_not_a_crash() -> None:
+    wire = {**_assertion().to_json(), "issued_at": "0001-01-01T00:00:00+01:00"}
+    with pytest.raises(AssertionRefused) as err:
+        ASSERTIONS.verify(wire, action="revoke", payout_id="po-1", now=NOW)
+    assert err.value.code == "malformed"

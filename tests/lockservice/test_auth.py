@@ -169,6 +169,12 @@ async def test_operator_assertions_are_issued_to_operators_only(
             headers=_h(tokens["local-operator"]),
         )
         assert bad.status_code == 422
+        blank = await http.post(
+            "/v1/operator-assertions",
+            json={"action": "revoke", "payout_id": PAYOUT, "reason": "   "},
+            headers=_h(tokens["local-operator"]),
+        )
+        assert blank.status_code == 422, blank.text
     verifier = AssertionVerifier({SIGNER.kid: SIGNER.public_key()})
     a = verifier.verify(r.json(), action="revoke", payout_id=PAYOUT)
     assert a.identity == "local-operator" and a.reason == "stuck holder drill"
