@@ -9,6 +9,8 @@ and audited with the identity the lock server authenticated. Negative control: w
 verification off at the lock server (LOCK_VERIFY_OPERATOR_ASSERTIONS=false) and in the payment
 store (WORKER_VERIFY_OPERATOR_ASSERTIONS=false), a free-text signal with no assertion, sent with
 the real `temporal` CLI, is carried out.
+Set RECORD_HISTORIES=1 to (re)write the two replay histories these runs leave (the refused
+assertions, then the valid one).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from tests.workflows.system import (
     signed_command,
     wait_for,
 )
-from tests.workflows.test_payout_integration import RULES, ids, start
+from tests.workflows.test_payout_integration import RULES, ids, record, start
 from workflows.payout import PayoutWorkflow
 
 Handle = WorkflowHandle[PayoutWorkflow, m.PayoutStatus]
@@ -116,6 +118,7 @@ async def test_revokes_need_a_valid_assertion_and_audit_its_identity(
 
         await handle.signal(PayoutWorkflow.revoke, signed_command(system, "revoke", payout_id))
         result = await handle.result()
+    await record(handle, "revoke_assertions_refused_then_valid")
     assert result.state == "POSTED"
     (row,) = await audit_rows(system.database_url, payout_id, "lock_revoke_requested")
     assert row["actor"] == OPERATOR
@@ -163,6 +166,7 @@ async def test_abandons_need_a_valid_assertion_and_audit_its_identity(
         result = await handle.result()
     finally:
         system.stub_set(visibility_delay_s=0)
+    await record(handle, "abandon_assertions_refused_then_valid")
     assert result.state == "ABANDONED"
     rows = await audit_rows(system.database_url, payout_id, "abandon")
     assert [r["actor"] for r in rows] == [OPERATOR]
