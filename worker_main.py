@@ -87,6 +87,9 @@ class WorkerSettings(BaseSettings):
     # while `verify_grants` is on; off (no verification) is experiment-only, like fencing.
     grant_public_keys: str | None = None
     verify_grants: bool = True
+    # Break-glass abandon (a Temporal signal) needs the lock service's operator assertion,
+    # checked with the same public keys; off (the free-text name is audited) is experiment-only.
+    verify_operator_assertions: bool = True
     # Experiment mode: the worker starts only if its rail proxy reports `experiment_mode: true`
     # on /health (which the proxy sets only after verifying that its rail is the rail stub),
     # waiting at most `experiment_verify_s` for the proxy to answer.
@@ -117,6 +120,7 @@ async def check_start(settings: WorkerSettings) -> None:
         for name, on in (
             ("WORKER_ENFORCE_FENCING", settings.enforce_fencing),
             ("WORKER_VERIFY_GRANTS", settings.verify_grants),
+            ("WORKER_VERIFY_OPERATOR_ASSERTIONS", settings.verify_operator_assertions),
         )
         if not on
     ]
@@ -182,7 +186,10 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
     try:
         token = read_token(token_file=settings.token_file, what="WORKER_TOKEN_FILE")
         store = PayoutStore(
-            pool, enforce_fencing=settings.enforce_fencing, verifier=grant_verifier(settings)
+            pool,
+            enforce_fencing=settings.enforce_fencing,
+            verifier=grant_verifier(settings),
+            verify_assertions=settings.verify_operator_assertions,
         )
         async with (
             LockClient(

@@ -5,6 +5,7 @@ per activity). Pure data: no I/O, safe to import from workflow code.
 """
 
 from dataclasses import dataclass, field
+from typing import Any
 
 # Activity names: the workflow refers to activities by these names so that workflow modules do
 # not import activity implementations (and their database and HTTP clients).
@@ -27,6 +28,8 @@ FENCED_OUT = "FencedOut"
 LOCK_LOST = "LockLost"
 INVALID_TRANSITION = "InvalidTransition"
 UNKNOWN_PAYOUT = "UnknownPayout"
+#: The payment store refused an operator command's assertion (lockservice.assertions).
+ASSERTION_REFUSED = "OperatorAssertionRefused"
 
 
 @dataclass
@@ -39,10 +42,17 @@ class SignalRejection:
 
 @dataclass
 class OperatorCommand:
-    """Input of the `abandon` and `revoke` signals: who, and why (FR-30)."""
+    """Input of the `abandon` and `revoke` signals: who, and why (FR-30).
+
+    `operator` is free text and proves nothing (anyone who can reach Temporal can signal);
+    `assertion` is the lock service's signed operator assertion (lockservice.assertions, its
+    JSON form) that the enforcement points verify and whose identity they audit. Histories
+    recorded before it existed carry none.
+    """
 
     operator: str = ""
     reason: str = ""
+    assertion: dict[str, Any] | None = None
 
 
 @dataclass
@@ -148,6 +158,7 @@ class StepRequest:
     operator: str = ""
     reason: str = ""
     resolution: str = ""  # for resolve_ambiguous: "settled" or "absent"
+    assertion: dict[str, Any] | None = None  # for abandon_payout: the operator assertion
 
 
 @dataclass
@@ -185,6 +196,7 @@ class RevokeRequest:
     operator: str
     reason: str
     payout_id: str = ""
+    assertion: dict[str, Any] | None = None  # the signal's operator assertion
 
 
 @dataclass

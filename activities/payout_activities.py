@@ -29,7 +29,7 @@ from common import correlation
 from common.credentials import auth_headers
 from ledger import AlreadyAdvanced, FencedOut, Payout, PayoutState, PayoutStore, UnknownPayout
 from ledger import WorkContext as LedgerContext
-from ledger.errors import InvalidGrant, InvalidTransition
+from ledger.errors import InvalidGrant, InvalidOperatorAssertion, InvalidTransition
 from lockservice.api import LockError, NotHeld
 from lockservice.client import Lease, LockClient, NotAcquiredError
 from lockservice.grants import SignedGrant
@@ -403,7 +403,15 @@ class PayoutActivities:
         the revoke went through but its audit row did not can revoke a second time; that costs
         the current holder its grant (it re-acquires with a higher token), never safety.
         """
-        body = {"key": lock_key(req.account_id), "operator": req.operator, "reason": req.reason}
+        # The lock server verifies the operator assertion the signal carried (action, payout,
+        # expiry, its own signature) and audits the identity inside; without one it refuses.
+        body = {
+            "key": lock_key(req.account_id),
+            "operator": req.operator,
+            "reason": req.reason,
+            "payout_id": req.payout_id,
+            "assertion": req.assertion,
+        }
         async with httpx.AsyncClient(
             base_url=self._lock_url, timeout=10.0, headers=auth_headers(self._token)
         ) as http:
@@ -413,12 +421,13 @@ class PayoutActivities:
                 f"revoke refused: HTTP {response.status_code} {response.text}",
                 non_retryable=response.status_code < 500,
             )
+        revoked = response.json()
         await self._store.record_audit(
-            actor=req.operator,
+            actor=str(revoked.get("operator") or req.operator),  # the identity the server audited
             action="lock_revoke_requested",
             payout_id=req.payout_id or None,
             account_id=req.account_id,
-            details={"reason": req.reason, **response.json()},
+            details={"reason": req.reason, **revoked},
         )
 
     @activity.defn(name=m.RECORD_SIGNAL_REJECTED)
@@ -651,21 +660,31 @@ class PayoutActivities:
     @activity.defn(name=m.ABANDON_PAYOUT)
     @_holder_step
     async def abandon_payout(self, req: m.StepRequest) -> m.PayoutView:
-        """Break-glass RAIL_AMBIGUOUS -> ABANDONED, with the operator as the audited actor."""
-        ctx = self._ctx(req.context, actor=req.operator)
-        return _view(
-            await self._write(
-                req,
-                lambda g: self._store.abandon(
-                    req.payout_id,
-                    req.token,
-                    ctx,
-                    operator=req.operator,
-                    reason=req.reason,
-                    grant=g,
-                ),
+        """Break-glass RAIL_AMBIGUOUS -> ABANDONED, with the operator as the audited actor: the
+        identity inside the verified operator assertion. A refused assertion changes nothing and
+        is final (non-retryable `OperatorAssertionRefused`): the workflow records the rejection."""
+        ctx = self._ctx(req.context)  # "via" this worker; the store audits the operator
+        try:
+            return _view(
+                await self._write(
+                    req,
+                    lambda g: self._store.abandon(
+                        req.payout_id,
+                        req.token,
+                        ctx,
+                        operator=req.operator,
+                        reason=req.reason,
+                        grant=g,
+                        assertion=req.assertion,
+                    ),
+                )
             )
-        )
+        except InvalidOperatorAssertion as exc:
+            raise ApplicationError(
+                f"operator assertion refused ({exc.reason}): {exc}",
+                type=m.ASSERTION_REFUSED,
+                non_retryable=True,
+            ) from exc
 
     @activity.defn(name=m.RELEASE_LOCK)
     async def release_lock(self, req: m.StepRequest) -> None:

@@ -54,6 +54,18 @@ class InvalidGrant(PaydbError):
         self.reason = reason
 
 
+class InvalidOperatorAssertion(PaydbError):
+    """A break-glass command (abandon) came without the lock service's operator assertion for
+    it, or with one that is forged, expired, or for another payout or action. Nothing changed.
+    `reason` is lockservice.assertions' code."""
+
+    code = "invalid_operator_assertion"
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 class InvalidTransition(PaydbError):
     code = "invalid_transition"
 

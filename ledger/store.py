@@ -29,6 +29,7 @@ from ledger.errors import (
     InvalidAmount,
     InvalidGrant,
     InvalidIdentifier,
+    InvalidOperatorAssertion,
     InvalidTransition,
     UnknownAccount,
     UnknownPayout,
@@ -47,6 +48,7 @@ from ledger.records import (
     lock_key,
 )
 from ledger.states import IN_FLIGHT_STATES, PayoutState, check_transition, reachable_from
+from lockservice.assertions import AssertionRefused, AssertionVerifier
 from lockservice.grants import GrantError, GrantExpired, GrantVerifier, SignedGrant, is_expired
 from payouts.logs import get_logger
 
@@ -84,8 +86,16 @@ class PayoutStore:
         *,
         enforce_fencing: bool = True,
         verifier: GrantVerifier | None = None,
+        verify_assertions: bool = True,
     ) -> None:
         self._pool = pool
+        # Break-glass commands sent as Temporal signals (abandon) are authenticated by the lock
+        # service's operator assertion, checked with the same public keys as grants. Off
+        # (`verify_assertions=False`, an experiment switch) or without a verifier (a trusted
+        # caller), the signal's free-text operator name is audited as given.
+        self._assertions = (
+            AssertionVerifier.of(verifier) if verifier is not None and verify_assertions else None
+        )
         # INV-07: with a verifier, every fenced write needs the lock service's signed grant for
         # the payout's account and the presented token. The worker always passes one; None is
         # for tests and tools that write as a trusted caller (docs/payment-database.md).
@@ -427,12 +437,22 @@ class PayoutStore:
         operator: str,
         reason: str,
         grant: GrantLike = None,
+        assertion: Mapping[str, Any] | None = None,
     ) -> Payout | AlreadyAdvanced:
         """RAIL_AMBIGUOUS -> ABANDONED: break-glass, by an operator with identity and reason.
 
         Still fenced: the operator's command reaches the database through the workflow that
-        holds the account's grant, so a stale holder cannot abandon under an old token.
+        holds the account's grant, so a stale holder cannot abandon under an old token. With
+        assertion verification on, `assertion` must be the lock service's operator assertion
+        for `abandon` of this payout, unexpired by this process's clock; the identity and reason
+        inside it are audited (InvalidOperatorAssertion otherwise, before anything is written).
         """
+        if self._assertions is not None:
+            try:
+                a = self._assertions.verify(assertion, action="abandon", payout_id=payout_id)
+            except AssertionRefused as exc:
+                raise InvalidOperatorAssertion(str(exc), reason=exc.code) from None
+            operator, reason = a.identity, a.reason
         check_text(operator, "operator")
         check_text(reason, "reason")
         return await self._simple(

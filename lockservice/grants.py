@@ -137,6 +137,10 @@ class SignedGrant:
             raise MalformedGrant(f"malformed grant: {exc}") from None
         if expires_at.tzinfo is None:
             raise MalformedGrant("malformed grant: expires_at has no time zone")
+        try:  # a time at the edge of the calendar cannot be put in UTC: malformed, never a 500
+            expires_at.astimezone(UTC)
+        except OverflowError:
+            raise MalformedGrant("malformed grant: expires_at is out of range") from None
         key, session_id, kid, signature = fields
         return cls(key, token, session_id, expires_at, kid, signature)
 
@@ -145,8 +149,7 @@ def canonical_bytes(key: str, token: int, session_id: str, expires_at: datetime,
     """The exact bytes that are signed (version 1; see the module docstring)."""
     if expires_at.tzinfo is None:
         raise ValueError("expires_at must carry a time zone")
-    delta = expires_at.astimezone(UTC) - _EPOCH
-    expires_us = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+    expires_us = epoch_us(expires_at)
     body = {
         "v": GRANT_VERSION,
         "key": key,
@@ -156,6 +159,15 @@ def canonical_bytes(key: str, token: int, session_id: str, expires_at: datetime,
         "kid": kid,
     }
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def epoch_us(at: datetime) -> int:
+    """Integer microseconds since the Unix epoch (no time-zone spelling to disagree on); shared
+    by every signed statement of the lock service (grants, operator assertions)."""
+    if at.tzinfo is None:
+        raise ValueError("a signed time must carry a time zone")
+    delta = at.astimezone(UTC) - _EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
 def _b64(raw: bytes) -> str:
@@ -201,6 +213,12 @@ class GrantSigner:
     def public_key(self) -> Ed25519PublicKey:
         return self._key.public_key()
 
+    def sign_message(self, message: bytes) -> str:
+        """The base64url signature of `message`. Only for a statement whose bytes are
+        domain-separated from every other kind (grant bytes start with `{`; an operator
+        assertion's with its purpose tag, lockservice.assertions), so one is never the other."""
+        return _b64(self._key.sign(message))
+
     def sign(self, grant: Grant) -> SignedGrant:
         return self.sign_fields(grant.key, grant.token, grant.session_id, grant.expires_at)
 
@@ -208,7 +226,7 @@ class GrantSigner:
         self, key: str, token: int, session_id: str, expires_at: datetime
     ) -> SignedGrant:
         msg = canonical_bytes(key, token, session_id, expires_at, self.kid)
-        return SignedGrant(key, token, session_id, expires_at, self.kid, _b64(self._key.sign(msg)))
+        return SignedGrant(key, token, session_id, expires_at, self.kid, self.sign_message(msg))
 
 
 # --------------------------------------------------------------------------- verifying
@@ -230,6 +248,11 @@ class GrantVerifier:
     def key_ids(self) -> frozenset[str]:
         return frozenset(self._keys)
 
+    @property
+    def public_keys(self) -> Mapping[str, Ed25519PublicKey]:
+        """The accepted keys by id (an operator-assertion verifier uses the same ones)."""
+        return dict(self._keys)
+
     def verify(
         self,
         grant: SignedGrant | Mapping[str, Any] | None,
@@ -250,14 +273,8 @@ class GrantVerifier:
         if grant is None:
             raise MissingGrant("no signed grant presented")
         g = grant if isinstance(grant, SignedGrant) else SignedGrant.from_json(grant)
-        public = self._keys.get(g.kid)
-        if public is None:
-            raise UnknownKeyId(f"grant signed by key id {g.kid!r}, which is not accepted here")
-        try:
-            msg = canonical_bytes(g.key, g.token, g.session_id, g.expires_at, g.kid)
-            public.verify(_unb64(g.signature), msg)
-        except InvalidSignature:
-            raise BadSignature("grant signature does not verify") from None
+        msg = canonical_bytes(g.key, g.token, g.session_id, g.expires_at, g.kid)
+        verify_signature(self._keys, g.kid, g.signature, msg, what="grant")
         if key is not None:
             check_key(g, key)
         if g.token != token:
@@ -270,6 +287,20 @@ class GrantVerifier:
     def from_spec(cls, spec: str) -> GrantVerifier:
         """Public keys from a directory of `<kid>.pem` files, or a comma list of `kid=path`."""
         return cls(load_public_keys(spec))
+
+
+def verify_signature(
+    keys: Mapping[str, Ed25519PublicKey], kid: str, signature: str, message: bytes, *, what: str
+) -> None:
+    """UnknownKeyId or BadSignature unless `signature` verifies `message` under key id `kid`
+    (shared by grants and operator assertions; their bytes are domain-separated)."""
+    public = keys.get(kid)
+    if public is None:
+        raise UnknownKeyId(f"{what} signed by key id {kid!r}, which is not accepted here")
+    try:
+        public.verify(_unb64(signature), message)
+    except InvalidSignature:
+        raise BadSignature(f"{what} signature does not verify") from None
 
 
 def verifier_from_settings(verify: bool, spec: str | None, variable: str) -> GrantVerifier | None:
@@ -384,7 +415,9 @@ __all__ = [
     "canonical_bytes",
     "check_key",
     "check_not_expired",
+    "epoch_us",
     "generate_keypair",
     "is_expired",
     "load_public_keys",
+    "verify_signature",
 ]

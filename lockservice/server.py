@@ -2,11 +2,14 @@
 
 Owns: request validation, the mapping of contract errors to HTTP status codes and JSON bodies
 `{"code", "message"}`, the grant/renew/release/expiry events, the Prometheus metrics, and the
-Ed25519 signature on every grant it returns (acquire, renew: `kid` + `signature`, INV-07).
+Ed25519 signature on every grant it returns (acquire, renew: `kid` + `signature`, INV-07), and
+the signed operator assertions it issues to operators and checks on a worker-sent force-revoke
+(lockservice.assertions).
 Events: the backends emit `lock.acquired`, `lock.released`, `lock.renew_failed`, `lock.expired`,
 `lock.revoked`, `lock.epoch_bumped` and `alert` (lockservice.events); this layer adds only what
 they cannot see: `lock.not_acquired`, `lock.renewed`, `lock.session_expired`,
-`lock.release_failed`, `lock.session_opened`, `lock.session_closed`. One event per fact, never two.
+`lock.release_failed`, `lock.session_opened`, `lock.session_closed`,
+`lock.operator_assertion_issued`. One event per fact, never two.
 Must never: decide lease expiry itself (the backend's clock does), turn bad input into a 500 or a
 state change, put a key, session or token into a metric label (NFR-09), return an unsigned grant,
 or start (`main`) without its signing key.
@@ -22,11 +25,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -48,6 +52,12 @@ from common.credentials import Credentials, Identity, load_optional, require
 from common.strict_query import reject_unknown_query
 from lockservice import api
 from lockservice.api import Grant, LockBackend, NotAcquired
+from lockservice.assertions import (
+    DEFAULT_TTL_S,
+    AssertionRefused,
+    AssertionVerifier,
+    sign_assertion,
+)
 from lockservice.grants import GrantSigner
 from lockservice.watermark import Watermark
 from payouts.logs import get_logger
@@ -140,6 +150,33 @@ class RevokeIn(BaseModel):
     #: free-text name. Accepted so that older clients keep working.
     operator: str | None = Field(default=None, max_length=200, pattern=_NOT_BLANK)
     reason: str = Field(min_length=1, max_length=2000, pattern=_NOT_BLANK)
+    #: A worker-sent revoke (the `revoke` signal): the payout the signal was for, and the
+    #: operator assertion it carried (lockservice.assertions), verified here.
+    payout_id: str | None = Field(default=None, max_length=128)
+    assertion: dict[str, Any] | None = None
+
+
+class AssertionIn(BaseModel):
+    action: str = Field(pattern="^(revoke|abandon)$")
+    payout_id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.@:\-]+$")
+    reason: str = Field(min_length=1, max_length=2000)
+    #: Optional: binds the assertion to one lock key as well as the payout.
+    key: str | None = Field(
+        default=None, min_length=1, max_length=api.MAX_KEY_LENGTH, pattern=_KEY_PATTERN
+    )
+
+
+class AssertionOut(BaseModel):
+    identity: str
+    action: str
+    payout_id: str
+    key: str
+    reason: str
+    issued_at: datetime
+    expires_at: datetime
+    nonce: str
+    kid: str
+    signature: str
 
 
 class RevokeOut(BaseModel):
@@ -253,6 +290,14 @@ class _State:
     #: Accepted bearer tokens (common.credentials); None: authentication off (tests only;
     #: `main` refuses to start without LOCK_CREDENTIALS_PATH).
     credentials: Credentials | None = None
+    #: Lifetime of the operator assertions this server issues (lockservice.assertions).
+    assertion_ttl_s: float = DEFAULT_TTL_S
+    #: Off (experiment switch): a worker-sent force-revoke needs no operator assertion.
+    verify_assertions: bool = True
+
+    def assertion_verifier(self) -> AssertionVerifier:
+        # This server's own public key: it checks what it signed, by its own clock.
+        return AssertionVerifier({self.signer.kid: self.signer.public_key()})
 
     def be(self) -> LockBackend:
         if self.backend is None:  # only between process start and the end of lifespan start-up
@@ -284,6 +329,8 @@ def create_app(
     watermark: Watermark | None = None,
     signer: GrantSigner | None = None,
     credentials: Credentials | None = None,
+    operator_assertion_ttl_s: float = DEFAULT_TTL_S,
+    verify_operator_assertions: bool = True,
 ) -> FastAPI:
     """The HTTP app over an already-connected backend (the caller closes the backend). With a
     `watermark` it refuses grants on restored data; call `await watermark.check(backend)` first
@@ -300,6 +347,8 @@ def create_app(
         signer or GrantSigner.ephemeral(),
         watermark,
         credentials,
+        operator_assertion_ttl_s,
+        verify_operator_assertions,
     )
     return _build(state, lifespan)
 
@@ -344,8 +393,10 @@ def _build(  # noqa: PLR0915 - one route table, read top to bottom
     reader = [Depends(require(state.credentials, operator=True, components=READERS))]
     operator_only = Depends(require(state.credentials, operator=True))
     # Force-revoke also from the worker: the `payouts payout revoke` signal reaches the lock
-    # server through the worker's revoke activity. Its operator name is NOT authenticated (anyone
-    # who can reach Temporal can signal), so the audit marks it: "worker/unverified:<name>".
+    # server through the worker's revoke activity. A signal is not authenticated (anyone who can
+    # reach Temporal can send one), so the worker's revoke is carried out only with the operator
+    # assertion this server signed for that payout and action (lockservice.assertions), and the
+    # identity inside it is audited.
     revoker = Depends(require(state.credentials, operator=True, components=(WORKER,)))
 
     async def run(op: str, call: Callable[[], Awaitable[T]]) -> T:
@@ -562,10 +613,12 @@ def _build(  # noqa: PLR0915 - one route table, read top to bottom
         the `lock.revoked` audit event and the `alert` event, naming the authenticated operator
         (the body's `operator` is ignored)."""
         key = api.validate_key(body.key)
-        actor = who.name
+        actor, reason = who.name, body.reason
         if who.kind == "component":
-            actor = f"{who.name}/unverified:{(body.operator or 'unknown')[:100]}"
-        operator, reason = api.validate_operator(actor, body.reason)
+            refused, actor, reason = _asserted_revoke(state, body, key)
+            if refused is not None:
+                return refused
+        operator, reason = api.validate_operator(actor, reason)
         r = await run("force_revoke", lambda: state.be().force_revoke(key, operator, reason))
         return JSONResponse(
             {
@@ -576,6 +629,43 @@ def _build(  # noqa: PLR0915 - one route table, read top to bottom
                 "at": _iso(r.at),
             }
         )
+
+    @app.post(
+        "/v1/operator-assertions",
+        name="issue_operator_assertion",
+        response_model=AssertionOut,
+        responses=_ERRORS,
+    )
+    async def issue_operator_assertion(
+        body: AssertionIn, who: Identity = operator_only
+    ) -> Response:
+        """Operators only: a short-lived signed statement that the authenticated operator asks
+        for `action` on `payout_id`, for `payouts payout revoke|abandon` to carry in its
+        Temporal signal (no secret travels in Temporal history). Changes nothing here."""
+        now = datetime.now(UTC)
+        try:
+            a = sign_assertion(
+                state.signer,
+                identity=who.name,
+                action=body.action,
+                payout_id=body.payout_id,
+                reason=body.reason,
+                issued_at=now,
+                expires_at=now + timedelta(seconds=state.assertion_ttl_s),
+                nonce=secrets.token_urlsafe(16),
+                key=body.key or "",
+            )
+        except ValueError as exc:  # e.g. a blank reason: bad input, a 422, nothing signed
+            raise api.InvalidRequest(str(exc)) from None
+        _log.info(
+            "lock.operator_assertion_issued",
+            operator=a.identity,
+            action=a.action,
+            payout_id=a.payout_id,
+            expires_at=a.expires_at.isoformat(),
+            kid=a.kid,
+        )
+        return JSONResponse(a.to_json())
 
     @app.post("/v1/epoch/bump", name="bump_epoch", response_model=BumpEpochOut, responses=_ERRORS)
     async def bump_epoch(body: BumpEpochIn, who: Identity = operator_only) -> Response:
@@ -615,6 +705,25 @@ def _build(  # noqa: PLR0915 - one route table, read top to bottom
     return app
 
 
+def _asserted_revoke(
+    state: _State, body: RevokeIn, key: str
+) -> tuple[JSONResponse | None, str, str]:
+    """A worker-sent revoke: (refusal, actor, reason). With verification on, the actor and
+    reason are those of the operator assertion, checked for action `revoke`, the payout the
+    worker names and (if the assertion names one) this key, by this server's clock; a refusal
+    is a 403 and nothing is revoked. Off (experiment switch): the free-text name, marked."""
+    if not state.verify_assertions:
+        return None, f"worker/unverified:{(body.operator or 'unknown')[:100]}", body.reason
+    try:
+        a = state.assertion_verifier().verify(
+            body.assertion, action="revoke", payout_id=body.payout_id or "", key=key
+        )
+    except AssertionRefused as exc:
+        refusal = _error(403, f"operator_assertion_{exc.code}", str(exc)[:300])
+        return refusal, "", ""
+    return None, a.identity, a.reason
+
+
 # --------------------------------------------------------------------------- process entry
 
 
@@ -627,7 +736,22 @@ def app_from_settings(settings: Any) -> FastAPI:
         raise ValueError("LOCK_SIGNING_KEY_PATH is required: every grant is signed")
     signer = GrantSigner.from_pem_file(settings.signing_key_path, settings.signing_key_id)
     credentials = load_optional(settings.credentials_path)
-    state = _State(None, _Metrics(), float(settings.default_ttl_s), signer, None, credentials)
+    state = _State(
+        None,
+        _Metrics(),
+        float(settings.default_ttl_s),
+        signer,
+        None,
+        credentials,
+        float(settings.operator_assertion_ttl_s),
+        bool(settings.verify_operator_assertions),
+    )
+    if not state.verify_assertions:
+        _log.warning(
+            "lock.operator_assertions_unverified",
+            why="LOCK_VERIFY_OPERATOR_ASSERTIONS=false: a worker-sent revoke is carried out on "
+            "the signal's free-text name (experiment only)",
+        )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -47,6 +47,12 @@ class LockSettings(BaseSettings):
     #: The accepted bearer tokens (common.credentials: SHA-256 digests -> identity, JSON, 0600);
     #: the server refuses to start without it.
     credentials_path: str | None = None
+    #: Lifetime of the operator assertions `POST /v1/operator-assertions` issues (seconds).
+    operator_assertion_ttl_s: float = Field(default=300.0, ge=1.0, le=3600.0)
+    #: A worker-sent force-revoke needs a valid operator assertion (lockservice.assertions).
+    #: false is an experiment switch (the negative control): the worker's revoke is carried out
+    #: on the signal's free-text name, audited as `worker/unverified:<name>`.
+    verify_operator_assertions: bool = True
     log_level: str = "INFO"
 
     def etcd_endpoint_list(self) -> list[str]:

@@ -20,7 +20,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 import httpx
@@ -33,6 +33,9 @@ from common.credentials import (
 )
 from ledger.states import TERMINAL_STATES
 from payouts.cli import database_url
+
+if TYPE_CHECKING:
+    from activities.models import OperatorCommand
 
 DEFAULT_TEMPORAL = "127.0.0.1:7233"
 DEFAULT_QUEUE = "payouts"
@@ -317,19 +320,53 @@ def _workflow_error(exc: Exception, payout_id: str) -> CommandError:
     return CommandError(f"payout {payout_id}: {type(exc).__name__}: {text[:160]}", 1)
 
 
-async def signal_payout(
-    address: str, payout_id: str, name: str, operator: str, reason: str
-) -> None:
+async def signal_payout(address: str, payout_id: str, name: str, command: OperatorCommand) -> None:
     from temporalio.service import RPCError
-
-    from activities.models import OperatorCommand
 
     client = await connect_temporal(address)
     handle = client.get_workflow_handle(f"payout-{payout_id}")
     try:
-        await handle.signal(name, OperatorCommand(operator=operator, reason=reason))
+        await handle.signal(name, command)
     except RPCError as exc:
         raise _workflow_error(exc, payout_id) from None
+
+
+def _operator_token_or_fail() -> str:
+    try:  # the lock server authenticates this token; a typed name would prove nothing
+        token = operator_token()
+    except CredentialsError as exc:
+        raise CommandError(str(exc)) from None
+    if token is None:
+        raise CommandError(
+            f"no operator token: set {OPERATOR_TOKEN_FILE_ENV} (`payouts up` prints the line)"
+        )
+    return token
+
+
+def operator_assertion(lock_url: str, action: str, payout_id: str, reason: str) -> dict[str, Any]:
+    """The lock server's signed operator assertion for `action` on `payout_id`, obtained with the
+    operator's token (docs/security.md). Unreachable: EXIT_UNAVAILABLE, and nothing is signalled.
+    The assertion holds no secret: it is safe in Temporal history."""
+    token = _operator_token_or_fail()
+    try:
+        r = httpx.post(
+            f"{lock_url}/v1/operator-assertions",
+            json={"action": action, "payout_id": payout_id, "reason": reason},
+            headers=auth_headers(token),
+            timeout=10,
+        )
+    except httpx.HTTPError as exc:
+        raise CommandError(
+            f"lock server at {lock_url} unreachable: {exc}; nothing was sent", EXIT_UNAVAILABLE
+        ) from None
+    if r.status_code >= 400:
+        raise CommandError(
+            f"operator assertion refused: HTTP {r.status_code} {r.text[:200]}; nothing was sent"
+        )
+    body = r.json()
+    if not isinstance(body, dict) or not isinstance(body.get("identity"), str):
+        raise CommandError(f"lock server at {lock_url} answered no operator assertion")
+    return body
 
 
 async def payout_status(address: str, payout_id: str) -> dict[str, Any]:
@@ -541,30 +578,31 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _lock_url(args: argparse.Namespace) -> str:
+    return str(args.lock_url or os.environ.get("LOCK_URL", "http://127.0.0.1:8701"))
+
+
 def _cmd_signal(args: argparse.Namespace) -> int:
-    operator, reason = _require(args.operator, "operator"), _require(args.reason, "reason")
-    asyncio.run(
-        signal_payout(temporal_address(args), args.payout_id, args.signal, operator, reason)
-    )
+    from activities.models import OperatorCommand
+
+    reason = _require(args.reason, "reason")
+    assertion = operator_assertion(_lock_url(args), args.signal, args.payout_id, reason)
+    identity = assertion["identity"]
+    command = OperatorCommand(operator=identity, reason=reason, assertion=assertion)
+    asyncio.run(signal_payout(temporal_address(args), args.payout_id, args.signal, command))
     print(
-        f"sent {args.signal} to payout-{args.payout_id} as {operator}; "
-        f"the workflow validates it (see `payouts payout status {args.payout_id}`)"
+        f"sent {args.signal} to payout-{args.payout_id} as {identity} (operator assertion "
+        f"valid until {assertion.get('expires_at')}); the workflow and the enforcement points "
+        f"check it (see `payouts payout status {args.payout_id}`)"
     )
     return 0
 
 
 def _cmd_lock_revoke(args: argparse.Namespace) -> int:
     reason = _require(args.reason, "reason")
-    url = args.lock_url or os.environ.get("LOCK_URL", "http://127.0.0.1:8701")
+    url = _lock_url(args)
     key = args.key or f"payout:{_require(args.account, 'account')}"
-    try:  # the lock server audits the identity this token authenticates, not a typed name
-        token = operator_token()
-    except CredentialsError as exc:
-        raise CommandError(str(exc)) from None
-    if token is None:
-        raise CommandError(
-            f"no operator token: set {OPERATOR_TOKEN_FILE_ENV} (`payouts up` prints the line)"
-        )
+    token = _operator_token_or_fail()  # the lock server audits the identity it authenticates
     try:
         r = httpx.post(
             f"{url}/v1/locks/revoke",
@@ -683,8 +721,17 @@ def _register_payout(sub: Any) -> None:
     ):
         p = psub.add_parser(name, help=help_)
         p.add_argument("payout_id")
-        p.add_argument("--operator", required=True, help="who you are (audited)")
+        p.add_argument(
+            "--operator",
+            help=f"ignored: the identity of ${OPERATOR_TOKEN_FILE_ENV}, asserted by the lock "
+            "server, is audited",
+        )
         p.add_argument("--reason", required=True, help="why (audited; e.g. a ticket number)")
+        p.add_argument(
+            "--lock-url",
+            help="the lock server that issues the operator assertion (default $LOCK_URL or "
+            "http://127.0.0.1:8701)",
+        )
         common(p, temporal=True)
         p.set_defaults(func=_guard(_cmd_signal), signal=name)
 

@@ -73,3 +73,29 @@ def forged(key: str, token: int) -> dict[str, Any]:
     """A grant with a made-up signature under the accepted key id: what an attacker can send."""
     g = sign(key, token).to_json()
     return {**g, "signature": "A" * 86}
+
+
+def operator_assertion(
+    action: str,
+    payout_id: str,
+    *,
+    identity: str = "local-operator",
+    reason: str = "rail ticket: no record",
+    expires_in_s: float = 300.0,
+    signer: GrantSigner | None = None,
+) -> dict[str, Any]:
+    """An operator assertion signed by the test key (as the lock server the fixtures start
+    would sign it), in its wire form; `expires_in_s` <= 0 gives an expired one."""
+    from lockservice.assertions import sign_assertion
+
+    now = datetime.now(UTC)
+    return sign_assertion(
+        signer or grant_signer(),
+        identity=identity,
+        action=action,
+        payout_id=payout_id,
+        reason=reason,
+        issued_at=now - timedelta(seconds=600),
+        expires_at=now + timedelta(seconds=expires_in_s),
+        nonce="test-nonce",
+    ).to_json()

@@ -6,6 +6,7 @@ import asyncio
 import json
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,12 @@ import asyncpg
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
+from lockservice.server import app_from_settings
+from lockservice.settings import LockSettings
 from payouts.cli import main
+from tests.credentials import OPERATOR, credentials, token, token_file
+from tests.grants import TEST_KID, grant_keys
+from tests.servers import ServerThread
 
 
 async def count_payouts(url: str) -> int:
@@ -174,8 +180,40 @@ async def _describe_status(handle: Any) -> str:
     return str((await handle.describe()).status.name)
 
 
+@pytest.fixture(scope="module")
+def lock_url(db: str) -> Iterator[str]:
+    """A real lock server (its own `app_from_settings`, PostgreSQL backend, the test signing key
+    and the generated credentials), for the assertions `payouts payout revoke|abandon` obtain."""
+    settings = LockSettings().model_copy(
+        update={
+            "backend": "postgres",
+            "database_url": db,
+            "key_prefix": f"cli-{uuid.uuid4().hex[:6]}/",
+            "signing_key_path": str(grant_keys().private_path),
+            "signing_key_id": TEST_KID,
+            "credentials_path": str(credentials().servers["lock-server"]),
+        }
+    )
+    server = ServerThread(app_from_settings(settings))
+    server.start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def operator_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PAYOUTS_OPERATOR_TOKEN", raising=False)
+    monkeypatch.setenv("PAYOUTS_OPERATOR_TOKEN_FILE", token_file(OPERATOR))
+
+
 def test_unknown_and_completed_payouts_have_their_own_exit_codes(
-    db: str, temporal_env: WorkflowEnvironment, capsys: pytest.CaptureFixture[str]
+    db: str,
+    temporal_env: WorkflowEnvironment,
+    lock_url: str,
+    operator_env: None,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """status of an unknown payout exits 3; a signal to a payout whose workflow has ended exits 4;
     each with one line on stderr and no traceback."""
@@ -190,9 +228,82 @@ def test_unknown_and_completed_payouts_have_their_own_exit_codes(
     assert main([*create, "--amount", "5", "--payout-id", f"{prefix}p"]) == 0
     asyncio.run(_terminate(address, f"payout-{prefix}p"))
     capsys.readouterr()
-    signal = ["payout", "abandon", f"{prefix}p", "--operator", "ana", "--reason", "test"]
+    signal = ["payout", "abandon", f"{prefix}p", "--reason", "test", "--lock-url", lock_url]
     assert main([*signal, "--temporal", address]) == 4
     assert "has completed" in capsys.readouterr().err
+
+
+async def _signals(address: str, workflow_id: str) -> list[dict[str, Any]]:
+    """The payloads of every signal in the workflow's history, decoded as JSON."""
+    from temporalio.client import Client
+
+    client = await Client.connect(address)
+    history = await client.get_workflow_handle(workflow_id).fetch_history()
+    out = []
+    for event in history.events:
+        if event.HasField("workflow_execution_signaled_event_attributes"):
+            attrs = event.workflow_execution_signaled_event_attributes
+            out += [json.loads(p.data) for p in attrs.input.payloads]
+    return out
+
+
+def _started_without_worker(db: str, address: str) -> str:
+    """A payout whose workflow runs on a queue no worker polls: signals just land in history."""
+    prefix = f"s{uuid.uuid4().hex[:5]}-"
+    seed(db, prefix, accounts=1, balance=100)
+    create = ["payout", "create", "--database-url", db, "--temporal", address]
+    create += ["--task-queue", f"q-{uuid.uuid4()}", "--account", f"{prefix}00000"]
+    assert main([*create, "--amount", "5", "--payout-id", f"{prefix}p"]) == 0
+    return f"{prefix}p"
+
+
+def test_operator_signal_carries_the_lock_servers_assertion_and_no_secret(
+    db: str,
+    temporal_env: WorkflowEnvironment,
+    lock_url: str,
+    operator_env: None,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`payouts payout revoke` obtains an operator assertion with the operator's token and sends
+    it in the signal: the history holds the asserted identity (not `--operator`), bound to this
+    payout and action, and never the token."""
+    address = temporal_env.client.service_client.config.target_host
+    payout_id = _started_without_worker(db, address)
+    capsys.readouterr()
+    argv = ["payout", "revoke", payout_id, "--operator", "mallory", "--reason", "stuck holder"]
+    assert main([*argv, "--lock-url", lock_url, "--temporal", address]) == 0
+    assert f"as {OPERATOR}" in capsys.readouterr().out
+    (sent,) = asyncio.run(_signals(address, f"payout-{payout_id}"))
+    assert sent["operator"] == OPERATOR and sent["reason"] == "stuck holder"
+    a = sent["assertion"]
+    assert (a["identity"], a["action"], a["payout_id"]) == (OPERATOR, "revoke", payout_id)
+    assert token(OPERATOR) not in json.dumps(sent)
+
+
+def test_operator_signal_without_the_lock_server_sends_nothing(
+    db: str,
+    temporal_env: WorkflowEnvironment,
+    lock_url: str,
+    operator_env: None,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Lock server unreachable: one line, exit 5, no signal. No operator token: exit 2, no
+    signal. A component's token: refused by the lock server (403), exit 2, no signal."""
+    address = temporal_env.client.service_client.config.target_host
+    payout_id = _started_without_worker(db, address)
+    capsys.readouterr()
+    argv = ["payout", "abandon", payout_id, "--reason", "sla", "--temporal", address]
+    assert main([*argv, "--lock-url", "http://127.0.0.1:1"]) == 5
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "lock server at http://127.0.0.1:1 unreachable" in err[0]
+    monkeypatch.setenv("PAYOUTS_OPERATOR_TOKEN_FILE", token_file("worker"))
+    assert main([*argv, "--lock-url", lock_url]) == 2
+    assert "HTTP 403" in capsys.readouterr().err
+    monkeypatch.delenv("PAYOUTS_OPERATOR_TOKEN_FILE")
+    assert main([*argv, "--lock-url", lock_url]) == 2
+    assert "no operator token" in capsys.readouterr().err
+    assert asyncio.run(_signals(address, f"payout-{payout_id}")) == []
 
 
 async def _terminate(address: str, workflow_id: str) -> None:

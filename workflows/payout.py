@@ -48,6 +48,9 @@ PATCH_ACQUIRE_HEARTBEAT = "acquire-heartbeat"
 #: After a holder step timed out, the release on that holder's queue is one attempt bounded by
 #: the holder heartbeat timeout: a frozen worker's long-poll takes it and holds it for no longer.
 PATCH_SHORT_RELEASE_AFTER_TIMEOUT = "short-release-after-holder-timeout"
+#: An abandon whose operator assertion the payment store refused is recorded as a rejected
+#: signal (audit row + event) and dropped, instead of failing the critical section.
+PATCH_VERIFIED_ABANDON = "abandon-assertion-refused"
 
 # Database writes before handoff may be retried a few times; fenced rejections never are. A write
 # that still fails is not fatal: the critical section ends, the grant is released, and the run
@@ -232,6 +235,9 @@ class PayoutWorkflow:
                 operator=cmd.operator,
                 reason=cmd.reason,
                 payout_id=self._input.payout_id,
+                # Verified by the lock server, which audits the identity inside (or refuses:
+                # a non-retryable failure, reported as a rejected signal).
+                assertion=cmd.assertion,
             ),
             start_to_close_timeout=timedelta(seconds=30),
             retry_policy=_unlimited_retry(self._input),
@@ -430,7 +436,7 @@ class PayoutWorkflow:
         )
 
     def _step(
-        self, inp: m.PayoutInput, grant: m.AcquireResult, name: str, **kw: str
+        self, inp: m.PayoutInput, grant: m.AcquireResult, name: str, **kw: Any
     ) -> m.StepRequest:
         deadline_s = inp.submit_deadline_s if name == "submit" else None
         return m.StepRequest(
@@ -512,18 +518,10 @@ class PayoutWorkflow:
                 continue
             if state == PayoutState.RAIL_AMBIGUOUS.value:
                 if self._abandon is not None:
-                    view = await self._on_holder(
-                        m.ABANDON_PAYOUT,
-                        self._step(
-                            inp,
-                            grant,
-                            "abandon",
-                            operator=self._abandon.operator,
-                            reason=self._abandon.reason,
-                        ),
-                        queue,
-                        _DB_WRITE_RETRY,
-                    )
+                    abandoned = await self._carry_out_abandon(inp, grant, self._abandon)
+                    if abandoned is None:
+                        return True  # refused and recorded: resolve by lookups as before
+                    view = abandoned
                     continue
                 if self._resolution:
                     view = await self._on_holder(
@@ -543,6 +541,36 @@ class PayoutWorkflow:
             self._last_error = f"unexpected payout state {state}"
             workflow.logger.error("unexpected payout state %s", state)
             return False
+
+    async def _carry_out_abandon(
+        self, inp: m.PayoutInput, grant: m.AcquireResult, cmd: m.OperatorCommand
+    ) -> m.PayoutView | None:
+        """The abandon under this grant; None when the payment store refused the command's
+        operator assertion: the rejection is recorded (audit row + `operator.signal_rejected`),
+        the command dropped, and nothing changed."""
+        try:
+            return await self._on_holder(
+                m.ABANDON_PAYOUT,
+                self._step(
+                    inp,
+                    grant,
+                    "abandon",
+                    operator=cmd.operator,
+                    reason=cmd.reason,
+                    assertion=cmd.assertion,
+                ),
+                grant.worker_queue,
+                _DB_WRITE_RETRY,
+            )
+        except ActivityError as err:
+            # Only new code can meet this refusal; the patch marks the commands it adds.
+            if not _is_type(err, m.ASSERTION_REFUSED) or not workflow.patched(
+                PATCH_VERIFIED_ABANDON
+            ):
+                raise
+            self._abandon = None
+            await self._reject("abandon", cmd, f"abandon refused: {_cause(err)}")
+            return None
 
     async def _release(
         self, inp: m.PayoutInput, grant: m.AcquireResult, *, short: bool = False

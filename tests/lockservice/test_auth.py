@@ -5,11 +5,15 @@ Each protected endpoint without a credential answers 401 and changes nothing (th
 held, the epoch unchanged); a component credential where an operator is needed answers 403; an
 operator's token works and the audit names the authenticated identity, whatever the body says.
 Negative control: the same server without a credentials file lets the anonymous revoke through.
+Operator assertions: issued to operators only; a worker-sent revoke (a Temporal signal) needs a
+valid one for that payout, action and key, unexpired, and is audited as the identity inside;
+negative control: with assertion verification off, the unasserted worker revoke goes through.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +23,16 @@ from structlog.testing import capture_logs
 
 from common.credentials import Kind, issue_tokens, read_token, write_credentials
 from lockservice.api import LockBackend
+from lockservice.assertions import AssertionVerifier, sign_assertion
 from lockservice.client import LockClient
+from lockservice.grants import GrantSigner
 from lockservice.server import create_app
 from tests.lockservice import server_fixtures as _fx
 
 KEY = "payout:auth-acct"
+PAYOUT = "po-auth-1"
+#: The server's signing key, so that tests can verify (and sign, for an expired one) assertions.
+SIGNER = GrantSigner.ephemeral("auth-k1")
 IDENTITIES: dict[str, Kind] = {
     "local-operator": "operator",
     "worker": "component",
@@ -61,7 +70,7 @@ async def server(
     from common.credentials import Credentials
 
     creds = Credentials.load(tmp_path / "lock-server.json")
-    async with _fx.serve_app(create_app(backend, credentials=creds)) as url:
+    async with _fx.serve_app(create_app(backend, credentials=creds, signer=SIGNER)) as url:
         yield url
 
 
@@ -137,15 +146,123 @@ async def test_force_revoke_needs_an_operator_and_audits_its_identity(
         assert await _holder(http, tokens["worker"]) == (None, None)
 
 
-async def test_a_worker_revoke_is_marked_unverified(server: str, tokens: dict[str, str]) -> None:
-    """The revoke activity (a Temporal signal's operator name) is attributed to the worker and
-    marked unverified, never recorded as if the operator had authenticated."""
+async def _assertion(
+    http: httpx.AsyncClient, token: str | None, action: str = "revoke", payout_id: str = PAYOUT
+) -> httpx.Response:
+    body = {"action": action, "payout_id": payout_id, "reason": "stuck holder drill"}
+    return await http.post("/v1/operator-assertions", json=body, headers=_h(token))
+
+
+async def test_operator_assertions_are_issued_to_operators_only(
+    server: str, tokens: dict[str, str]
+) -> None:
+    """No credential: 401; a component's: 403; an operator's: an assertion naming the
+    authenticated identity, signed with the server's key, for that action and payout."""
     async with httpx.AsyncClient(base_url=server) as http:
+        for token, status in ((None, 401), ("forged", 401), (tokens["worker"], 403)):
+            assert (await _assertion(http, token)).status_code == status
+        r = await _assertion(http, tokens["local-operator"])
+        assert r.status_code == 200, r.text
+        bad = await http.post(
+            "/v1/operator-assertions",
+            json={"action": "bump", "payout_id": PAYOUT, "reason": "x"},
+            headers=_h(tokens["local-operator"]),
+        )
+        assert bad.status_code == 422
+        blank = await http.post(
+            "/v1/operator-assertions",
+            json={"action": "revoke", "payout_id": PAYOUT, "reason": "   "},
+            headers=_h(tokens["local-operator"]),
+        )
+        assert blank.status_code == 422, blank.text
+    verifier = AssertionVerifier({SIGNER.kid: SIGNER.public_key()})
+    a = verifier.verify(r.json(), action="revoke", payout_id=PAYOUT)
+    assert a.identity == "local-operator" and a.reason == "stuck holder drill"
+
+
+async def _refused_assertions(http: httpx.AsyncClient, operator: str) -> dict[str, Any]:
+    """What an attacker (or a mistake) can put in a revoke signal, by the code it must get."""
+    good = (await _assertion(http, operator)).json()
+    now = datetime.now(UTC)
+    expired = sign_assertion(
+        SIGNER,
+        identity="local-operator",
+        action="revoke",
+        payout_id=PAYOUT,
+        reason="old",
+        issued_at=now - timedelta(seconds=600),
+        expires_at=now - timedelta(seconds=300),
+        nonce="n",
+    ).to_json()
+    other_key = sign_assertion(
+        SIGNER,
+        identity="local-operator",
+        action="revoke",
+        payout_id=PAYOUT,
+        reason="r",
+        issued_at=now,
+        expires_at=now + timedelta(seconds=60),
+        nonce="n",
+        key="payout:someone-else",
+    ).to_json()
+    return {
+        "missing": None,
+        "malformed": {"identity": "mallory"},
+        "bad_signature": {**good, "identity": "mallory"},  # re-labelled: the signature breaks
+        "wrong_payout": (await _assertion(http, operator, payout_id="po-other")).json(),
+        "wrong_action": (await _assertion(http, operator, action="abandon")).json(),
+        "wrong_key": other_key,
+        "expired": expired,
+        "unknown_key_id": {**good, "kid": "nobody"},
+    }
+
+
+async def test_a_worker_revoke_needs_a_valid_operator_assertion(
+    server: str, tokens: dict[str, str]
+) -> None:
+    """The revoke activity (a Temporal signal) is carried out only with the server's assertion
+    for that payout and action, unexpired by the server's clock, and the identity inside it is
+    audited; every other one answers 403 with its code and the holder keeps the lock."""
+    async with httpx.AsyncClient(base_url=server) as http:
+        grant = await _hold(http, tokens["worker"])
+        base = {"key": KEY, "operator": "mallory", "reason": "signal", "payout_id": PAYOUT}
+        for code, assertion in (await _refused_assertions(http, tokens["local-operator"])).items():
+            body = {**base, "assertion": assertion}
+            r = await http.post("/v1/locks/revoke", json=body, headers=_h(tokens["worker"]))
+            assert r.status_code == 403, (code, r.text)
+            assert r.json()["code"] == f"operator_assertion_{code}"
+            assert await _holder(http, tokens["worker"]) == (grant["session_id"], grant["token"])
+        good = (await _assertion(http, tokens["local-operator"])).json()
+        with capture_logs() as logs:
+            r = await http.post(
+                "/v1/locks/revoke",
+                json={**base, "assertion": good},
+                headers=_h(tokens["worker"]),
+            )
+        assert r.status_code == 200, r.text
+        assert r.json()["operator"] == "local-operator"  # not "mallory", not the worker
+        assert r.json()["reason"] == "stuck holder drill"  # the asserted reason
+        revoked = [e for e in logs if e["event"] == "lock.revoked"]
+        assert revoked and revoked[0]["operator"] == "local-operator"
+        assert await _holder(http, tokens["worker"]) == (None, None)
+
+
+async def test_negative_control_unverified_worker_revoke_goes_through(
+    backend: LockBackend, tokens: dict[str, str], tmp_path: Path
+) -> None:
+    """Assertion verification off (LOCK_VERIFY_OPERATOR_ASSERTIONS=false, the experiment
+    switch): the worker's revoke with no assertion and a free-text name ends the grant."""
+    from common.credentials import Credentials
+
+    creds = Credentials.load(tmp_path / "lock-server.json")
+    app = create_app(backend, credentials=creds, verify_operator_assertions=False)
+    async with _fx.serve_app(app) as url, httpx.AsyncClient(base_url=url) as http:
         await _hold(http, tokens["worker"])
-        body = {"key": KEY, "operator": "bo", "reason": "signal"}
+        body = {"key": KEY, "operator": "mallory", "reason": "signal"}
         r = await http.post("/v1/locks/revoke", json=body, headers=_h(tokens["worker"]))
         assert r.status_code == 200, r.text
-        assert r.json()["operator"] == "worker/unverified:bo"
+        assert r.json()["operator"] == "worker/unverified:mallory"
+        assert await _holder(http, tokens["worker"]) == (None, None)
 
 
 async def test_bump_epoch_needs_an_operator(

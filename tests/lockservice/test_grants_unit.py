@@ -92,6 +92,10 @@ def test_each_refusal_has_its_own_error() -> None:
         v.verify(None, key="payout:a", token=7, now=NOW)
     with pytest.raises(MalformedGrant):
         v.verify({"key": "payout:a", "token": "7"}, key="payout:a", token=7, now=NOW)
+    # A time that cannot be put in UTC (year 1 at +01:00) is malformed, not a crash.
+    edge = {**g.to_json(), "expires_at": "0001-01-01T00:00:00+01:00"}
+    with pytest.raises(MalformedGrant):
+        v.verify(edge, key="payout:a", token=7, now=NOW)
     with pytest.raises(UnknownKeyId):
         _verifier(GrantSigner.ephemeral("k2")).verify(g, key="payout:a", token=7, now=NOW)
     with pytest.raises(KeyMismatch):

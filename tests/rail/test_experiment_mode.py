@@ -242,6 +242,14 @@ def test_worker_fencing_off_outside_experiment_mode_refuses_to_start(closed_port
     assert "WORKER_ENFORCE_FENCING=false" in line and "WORKER_EXPERIMENT_MODE=true" in line
 
 
+def test_worker_assertions_off_outside_experiment_mode_refuses_to_start(closed_port: int) -> None:
+    """WORKER_VERIFY_OPERATOR_ASSERTIONS=false (abandon on a signal's free-text name) is an
+    experiment switch too: exit 2 naming it."""
+    env = _worker_env(f"http://127.0.0.1:{closed_port}", WORKER_VERIFY_OPERATOR_ASSERTIONS="false")
+    line = _refusal(_run(["worker_main.py"], env), "worker")
+    assert "WORKER_VERIFY_OPERATOR_ASSERTIONS=false" in line
+
+
 async def test_worker_experiment_mode_needs_a_proxy_in_experiment_mode(
     make_proxy: MakeProxy,
 ) -> None:

@@ -22,6 +22,7 @@ import httpx
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from activities import models as m
 from activities.payout_activities import PayoutActivities
 from ledger import PayoutStore
 from ledger import WorkContext as LedgerContext
@@ -205,16 +206,18 @@ async def in_process_workers(
     ttl_s: float = 3.0,
     database_url: str | None = None,
     proxy_url: str | None = None,
+    verify_assertions: bool = True,
 ) -> AsyncIterator[list[InProcessWorker]]:
     """Workers running the real activities. `database_url` / `proxy_url` point them elsewhere
-    (e.g. at a dead port: workers that are up but cannot reach their database or the proxy)."""
+    (e.g. at a dead port: workers that are up but cannot reach their database or the proxy).
+    `verify_assertions=False` is WORKER_VERIFY_OPERATOR_ASSERTIONS=false (negative control)."""
     # min_size=0: a pool at a dead port is created empty and fails each acquire, like a worker
     # whose database is unreachable.
     pool = await asyncpg.create_pool(
         database_url or system.database_url, min_size=0 if database_url else 1, max_size=10
     )
     # As worker_main builds it: every fenced write verifies the lock server's signed grant.
-    store = PayoutStore(pool, verifier=grant_verifier())
+    store = PayoutStore(pool, verifier=grant_verifier(), verify_assertions=verify_assertions)
     workers: list[InProcessWorker] = []
     try:
         async with contextlib.AsyncExitStack() as stack:
@@ -306,3 +309,35 @@ async def wait_for(pred: Any, timeout_s: float = 30.0, every_s: float = 0.1) -> 
             return
         await asyncio.sleep(every_s)
     raise AssertionError("condition not met in time")
+
+
+def operator_assertion(
+    system: System, action: str, payout_id: str, reason: str = "drill: signed command"
+) -> dict[str, Any]:
+    """The lock server's operator assertion, obtained with the operator's token (as the CLI)."""
+    r = httpx.post(
+        f"{system.lock_url}/v1/operator-assertions",
+        json={"action": action, "payout_id": payout_id, "reason": reason},
+        headers=headers(),
+        timeout=10,
+    )
+    r.raise_for_status()
+    body: dict[str, Any] = r.json()
+    return body
+
+
+def signed_command(
+    system: System, action: str, payout_id: str, reason: str = "drill: signed command"
+) -> m.OperatorCommand:
+    """What `payouts payout revoke|abandon` sends: the asserted identity, the reason, and the
+    assertion itself."""
+    a = operator_assertion(system, action, payout_id, reason)
+    return m.OperatorCommand(operator=a["identity"], reason=reason, assertion=a)
+
+
+def lock_token(system: System, key: str) -> int | None:
+    """The token currently holding `key` at the lock server (an operator's inspect)."""
+    r = httpx.get(f"{system.lock_url}/v1/locks", params={"key": key}, headers=headers(), timeout=10)
+    r.raise_for_status()
+    token: int | None = r.json()["token"]
+    return token

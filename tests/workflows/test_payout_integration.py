@@ -29,7 +29,7 @@ from ledger.queries import ledger_discrepancies
 from lockservice.client import LockClient
 from payouts.embedded import temporal_binary
 from payouts.migrate import migrate
-from tests.credentials import headers, token, token_file
+from tests.credentials import OPERATOR, headers, token, token_file
 from tests.grants import public_keys
 from tests.workflows.system import (
     System,
@@ -37,7 +37,9 @@ from tests.workflows.system import (
     create_payout,
     fund,
     in_process_workers,
+    lock_token,
     running_system,
+    signed_command,
     spawn,
     stop,
     wait_for,
@@ -226,7 +228,7 @@ async def test_ambiguous_is_abandoned_by_an_operator(
         await wait_for(escalated)
         await handle.signal(
             PayoutWorkflow.abandon,
-            m.OperatorCommand(operator="oncall-ana", reason="rail ticket 42: no record"),
+            signed_command(system, "abandon", payout_id, "rail ticket 42: no record"),
         )
         result = await handle.result()
     finally:
@@ -241,7 +243,7 @@ async def test_ambiguous_is_abandoned_by_an_operator(
         )
     finally:
         await conn.close()
-    assert actor == "oncall-ana"
+    assert actor == OPERATOR  # the identity the lock server asserted, authenticated by token
     assert len(system.movements(payout_id)) == 1
 
 
@@ -261,7 +263,7 @@ async def test_revoke_signal_fences_the_holder_and_the_payout_completes(
     await wait_for(submitting)
     first_token = (await handle.query(PayoutWorkflow.status)).token
     await handle.signal(
-        PayoutWorkflow.revoke, m.OperatorCommand(operator="oncall-bo", reason="stuck holder drill")
+        PayoutWorkflow.revoke, signed_command(system, "revoke", payout_id, "stuck holder drill")
     )
     result = await handle.result()
     await record(handle, "revoke")
@@ -390,11 +392,15 @@ async def test_malformed_operator_signals_are_rejected_and_audited(
     temporal_env: WorkflowEnvironment, system: System, workers: str
 ) -> None:
     """Each malformed payload, sent with the real `temporal` CLI, is rejected with an audit row
-    and shown in the status; the workflow goes on and the payout completes once it can."""
+    and shown in the status; so is a well-formed revoke with a free-text operator and no
+    operator assertion (anyone who can reach Temporal can send it): the lock server refuses it
+    and the holder keeps its lock. The workflow goes on and completes once it can."""
     payout_id, account_id = ids()
     await fund(system.database_url, account_id, 10_000)
     await create_payout(system.database_url, payout_id, account_id, 100)
     address = temporal_env.client.service_client.config.target_host
+    argv = [temporal_binary(), "workflow", "signal", "--address", address]
+    argv += ["--workflow-id", f"payout-{payout_id}"]
     async with LockClient(
         system.lock_url, ttl_s=15.0, heartbeat_s=3.0, token=token("worker")
     ) as locks:
@@ -402,28 +408,39 @@ async def test_malformed_operator_signals_are_rejected_and_audited(
         blocker = await locks.acquire(f"payout:{account_id}")
         handle = await start(temporal_env.client, workers, payout_id, account_id)
         for payload in MALFORMED_SIGNALS:
-            argv = [temporal_binary(), "workflow", "signal", "--address", address]
-            argv += ["--workflow-id", f"payout-{payout_id}", "--name", "abandon"]
             await asyncio.to_thread(
                 subprocess.run,
-                [*argv, "--input", payload],
+                [*argv, "--name", "abandon", "--input", payload],
                 check=True,
                 capture_output=True,
                 timeout=60,
             )
+        unasserted = '{"operator": "mallory", "reason": "let me in"}'
+        await asyncio.to_thread(
+            subprocess.run,
+            [*argv, "--name", "revoke", "--input", unasserted],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
 
         async def all_audited() -> bool:
-            return len(
-                await audit_rows(system.database_url, payout_id, "signal_rejected:abandon")
-            ) == len(MALFORMED_SIGNALS)
+            abandons = await audit_rows(system.database_url, payout_id, "signal_rejected:abandon")
+            revokes = await audit_rows(system.database_url, payout_id, "signal_rejected:revoke")
+            return len(abandons) == len(MALFORMED_SIGNALS) and len(revokes) == 1
 
         await wait_for(all_audited, timeout_s=60)
         status = await handle.query(PayoutWorkflow.status)
-        assert len(status.rejected_signals) == len(MALFORMED_SIGNALS)
+        assert len(status.rejected_signals) == len(MALFORMED_SIGNALS) + 1
         assert status.state == "PENDING"
+        # The unasserted revoke changed nothing: the blocker still holds the lock.
+        assert lock_token(system, f"payout:{account_id}") == blocker.token
+        assert await audit_rows(system.database_url, payout_id, "lock_revoke_requested") == []
         await locks.release(blocker)
     result = await handle.result()
     assert result.state == "POSTED"
+    (revoke,) = await audit_rows(system.database_url, payout_id, "signal_rejected:revoke")
+    assert revoke["actor"] == "mallory" and "operator_assertion_missing" in revoke["details"]
     whys = [
         r["details"]
         for r in await audit_rows(system.database_url, payout_id, "signal_rejected:abandon")

@@ -26,6 +26,7 @@ from temporalio.testing import WorkflowEnvironment
 from activities import models as m
 from payouts.embedded import free_port
 from payouts.migrate import migrate
+from tests.credentials import OPERATOR
 from tests.workflows.system import (
     System,
     audit_rows,
@@ -33,6 +34,7 @@ from tests.workflows.system import (
     fund,
     in_process_workers,
     running_system,
+    signed_command,
     wait_for,
 )
 from workflows.payout import PayoutWorkflow
@@ -115,12 +117,12 @@ async def test_revoke_during_a_lock_server_outage_is_carried_out_when_it_returns
         async with in_process_workers(client, system, queue, count=1):
             payout_id, handle = await ambiguous_payout(client, system, queue, 600)
             await until_state(handle, "RAIL_AMBIGUOUS")
+            # The CLI obtains the assertion first (it cannot while the lock server is down); it
+            # outlives the outage (5 minutes), and the lock server checks it on its return.
+            command = signed_command(system, "revoke", payout_id, "drill: lock server down")
             system.stop_service("lock")
             try:
-                await handle.signal(
-                    PayoutWorkflow.revoke,
-                    m.OperatorCommand(operator="oncall-bo", reason="drill: lock server down"),
-                )
+                await handle.signal(PayoutWorkflow.revoke, command)
 
                 async def retried_past_old_budget() -> bool:
                     return await pending_attempts(handle, m.REVOKE_LOCK) > OLD_ATTEMPTS
@@ -144,7 +146,7 @@ async def test_revoke_during_a_lock_server_outage_is_carried_out_when_it_returns
     assert result.state == "POSTED"
     assert result.pending_revokes == 0 and result.rejected_signals == []
     rows = await audit_rows(system.database_url, payout_id, "lock_revoke_requested")
-    assert [r["actor"] for r in rows] == ["oncall-bo"]
+    assert [r["actor"] for r in rows] == [OPERATOR]
     assert len(system.movements(payout_id)) == 1
 
 
@@ -227,7 +229,7 @@ async def test_ambiguous_payout_continues_as_new_and_is_then_abandoned(
             await wait_for(escalated_in_a_later_run, timeout_s=90)
             await handle.signal(
                 PayoutWorkflow.abandon,
-                m.OperatorCommand(operator="oncall-ana", reason="rail ticket 43: no record"),
+                signed_command(system, "abandon", payout_id, "rail ticket 43: no record"),
             )
             result = await handle.result()
             first = client.get_workflow_handle(handle.id, run_id=first_run)
@@ -248,6 +250,6 @@ async def test_ambiguous_payout_continues_as_new_and_is_then_abandoned(
         )
     finally:
         await conn.close()
-    assert actor == "oncall-ana"
+    assert actor == OPERATOR
     assert len(await audit_rows(system.database_url, payout_id, "ambiguity_escalated")) == 1
     assert len(system.movements(payout_id)) == 1

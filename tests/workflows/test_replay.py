@@ -1,5 +1,6 @@
 """Replay tests: histories recorded from real runs (tests/workflows/test_payout_integration.py
-and, for `continued_as_new`, test_payout_resilience.py, with RECORD_HISTORIES=1) must replay against the current PayoutWorkflow without a
+and, for `continued_as_new`, test_payout_resilience.py; for the operator-assertion ones,
+test_operator_assertions.py; with RECORD_HISTORIES=1) must replay against the current PayoutWorkflow without a
 non-determinism error; a deliberately non-deterministic change must be caught."""
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ REQUIRED = {
     "worker_killed_recovered",
     "revoke",
     "continued_as_new",  # the first run of an ambiguous payout, ending in ContinueAsNew
+    # test_operator_assertions.py: signals carrying refused operator assertions (recorded
+    # rejections; the abandon refusal's patch marker), then a valid one carried out.
+    "revoke_assertions_refused_then_valid",
+    "abandon_assertions_refused_then_valid",
 }
 
 
