@@ -1,5 +1,6 @@
 # syntax=docker/dockerfile:1
-# One image for every component of ARCHITECTURE §1; the command picks which one runs:
+# One image for every component of docs/architecture.md#processes-and-the-real-components-they-use;
+# the command picks which one runs:
 #   python -m lockservice serve | python -m railproxy | python -m railstub | python -m finledger
 #   payouts outbox run | python /app/worker_main.py | payouts db migrate (one-shot job)
 #   payouts reconcile schedule (one-shot job) | payouts reconcile run | payouts check-invariants
@@ -16,6 +17,7 @@ ENV PIP_NO_CACHE_DIR=1 \
 WORKDIR /src
 RUN python -m venv /opt/venv
 COPY pyproject.toml constraints.txt README.md worker_main.py ./
+COPY common/ common/
 COPY payouts/ payouts/
 COPY lockservice/ lockservice/
 COPY ledger/ ledger/

@@ -1,12 +1,16 @@
 """Write the secrets of docker-compose.yml: `deploy/compose.env` and `deploy/secrets/` (gitignored).
 
-Owns: one random password per database role (NFR-12, ARCHITECTURE §9: each component connects
-with its own role), the Grafana admin password, and the lock service's Ed25519 grant-signing key
-pair. Must never: print a secret, overwrite an existing file (a second run keeps what the running
-databases were initialised with; `--force` replaces the env file, never the key pair), or write
-anywhere but under `deploy/`.
+Owns: one random password per database role (NFR-12; each component connects with its own role,
+docs/architecture.md#trust), the Grafana admin password, the lock service's Ed25519
+grant-signing key pair, and the bearer tokens and credentials files (common.credentials): one
+token per identity under `deploy/secrets/credentials/tokens/` and one credentials file per
+server under `deploy/secrets/credentials/`, for the same identities and servers as the local
+stack (payouts/stack_services.py). Must never: print a secret, overwrite an existing file (a
+second run keeps what the running databases were initialised with and the tokens the services
+accept; `--force` replaces the env file, never the key pair or a token), or write anywhere but
+under `deploy/`.
 
-Run: `make compose-env` (or `.venv/bin/python deploy/gen_env.py [--force]`).
+Run: `make compose-env` (or `.venv/bin/python deploy/gen_env.py [--force] [--credentials-only]`).
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent))
 
+from common.credentials import issue_tokens, write_credentials  # noqa: E402 - path set-up above
 from lockservice.grants import generate_keypair  # noqa: E402 - after the path set-up above
+from payouts.stack_services import STACK_ACCEPTS, STACK_IDENTITIES  # noqa: E402 - same reason
 
 ENV_PATH = ROOT / "compose.env"
 SECRETS_DIR = ROOT / "secrets"
@@ -71,16 +77,46 @@ def write_keys(directory: Path) -> Path:
     return pair.private_path
 
 
+def write_credentials_files(directory: Path) -> Path:
+    """Tokens (kept if present) and each server's credentials file (rewritten from the tokens,
+    so it always accepts exactly the current ones), all 0600 under a 0700 directory. The
+    `credentials` job of docker-compose.yml installs each component's own files into its volume
+    as uid 10001, mode 0400 (deploy/compose/install-credentials.sh)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    directory.parent.chmod(0o700)
+    directory.chmod(0o700)
+    tokens = issue_tokens(directory / "tokens", STACK_IDENTITIES)
+    (directory / "tokens").chmod(0o700)
+    for server, names in STACK_ACCEPTS.items():
+        accepted = {name: STACK_IDENTITIES[name] for name in names}
+        write_credentials(directory / f"{server}.json", accepted, tokens)
+    return directory
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--force", action="store_true", help="replace an existing env file")
     parser.add_argument("--env-file", type=Path, default=ENV_PATH, help="where to write")
     parser.add_argument("--secrets-dir", type=Path, default=SECRETS_DIR, help="key pair folder")
+    parser.add_argument(
+        "--credentials-only",
+        action="store_true",
+        help="write only the tokens and credentials files (for Secret Manager, docs/deploy-gcp.md)",
+    )
     args = parser.parse_args(argv)
+    if args.credentials_only:
+        creds = write_credentials_files(args.secrets_dir / "credentials")
+        sys.stdout.write(f"{creds}: bearer tokens and credentials files\n")
+        return 0
     wrote = write_env(args.env_file, force=args.force)
     key = write_keys(args.secrets_dir)
+    creds = write_credentials_files(args.secrets_dir / "credentials")
     state = "written" if wrote else "kept (exists; --force replaces it)"
-    sys.stdout.write(f"{args.env_file}: {state}\n{key}: grant-signing key, kid {KEY_ID}\n")
+    sys.stdout.write(
+        f"{args.env_file}: {state}\n{key}: grant-signing key, kid {KEY_ID}\n"
+        f"{creds}: bearer tokens and credentials files; operator token: "
+        f"{creds / 'tokens' / 'local-operator.token'}\n"
+    )
     return 0
 
 

@@ -3,14 +3,15 @@
 # docs/deploy-gcp.md is checked against this map by tests/deploy.
 locals {
   workloads = {
-    lock      = { ksa = "lock-server", database = true, secrets = ["grant-signing-key"] }
-    railproxy = { ksa = "railproxy", database = true, secrets = ["grant-public-key"] }
-    worker    = { ksa = "worker", database = true, secrets = ["grant-public-key"] }
-    outbox    = { ksa = "outbox", database = true, secrets = [] }
+    lock      = { ksa = "lock-server", database = true, secrets = ["grant-signing-key", "lock-server-credentials"] }
+    railproxy = { ksa = "railproxy", database = true, secrets = ["grant-public-key", "railproxy-credentials", "railproxy-token"] }
+    worker    = { ksa = "worker", database = true, secrets = ["grant-public-key", "worker-token", "reconciler-token"] }
+    outbox    = { ksa = "outbox", database = true, secrets = ["outbox-token"] }
     migrator  = { ksa = "migrator", database = true, secrets = [] }
-    reader    = { ksa = "reader", database = true, secrets = [] }
-    railstub  = { ksa = "railstub", database = false, secrets = [] }
-    finledger = { ksa = "finledger", database = false, secrets = [] }
+    # the reconciler and invariants jobs share this read-only account (and database role)
+    reader    = { ksa = "reader", database = true, secrets = ["reconciler-token", "invariants-token"] }
+    railstub  = { ksa = "railstub", database = false, secrets = ["railstub-credentials"] }
+    finledger = { ksa = "finledger", database = false, secrets = ["finledger-credentials"] }
   }
   database_roles = ["roles/cloudsql.client", "roles/cloudsql.instanceUser"]
   node_roles = [
@@ -65,7 +66,9 @@ resource "google_secret_manager_secret_iam_member" "access" {
     for pair in flatten([for k, v in local.workloads : [for s in v.secrets : { workload = k, secret = s }]]) :
     "${pair.workload}/${pair.secret}" => pair
   }
-  secret_id = google_secret_manager_secret.grant[each.value.secret].id
+  secret_id = merge(
+    google_secret_manager_secret.grant, google_secret_manager_secret.credential
+  )[each.value.secret].id
   role      = "roles/secretmanager.secretAccessor"
   member    = "serviceAccount:${google_service_account.workload[each.value.workload].email}"
 }

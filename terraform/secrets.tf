@@ -14,3 +14,25 @@ resource "google_secret_manager_secret" "grant" {
   labels     = { env = "dev", app = "payouts" }
   depends_on = [google_billing_budget.dev, google_project_service.apis]
 }
+
+# Bearer tokens (one per component identity) and the servers' credentials files
+# (common.credentials): containers only, like the keys above. Each workload may read only its own
+# (local.workloads in iam.tf) and its SecretProviderClass mounts only those (deploy/k8s).
+resource "google_secret_manager_secret" "credential" {
+  # checkov:skip=CKV_GCP_125: Google-managed encryption keys; a CMEK would outlive destroy (NFR-14).
+  for_each = toset([
+    "lock-server-credentials", "railstub-credentials", "railproxy-credentials",
+    "finledger-credentials", "railproxy-token", "outbox-token", "worker-token",
+    "reconciler-token", "invariants-token",
+  ])
+  secret_id = each.value
+  replication {
+    user_managed {
+      replicas {
+        location = var.region
+      }
+    }
+  }
+  labels     = { env = "dev", app = "payouts" }
+  depends_on = [google_billing_budget.dev, google_project_service.apis]
+}

@@ -1,7 +1,7 @@
 #!/bin/sh
 # PostgreSQL first-start script of docker-compose.yml (mounted into /docker-entrypoint-initdb.d).
-# One login role per component, each with only the privileges its component needs (ARCHITECTURE
-# §9, NFR-12); passwords come from the generated deploy/compose.env, never from this file.
+# One login role per component, each with only the privileges its component needs
+# (docs/architecture.md#trust, NFR-12); passwords come from the generated deploy/compose.env, never from this file.
 # Tables are created later by `payouts db migrate` as `migrator`; the default privileges below
 # hand each component its own schema's tables as they appear.
 set -eu

@@ -21,7 +21,7 @@ from pydantic_settings import BaseSettings
 
 @dataclass(frozen=True)
 class Component:
-    name: str  # as ARCHITECTURE §1 and the deployments name it
+    name: str  # as docs/architecture.md (Processes) and deployments do
     command: tuple[str, ...]  # the container command that runs it
     settings: tuple[str, ...] = ()  # "module:Class" of each pydantic-settings class it builds
     modules: tuple[str, ...] = ()  # modules whose literal environment reads count too

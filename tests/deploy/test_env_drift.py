@@ -1,6 +1,7 @@
-"""Deployment cannot drift from the code: every component of ARCHITECTURE §1 is deployed by
-docker-compose.yml and deploy/k8s with the command the image runs, and with the environment
-variables its code reads (tests/deploy/envcontract.py derives them from the settings classes)."""
+"""Deployment cannot drift from the code: every component of docs/architecture.md (section
+"Processes and the real components they use") is deployed by docker-compose.yml and deploy/k8s
+with the command the image runs, and with the environment variables its code reads
+(tests/deploy/envcontract.py derives them from the settings classes)."""
 
 from __future__ import annotations
 

@@ -17,6 +17,7 @@ import compose_spec
 import hcl2
 import kubernetes_validate
 import pytest
+from hcl2.utils import SerializationOptions
 
 from tests.deploy.conftest import (
     CHECKOV,
@@ -247,16 +248,37 @@ BILLABLE = {
 BUDGET = "google_billing_budget.dev"
 
 
+#: python-hcl2 8 (constraints.txt) keeps a string's quotes and marks blocks unless told not to;
+#: with these options a string is plain ('REGIONAL'), an attribute is its value, a nested block
+#: is a list of dicts, and `depends_on` is a flat list of "${address}" strings.
+HCL_OPTIONS = SerializationOptions(
+    with_comments=False, explicit_blocks=False, strip_string_quotes=True
+)
+
+
 def terraform_resources(folder: Path) -> dict[str, dict[str, Any]]:
     found: dict[str, dict[str, Any]] = {}
     for path in sorted(folder.glob("*.tf")):
         with path.open() as f:
-            parsed = hcl2.load(f)
+            parsed = hcl2.load(f, serialization_options=HCL_OPTIONS)
         for block in parsed.get("resource", []):
             for rtype, named in block.items():
                 for rname, body in named.items():
-                    found[f"{rtype.strip(chr(34))}.{rname.strip(chr(34))}"] = body
+                    found[f"{rtype}.{rname}"] = body
     return found
+
+
+def test_terraform_parser_gives_plain_values() -> None:
+    """The assertions below compare plain values: a parser change (quotes kept, one-item lists,
+    block markers) fails here by name rather than as a budget or region mismatch."""
+    parsed = hcl2.loads(
+        'resource "a_b" "c" {\n  x = "Y"\n  n = 2\n  depends_on = [a_b.d]\n  blk {\n'
+        "    on = true\n  }\n}\n",
+        serialization_options=HCL_OPTIONS,
+    )
+    assert parsed["resource"] == [
+        {"a_b": {"c": {"x": "Y", "n": 2, "depends_on": ["${a_b.d}"], "blk": [{"on": True}]}}}
+    ]
 
 
 def budget_violations(resources: dict[str, dict[str, Any]]) -> list[str]:
@@ -264,11 +286,10 @@ def budget_violations(resources: dict[str, dict[str, Any]]) -> list[str]:
     directly or through an earlier resource that does)."""
 
     def depends(addr: str, seen: frozenset[str] = frozenset()) -> bool:
-        deps = (
-            [str(d).strip("${}") for d in resources[addr].get("depends_on", [[]])[0]]
-            if resources[addr].get("depends_on")
-            else []
-        )
+        deps = [
+            str(d).removeprefix("${").removesuffix("}")
+            for d in resources[addr].get("depends_on", [])
+        ]
         return BUDGET in deps or any(
             d in resources and d not in seen and depends(d, seen | {addr}) for d in deps
         )
@@ -300,11 +321,11 @@ def test_terraform_keeps_secrets_out_of_state_and_stays_in_one_region() -> None:
     assert "random_password" not in text
     assert set(re.findall(r"europe-\w+\d", text.lower())) == {"europe-central2"}
     sql = terraform_resources(TERRAFORM)["google_sql_database_instance.paydb"]["settings"][0]
-    # python-hcl2 gives every attribute value as a one-item list.
-    assert sql["availability_type"] == ["REGIONAL"]
-    assert sql["backup_configuration"][0]["point_in_time_recovery_enabled"] == [True]
+    # Nested blocks are lists of dicts; attributes are plain values (HCL_OPTIONS).
+    assert sql["availability_type"] == "REGIONAL"
+    assert sql["backup_configuration"][0]["point_in_time_recovery_enabled"] is True
     state = terraform_resources(TERRAFORM / "bootstrap")["google_storage_bucket.tfstate"]
-    assert state["versioning"][0]["enabled"] == [True]
+    assert state["versioning"][0]["enabled"] is True
     backend = (TERRAFORM / "versions.tf").read_text()
     assert 'backend "gcs"' in backend
 
