@@ -42,6 +42,9 @@ class GamedayOptions:
     #: How long a scenario may take to fire, and to resolve after recovery.
     fire_within_s: float = 90.0
     resolve_within_s: float = 120.0
+    #: After recovery, keep watching at least this long: a consequence (e.g. the latency of
+    #: payouts that completed late) must show and clear inside its own scenario.
+    settle_s: float = 15.0
     doc: Path = GAMEDAY_DOC
 
 
@@ -143,7 +146,13 @@ async def _run_one(
     t1 = time.monotonic()
     with contextlib.suppress(Exception):
         await scenario.recover(ctx)
-    await _until_resolved(ctx, rows, allowed, t1, options.resolve_within_s)
+    left = await ctx.until_terminal(options.resolve_within_s)
+    if left:
+        progress(f"  {left} payout(s) of this scenario not terminal yet")
+    ctx.created.clear()
+    await _until_resolved(
+        ctx, rows, allowed, t1, options.resolve_within_s, settle_s=options.settle_s
+    )
     for row in rows.values():
         progress(
             f"  {row.alert}: detected {row.detection_s}s, recovered {row.recovery_s}s,"
@@ -178,8 +187,15 @@ async def _until_fired(
 
 
 async def _until_resolved(
-    ctx: Ctx, rows: dict[str, Row], allowed: set[str], t1: float, within_s: float
+    ctx: Ctx,
+    rows: dict[str, Row],
+    allowed: set[str],
+    t1: float,
+    within_s: float,
+    *,
+    settle_s: float,
 ) -> None:
+    settled_at = time.monotonic() + settle_s
     while time.monotonic() - t1 < within_s:
         firing = await ctx.prom.firing()
         _spurious(firing, allowed, rows)
@@ -187,7 +203,9 @@ async def _until_resolved(
             if name not in firing and row.recovery_s is None and row.detection_s is not None:
                 row.recovery_s = round(time.monotonic() - t1, 1)
         done = all(r.recovery_s is not None or r.detection_s is None for r in rows.values())
-        if done and not set(firing) & allowed:  # consequences resolved too: a clean next one
+        if (
+            done and not set(firing) & allowed and time.monotonic() > settled_at
+        ):  # consequences resolved too: a clean next one
             return
         await asyncio.sleep(0.5)
     for row in rows.values():

@@ -19,8 +19,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import asyncpg
 import httpx
 
+from ledger.states import TERMINAL_STATES
 from payouts.chaos_faults import RAIL_BASELINE, FaultInjector
 from payouts.commands import PayoutSpec, create_payouts, seed_accounts, start_workflows
 from payouts.gameday_prom import GamedayPrometheus
@@ -37,6 +39,9 @@ class Ctx:
     http: httpx.AsyncClient
     notes: list[str] = field(default_factory=list)
     seq: int = 0
+    #: Payout ids this scenario created: recovery waits for them (late completions of a fault's
+    #: payouts belong to that fault, not to the next scenario).
+    created: list[str] = field(default_factory=list)
 
     def env(self) -> dict[str, str]:
         """The addresses the operator commands read (what `payouts up` prints as exports)."""
@@ -75,7 +80,26 @@ class Ctx:
         specs = [PayoutSpec(f"{prefix}p{i}", accounts[0], amount) for i in range(n)]
         await create_payouts(self.stack.database_url, specs)
         await start_workflows(self.stack.temporal_address, self.stack.config.task_queue, specs)
+        self.created.extend(s.payout_id for s in specs)
         return specs
+
+    async def until_terminal(self, within_s: float) -> int:
+        """Wait until every payout this scenario created is terminal; returns how many are not."""
+        deadline = asyncio.get_running_loop().time() + within_s
+        conn = await asyncpg.connect(self.stack.database_url)
+        try:
+            while True:
+                open_ = await conn.fetchval(
+                    "SELECT count(*) FROM paydb.payouts"
+                    " WHERE payout_id = ANY($1::text[]) AND NOT state = ANY($2::text[])",
+                    self.created,
+                    [str(s) for s in TERMINAL_STATES],
+                )
+                if not open_ or asyncio.get_running_loop().time() > deadline:
+                    return int(open_)
+                await asyncio.sleep(0.5)
+        finally:
+            await conn.close()
 
 
 Step = Callable[[Ctx], Awaitable[None]]
@@ -197,11 +221,13 @@ async def _confirm_slow(ctx: Ctx) -> bool:
 
 
 async def _ambiguous(ctx: Ctx) -> None:
-    # Every submission times out ambiguously, then lookups fail: nothing can resolve it.
-    await ctx.faults.rail({"ambiguity_rate": 1.0})
+    # Every submission's answer is lost (the rail moved the money, the proxy times out), and the
+    # rail's lookups lag (A-08 visibility delay): nothing can settle it until the lag ends. The
+    # game day recovers well inside the proxy's absence window (ingest bound + skew margin), so
+    # the lookup finds the movement rather than concluding "absent".
+    await ctx.faults.rail({"ambiguity_rate": 1.0, "visibility_delay_s": 3600.0})
     await ctx.payouts(1)
     await _until_state(ctx, "RAIL_AMBIGUOUS", 60.0)
-    await ctx.faults.rail({"outage": True})
 
 
 async def _until_state(ctx: Ctx, state: str, within_s: float) -> None:
