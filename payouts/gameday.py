@@ -144,6 +144,7 @@ async def _run_one(
         for row in rows.values():
             row.problems.append(f"{type(exc).__name__}: {exc}")
     t1 = time.monotonic()
+    await ctx.cancel_background()
     with contextlib.suppress(Exception):
         await scenario.recover(ctx)
     left = await ctx.until_terminal(options.resolve_within_s)

@@ -10,6 +10,7 @@ the first two; the game day needs none of them to recover).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -42,6 +43,20 @@ class Ctx:
     #: Payout ids this scenario created: recovery waits for them (late completions of a fault's
     #: payouts belong to that fault, not to the next scenario).
     created: list[str] = field(default_factory=list)
+    #: Load a scenario keeps up in the background while detection is measured (cancelled by
+    #: the runner after recovery), so that the cause step returns at once.
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def background(self, coro: Awaitable[None]) -> None:
+        self.tasks.append(asyncio.ensure_future(coro))
+
+    async def cancel_background(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        for task in self.tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self.tasks.clear()
 
     def env(self) -> dict[str, str]:
         """The addresses the operator commands read (what `payouts up` prints as exports)."""
@@ -210,9 +225,13 @@ async def _rail_baseline(ctx: Ctx) -> None:
 
 async def _rail_slow(ctx: Ctx) -> None:
     await ctx.faults.rail({"latency_mode": "fixed", "latency_fixed_ms": 2500})
-    for _ in range(3):
+    ctx.background(_batches(ctx, 3, every_s=2.0))
+
+
+async def _batches(ctx: Ctx, times: int, *, every_s: float) -> None:
+    for _ in range(times):
         await ctx.payouts(3)
-        await asyncio.sleep(2.0)
+        await asyncio.sleep(every_s)
 
 
 async def _confirm_slow(ctx: Ctx) -> bool:
@@ -255,7 +274,11 @@ async def _lose_etcd_quorum(ctx: Ctx) -> None:
     for name in ctx.stack.etcd_member_names[1:]:
         await ctx.stack.stop_etcd_member(name, signal.SIGKILL)
     await ctx.payouts(3)
-    for _ in range(20):  # probes, as a load balancer's would; each one an acquire attempt
+    ctx.background(_probes(ctx))
+
+
+async def _probes(ctx: Ctx) -> None:
+    while True:  # probes, as a load balancer's would; each one an acquire attempt
         await ctx.faults._probe_acquire()
         await asyncio.sleep(0.5)
 
@@ -268,6 +291,7 @@ async def _confirm_lock_down(ctx: Ctx) -> bool:
 
 
 async def _restore_etcd_quorum(ctx: Ctx) -> None:
+    await ctx.cancel_background()
     for name in ctx.stack.etcd_member_names[1:]:
         await ctx.stack.start_etcd_member(name)
     await _probe_until_ok(ctx, 60.0)
