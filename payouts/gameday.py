@@ -79,10 +79,14 @@ async def run_gameday(
     """Run `scenarios` (default: the short or the full set) on a fresh stack; one row per alert."""
     scenarios = selected(options.short) if scenarios is None else scenarios
     etcd = any(s.etcd for s in scenarios)
-    options.run_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
-    options.run_dir.chmod(0o755)  # the embedded PostgreSQL runs unprivileged under root
+    # A fresh folder per run: an embedded etcd cluster restarted on an earlier run's data
+    # (members killed by that run's scenarios) can fail to answer the lock server in time.
+    run_dir = options.run_dir / datetime.now(UTC).strftime("run-%Y%m%dT%H%M%S")
+    run_dir.mkdir(parents=True, mode=0o755)
+    for d in (options.run_dir, run_dir):
+        d.chmod(0o755)  # the embedded PostgreSQL runs unprivileged under root
     config = StackConfig.from_env(
-        run_dir=options.run_dir / "stack",
+        run_dir=run_dir / "stack",
         workers=1,
         backend="etcd" if etcd else "postgres",
         etcd_members=3 if etcd else 1,
@@ -90,9 +94,7 @@ async def run_gameday(
     )
     rows: list[Row] = []
     async with Stack(config, progress=progress) as stack:
-        prom = GamedayPrometheus(
-            stack, options.run_dir, for_s=options.for_s, interval_s=options.interval_s
-        )
+        prom = GamedayPrometheus(stack, run_dir, for_s=options.for_s, interval_s=options.interval_s)
         faults = FaultInjector(stack, worker_env={}, lease_s=15.0, progress=progress)
         http = httpx.AsyncClient(timeout=5.0)
         try:
