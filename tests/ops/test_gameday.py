@@ -42,7 +42,7 @@ async def test_short_game_day_fires_confirms_and_recovers(
     assert len(short) >= 3
     control = Scenario("negative control: nothing caused", ("OutboxDeadLetters",), _nothing,
                        _yes, _nothing)  # fmt: skip
-    options = GamedayOptions(run_dir=stack_dir, fire_within_s=60.0, resolve_within_s=60.0)
+    options = GamedayOptions(run_dir=stack_dir, fire_within_s=30.0, resolve_within_s=60.0)
     rows = await run_gameday(options, lambda _line: None, [*short, control])
     *real, negative = rows
     assert [r.alert for r in real] == [a for s in short for a in s.alerts]
