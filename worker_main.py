@@ -30,7 +30,7 @@ from temporalio.client import Client
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.worker import Worker
 
-from activities import worker_http
+from activities import backlog_metrics, worker_http
 from activities.payout_activities import PayoutActivities
 from activities.reconcile import ReconcileActivities
 from common.credentials import read_token
@@ -246,6 +246,7 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
                     health, client.service_client.check_health, locks.session_state
                 )
             )
+            backlog = asyncio.create_task(backlog_metrics.refresh_forever(pool))
             async with shared, holder:
                 log.info(
                     "worker.started",
@@ -256,7 +257,7 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
                     experiment_mode=settings.experiment_mode,
                 )
                 await stop.wait()
-            for task in (sweeper, refresher):
+            for task in (sweeper, refresher, backlog):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task

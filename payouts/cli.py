@@ -24,6 +24,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "ledger.invariants_cli",
     "ledger.outbox_cli",
     "payouts.chaos_cli",
+    "payouts.gameday_cli",
 )
 
 
