@@ -27,8 +27,10 @@ from activities.payout_activities import PayoutActivities
 from ledger import PayoutStore
 from ledger import WorkContext as LedgerContext
 from lockservice.client import LockClient
+from payouts import db_roles
 from payouts.embedded import free_port
 from railproxy.client import RailProxyClient
+from tests.conftest import as_role
 from tests.credentials import headers, server_env, token
 from tests.grants import grant_verifier, lock_server_env, public_keys
 from workflows.payout import PayoutWorkflow
@@ -136,7 +138,7 @@ def running_system(
             ["-m", "lockservice", "serve"],
             {
                 "LOCK_BACKEND": "postgres",
-                "LOCK_DATABASE_URL": database_url,
+                "LOCK_DATABASE_URL": as_role(database_url, db_roles.LOCKSERVICE),  # its own role
                 "LOCK_PORT": str(ports["lock"]),
                 **lock_server_env(),  # signs every grant with the test key
                 **server_env("lock-server"),  # and authenticates its callers
@@ -162,7 +164,7 @@ def running_system(
             "proxy",
             ["-m", "railproxy"],
             {
-                "RAILPROXY_DATABASE_URL": database_url,
+                "RAILPROXY_DATABASE_URL": as_role(database_url, db_roles.RAILPROXY),
                 "RAILPROXY_RAIL_URL": sys_.stub_url,
                 "RAILPROXY_PORT": str(ports["proxy"]),
                 "RAILPROXY_RAIL_TIMEOUT_S": "3",
@@ -213,8 +215,11 @@ async def in_process_workers(
     `verify_assertions=False` is WORKER_VERIFY_OPERATOR_ASSERTIONS=false (negative control)."""
     # min_size=0: a pool at a dead port is created empty and fails each acquire, like a worker
     # whose database is unreachable.
+    # The payment store's own role, as worker_main connects (WORKER_DATABASE_URL).
     pool = await asyncpg.create_pool(
-        database_url or system.database_url, min_size=0 if database_url else 1, max_size=10
+        database_url or as_role(system.database_url, db_roles.PAYDB),
+        min_size=0 if database_url else 1,
+        max_size=10,
     )
     # As worker_main builds it: every fenced write verifies the lock server's signed grant.
     store = PayoutStore(pool, verifier=grant_verifier(), verify_assertions=verify_assertions)
