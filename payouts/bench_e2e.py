@@ -130,9 +130,39 @@ async def _wait_terminal(
     return states
 
 
-async def _history(sysm: System, payout_id: str, sem: asyncio.Semaphore) -> tuple[datetime, int]:
-    """The workflow's start time and its completed workflow tasks, from its Temporal history
-    (waiting for the workflow to close: release comes after the terminal state)."""
+def history_breakdown(events: list[Any]) -> dict[str, float]:
+    """Where one workflow's time went (seconds), from its history events: workflow tasks
+    waiting to be picked up / being processed, activities waiting / running, and the whole
+    workflow (first to last event). The waits are what a saturated engine adds."""
+    from temporalio.api.enums.v1 import EventType as T
+
+    at = {e.event_id: e.event_time.ToDatetime() for e in events}
+    out = dict.fromkeys(("wft_wait_s", "wft_run_s", "activity_wait_s", "activity_run_s"), 0.0)
+    pairs = {
+        T.EVENT_TYPE_WORKFLOW_TASK_STARTED: ("wft_wait_s", "workflow_task_started"),
+        T.EVENT_TYPE_WORKFLOW_TASK_COMPLETED: ("wft_run_s", "workflow_task_completed"),
+        T.EVENT_TYPE_ACTIVITY_TASK_STARTED: ("activity_wait_s", "activity_task_started"),
+        T.EVENT_TYPE_ACTIVITY_TASK_COMPLETED: ("activity_run_s", "activity_task_completed"),
+        T.EVENT_TYPE_ACTIVITY_TASK_FAILED: ("activity_run_s", "activity_task_failed"),
+    }
+    for e in events:
+        if e.event_type not in pairs:
+            continue
+        key, attr = pairs[e.event_type]
+        attrs = getattr(e, f"{attr}_event_attributes")
+        before = attrs.scheduled_event_id if key.endswith("wait_s") else attrs.started_event_id
+        if before in at:
+            out[key] += (at[e.event_id] - at[before]).total_seconds()
+    out["workflow_s"] = (at[events[-1].event_id] - at[events[0].event_id]).total_seconds()
+    return out
+
+
+async def _history(
+    sysm: System, payout_id: str, sem: asyncio.Semaphore
+) -> tuple[datetime, int, dict[str, float]]:
+    """The workflow's start time, its completed workflow tasks and where its time went, from
+    its Temporal history (waiting for the workflow to close: release comes after the terminal
+    state)."""
     from temporalio.api.enums.v1 import EventType
 
     async with sem:
@@ -140,11 +170,10 @@ async def _history(sysm: System, payout_id: str, sem: asyncio.Semaphore) -> tupl
         with contextlib.suppress(Exception):  # a failed workflow still has its history
             await asyncio.wait_for(handle.result(), sysm.options.settle_timeout_s)
         history = await handle.fetch_history()
-    started = history.events[0].event_time.ToDatetime().replace(tzinfo=None)
-    tasks = sum(
-        1 for e in history.events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
-    )
-    return started, tasks
+    events = list(history.events)
+    started = events[0].event_time.ToDatetime().replace(tzinfo=None)
+    tasks = sum(1 for e in events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED)
+    return started, tasks, history_breakdown(events)
 
 
 async def _figures(sysm: System, ids: list[str]) -> dict[str, Any]:
@@ -175,6 +204,10 @@ async def _figures(sysm: System, ids: list[str]) -> dict[str, Any]:
         "e2e_p50_ms": _ms(_pct(e2e, 50)),
         "e2e_p99_ms": _ms(_pct(e2e, 99)),
         "workflow_tasks_per_payout": round(statistics.mean(h[1] for h in hist.values()), 2),
+        "breakdown_ms": {
+            k: round(statistics.mean(h[2][k] for h in hist.values()) * 1000, 1)
+            for k in next(iter(hist.values()))[2]
+        },
     }
     return out
 
@@ -216,7 +249,8 @@ async def system_steady(sysm: System, rate: float, progress: Progress) -> dict[s
     ids = [s.payout_id for s in specs]
     states = await _wait_terminal(sysm, ids, "steady", progress)
     figures = await _figures(sysm, ids)
-    keep = ("n", "terminal", "execution_p50_ms", "execution_p99_ms", "e2e_p50_ms", "e2e_p99_ms")
+    keep: tuple[str, ...] = ("n", "terminal", "execution_p50_ms", "execution_p99_ms")
+    keep = (*keep, "e2e_p50_ms", "e2e_p99_ms", "breakdown_ms")
     return {"rate_per_s": round(rate, 2), **{k: figures[k] for k in keep}, "states": dict(states)}
 
 
@@ -340,8 +374,9 @@ async def _measure(opts: Options, work: Path, progress: Progress) -> dict[str, A
                 opts.workers, config.temporal_transfer_rps, work=work
             ) as floor:
                 floors, systems = await _rounds(sysm, floor, progress)
-            out["system"] = _system_mean(systems)
-            out |= _floors(floors, out["system"]["workflow_tasks_per_payout"])
+            system = _system_mean(systems)
+            out |= _floors(floors, system["workflow_tasks_per_payout"])
+            out["system"] = system
             rate = 0.7 * out["system"]["throughput_per_s"]
             out["steady"] = await system_steady(sysm, max(rate, 0.1), progress)
             progress(f"steady: {out['steady']}")
@@ -382,6 +417,10 @@ def _system_mean(runs: list[dict[str, Any]]) -> dict[str, Any]:
     for k in keys:
         vals = [r[k] for r in runs if r[k] is not None]
         out[k] = round(statistics.mean(vals), 2) if vals else None
+    out["breakdown_ms"] = {
+        k: round(statistics.mean(r["breakdown_ms"][k] for r in runs), 1)
+        for k in runs[0]["breakdown_ms"]
+    }
     out["terminal"] = sum(r["terminal"] for r in runs)
     out["payouts"] = sum(r["n"] for r in runs)
     states: Counter[str] = Counter()
@@ -418,6 +457,9 @@ async def run(opts: Options, progress: Progress) -> dict[str, Any]:
     return out
 
 
+_breakdown_cols = ("wft_wait_s", "wft_run_s", "activity_wait_s", "activity_run_s", "workflow_s")
+
+
 def table(result: dict[str, Any]) -> str:
     cols = (
         "throughput_per_s",
@@ -440,6 +482,10 @@ def table(result: dict[str, Any]) -> str:
     st = result["steady"]
     row = (st["rate_per_s"], *(st[c] for c in cols[1:-1]), "")
     lines.append(f"{'steady (rate)':<16}" + "".join(f"{v!s:>18}" for v in row))
+    lines.append("per payout, mean ms: " + " ".join(_breakdown_cols))
+    for name in ("system", "steady", "degraded"):
+        b = result[name]["breakdown_ms"]
+        lines.append(f"  {name:<14}" + "".join(f"{b[k]!s:>16}" for k in _breakdown_cols))
     d, t = result["degraded"], result["takeover"]
     lines.append(
         f"degraded: breaker opened {d['breaker_opened']}x, outage {d['outage_s']}s, "

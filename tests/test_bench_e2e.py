@@ -52,6 +52,9 @@ async def test_bench_e2e_tiny_prints_the_issue_json_last(tmp_path: Path) -> None
     assert system["workflow_tasks_per_payout"] >= 2
     nearest = min(SHAPES.values(), key=lambda v: abs(v[1] - system["workflow_tasks_per_payout"]))
     assert result["floor"]["workflow_tasks"] == nearest[1]
+    for name in ("system", "steady", "degraded"):  # read from the real histories
+        b = result[name]["breakdown_ms"]
+        assert b["workflow_s"] > 0 and b["activity_run_s"] > 0 and b["wft_run_s"] > 0
     steady = result["steady"]
     assert steady["rate_per_s"] > 0 and steady["n"] >= 2
     _all_terminal(steady, steady["n"])
