@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 CHECKOV_VENV := $(VENV)/checkov
 CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
 
-.PHONY: venv compose-env test lint fmt typecheck bench-locks bench-floor demo chaos clean prometheus gameday
+.PHONY: venv compose-env test lint fmt typecheck bench-locks bench-floor bench-e2e demo chaos clean prometheus gameday
 
 venv: $(STAMP) $(CHECKOV_STAMP)
 
@@ -55,6 +55,13 @@ bench-locks: venv
 FLOOR_ARGS ?=
 bench-floor: venv
 	$(BIN)/python -m payouts.bench_floor $(FLOOR_ARGS)
+
+# The real system (local stack, rail fixed at 300 ms) beside the floor of its shape, alternated:
+# bursts, a steady rate at 70% of the burst throughput, a degraded rail, takeover (issue 16).
+# Sizes: make bench-e2e E2E_ARGS="--n 200 --rounds 4 --steady-s 60 --degraded-n 200"
+E2E_ARGS ?=
+bench-e2e: venv
+	$(BIN)/python -m payouts.bench_e2e $(E2E_ARGS)
 
 # The main job on embedded defaults: stack, 200 payouts over 50 accounts, the pause experiment,
 # reconciliation, invariants, and a report. Exits 0 only if every check holds.

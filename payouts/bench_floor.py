@@ -88,7 +88,7 @@ async def _workers(client: Client, shared: str, count: int) -> AsyncIterator[Non
         yield
 
 
-async def _burst(client: Client, shared: str, shape: str, n: int) -> dict[str, float]:
+async def burst(client: Client, shared: str, shape: str, n: int) -> dict[str, float]:
     wf, tasks = SHAPES[shape]
     started = time.perf_counter()
     latencies: list[float] = []
@@ -126,18 +126,19 @@ async def _serial(client: Client, shared: str, shape: str, n: int) -> float:
     return round(statistics.median(latencies) * 1000, 1)
 
 
-def _mean(runs: list[dict[str, float]]) -> dict[str, float]:
+def mean(runs: list[dict[str, float]]) -> dict[str, float]:
     return {k: round(statistics.mean(r[k] for r in runs), 2) for k in runs[0]}
 
 
-async def measure(
-    n: int, workers: int, rounds: int, transfer_rps: int, *, work: Path, serial: int
-) -> Any:
-    """Both shapes, alternated for `rounds` rounds of bursts, then `serial` one at a time, on
-    one fresh dev server."""
+@contextlib.asynccontextmanager
+async def floor_server(
+    workers: int, transfer_rps: int, *, work: Path
+) -> AsyncIterator[tuple[Client, str]]:
+    """One fresh dev server (the stack's SQLite file and pragmas, the given transfer-queue read
+    rate) with `workers` in-process workers polling it; yields its client and shared queue."""
     args = [
         "--db-filename",
-        str(work / f"temporal-{transfer_rps}.db"),
+        str(work / f"temporal-{transfer_rps}-{uuid.uuid4().hex[:6]}.db"),
         *TEMPORAL_SQLITE_PRAGMAS,
     ]
     if transfer_rps != DEFAULT_TRANSFER_RPS:
@@ -150,22 +151,31 @@ async def measure(
     )
     try:
         shared = f"floor-{uuid.uuid4().hex[:8]}"
-        results: dict[str, list[dict[str, float]]] = {shape: [] for shape in SHAPES}
         async with _workers(env.client, shared, workers):
-            await _burst(env.client, shared, "today", min(n, 20))  # warm-up
-            for r in range(rounds):
-                order = list(SHAPES) if r % 2 == 0 else list(reversed(SHAPES))
-                for shape in order:
-                    res = await _burst(env.client, shared, shape, n)
-                    print(f"transfer_rps={transfer_rps} round {r + 1} {shape}: {res}", flush=True)
-                    results[shape].append(res)
-            summary = {shape: _mean(runs) for shape, runs in results.items()}
-            for shape in SHAPES:
-                summary[shape]["serial_p50_ms"] = await _serial(env.client, shared, shape, serial)
-                print(f"transfer_rps={transfer_rps} one at a time {shape}: {summary[shape]}")
-        return summary
+            yield env.client, shared
     finally:
         await env.shutdown()
+
+
+async def measure(
+    n: int, workers: int, rounds: int, transfer_rps: int, *, work: Path, serial: int
+) -> Any:
+    """Both shapes, alternated for `rounds` rounds of bursts, then `serial` one at a time, on
+    one fresh dev server."""
+    results: dict[str, list[dict[str, float]]] = {shape: [] for shape in SHAPES}
+    async with floor_server(workers, transfer_rps, work=work) as (client, shared):
+        await burst(client, shared, "today", min(n, 20))  # warm-up
+        for r in range(rounds):
+            order = list(SHAPES) if r % 2 == 0 else list(reversed(SHAPES))
+            for shape in order:
+                res = await burst(client, shared, shape, n)
+                print(f"transfer_rps={transfer_rps} round {r + 1} {shape}: {res}", flush=True)
+                results[shape].append(res)
+        summary = {shape: mean(runs) for shape, runs in results.items()}
+        for shape in SHAPES:
+            summary[shape]["serial_p50_ms"] = await _serial(client, shared, shape, serial)
+            print(f"transfer_rps={transfer_rps} one at a time {shape}: {summary[shape]}")
+    return summary
 
 
 async def run(

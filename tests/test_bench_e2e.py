@@ -1,0 +1,81 @@
+"""`make bench-e2e` (`python -m payouts.bench_e2e`) run tiny as a real subprocess: its own local
+stack (real PostgreSQL, lock service, rail stub and proxy, workers, Temporal dev server), the
+floor's own dev server, and the pause experiment's stack. Asserts the last line is the issue's
+JSON object, that every payout of every phase reached a terminal state, and that the histories
+were read (workflow tasks counted). No timing is asserted (the machine is shared)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from payouts.bench_floor import SHAPES
+
+TERMINAL = {"POSTED", "FAILED", "ABANDONED"}
+
+
+def _all_terminal(figures: dict[str, Any], n: int) -> None:
+    assert figures["terminal"] == n, figures
+    assert sum(figures["states"].values()) == n
+    assert set(figures["states"]) <= TERMINAL, figures["states"]
+
+
+async def test_bench_e2e_tiny_prints_the_issue_json_last(tmp_path: Path) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        *("-m", "payouts.bench_e2e", "--n", "3", "--rounds", "1", "--workers", "1"),
+        *("--steady-s", "2", "--degraded-n", "3", "--outage-max-s", "3"),
+        *("--run-dir", str(tmp_path)),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 300)
+    assert proc.returncode == 0, (out.decode()[-2000:], err.decode()[-2000:])
+    result = json.loads(out.decode().strip().splitlines()[-1])
+    assert (result["n"], result["workers"], result["rail_latency_ms"]) == (3, 1, 300)
+    assert result["baseline_floor"]["workflow_tasks"] == 6
+    # `floor` is the floor shape nearest the payouts' measured workflow tasks (today's 6).
+    assert result["floor"]["workflow_tasks"] == SHAPES[result["floor_shape"]][1]
+    assert result["merged_floor"]["workflow_tasks"] == 4
+    for name in ("baseline_floor", "floor", "merged_floor"):
+        f = result[name]
+        assert f["throughput_per_s"] > 0 and 0 < f["p50_ms"] <= f["p99_ms"]
+    system = result["system"]
+    _all_terminal(system, 3)
+    assert system["throughput_per_s"] > 0
+    assert 0 < system["execution_p50_ms"] <= system["execution_p99_ms"]
+    assert 0 < system["e2e_p50_ms"] <= system["e2e_p99_ms"]
+    # Counted from real histories: a payout takes at least its acquire and holder hand-offs.
+    assert system["workflow_tasks_per_payout"] >= 2
+    nearest = min(SHAPES.values(), key=lambda v: abs(v[1] - system["workflow_tasks_per_payout"]))
+    assert result["floor"]["workflow_tasks"] == nearest[1]
+    for name in ("system", "steady", "degraded"):  # read from the real histories
+        b = result[name]["breakdown_ms"]
+        assert b["workflow_s"] > 0 and b["activity_run_s"] > 0 and b["wft_run_s"] > 0
+    steady = result["steady"]
+    assert steady["rate_per_s"] > 0 and steady["n"] >= 2
+    _all_terminal(steady, steady["n"])
+    assert steady["execution_p99_ms"] > 0 and steady["e2e_p99_ms"] > 0
+    degraded = result["degraded"]
+    _all_terminal(degraded, 3)
+    assert degraded["latency_p99_ms_rail"] == 3000.0
+    assert isinstance(degraded["breaker_opened"], int)
+    takeover = result["takeover"]
+    assert takeover["ttl_s"] == 3.0 and takeover["seconds"] > 0 and takeover["ok"] is True
+    assert result["loadavg_before"] and result["loadavg_after"]
+
+
+async def test_bench_e2e_refuses_bad_sizes_in_one_line() -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        *("-m", "payouts.bench_e2e", "--n", "0"),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 2
+    assert "must be at least 1" in err.decode().strip().splitlines()[-1]
+    assert out == b""
