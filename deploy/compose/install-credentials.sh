@@ -6,7 +6,8 @@
 # its host owner and mode, which the services (uid 10001) could not read, and a credentials
 # file readable by group or others is refused (common.credentials). Each component mounts only
 # its own volume, read-only: no component sees another's token. Runs on every `up`, so a
-# regenerated token reaches the services when they are recreated.
+# regenerated token reaches the services when they are recreated. The migrate job's volume gets
+# the database roles' password files (deploy/secrets/credentials/db-roles/), and no other does.
 # Usage: install-credentials.sh [SRC=/src] [DST=/dst] [UID=10001] (tests/deploy runs it as itself).
 set -eu
 src=${1:-/src}
