@@ -1,14 +1,17 @@
 """Write the secrets of docker-compose.yml: `deploy/compose.env` and `deploy/secrets/` (gitignored).
 
-Owns: one random password per database role (NFR-12; each component connects with its own role,
-docs/architecture.md#trust), the Grafana admin password, the lock service's Ed25519
-grant-signing key pair, and the bearer tokens and credentials files (common.credentials): one
-token per identity under `deploy/secrets/credentials/tokens/` and one credentials file per
-server under `deploy/secrets/credentials/`, for the same identities and servers as the local
-stack (payouts/stack_services.py). Must never: print a secret, overwrite an existing file (a
-second run keeps what the running databases were initialised with and the tokens the services
-accept; `--force` replaces the env file, never the key pair or a token), or write anywhere but
-under `deploy/`.
+Owns: one random password per database role of the migrations (payouts/db_roles.py ROLES,
+docs/database-roles.md), written once to `deploy/secrets/credentials/db-roles/<role>` (0600;
+the migrate job sets them with DB_ROLE_PASSWORDS_DIR) and copied into the env file as
+`<ROLE>_DB_PASSWORD` for the components' DSNs; the superuser's, Temporal's and the Grafana admin
+password, the lock service's Ed25519 grant-signing key pair, and the bearer tokens and
+credentials files (common.credentials): one token per identity under
+`deploy/secrets/credentials/tokens/` and one credentials file per server under
+`deploy/secrets/credentials/`, for the same identities and servers as the local stack
+(payouts/stack_services.py). Must never: print a secret, overwrite an existing file (a second
+run keeps what the running databases were initialised with and the tokens the services accept;
+`--force` replaces the env file, never a role's password file, the key pair or a token), or
+write anywhere but under `deploy/`.
 
 Run: `make compose-env` (or `.venv/bin/python deploy/gen_env.py [--force] [--credentials-only]`).
 """
@@ -26,6 +29,7 @@ sys.path.insert(0, str(ROOT.parent))
 
 from common.credentials import issue_tokens, write_credentials  # noqa: E402 - path set-up above
 from lockservice.grants import generate_keypair  # noqa: E402 - after the path set-up above
+from payouts.db_roles import ROLE_NAMES  # noqa: E402 - same reason
 from payouts.stack_services import STACK_ACCEPTS, STACK_IDENTITIES  # noqa: E402 - same reason
 
 ENV_PATH = ROOT / "compose.env"
@@ -33,18 +37,34 @@ SECRETS_DIR = ROOT / "secrets"
 #: Key id of the compose stack's grant-signing key (RAILPROXY_/WORKER_GRANT_PUBLIC_KEYS name it).
 KEY_ID = "compose-k1"
 
-#: Every password docker-compose.yml interpolates: one per PostgreSQL role, plus the UIs'.
+#: Passwords docker-compose.yml interpolates besides the roles'.
 PASSWORDS = (
-    "POSTGRES_PASSWORD",  # the payment server's superuser: init script and operators only
-    "MIGRATOR_DB_PASSWORD",  # `payouts db migrate`: owns the schemas
-    "LOCK_DB_PASSWORD",  # lock server: lockservice schema
-    "RAILPROXY_DB_PASSWORD",  # rail proxy: railproxy schema
-    "WORKER_DB_PASSWORD",  # workers: paydb schema
-    "OUTBOX_DB_PASSWORD",  # outbox publisher: paydb outbox rows
-    "READER_DB_PASSWORD",  # reconciler and invariant checker: read-only on every schema
+    "POSTGRES_PASSWORD",  # the payment server's superuser: the migrate job (admin DSN) only
     "TEMPORAL_DB_PASSWORD",  # Temporal's own PostgreSQL
     "GRAFANA_ADMIN_PASSWORD",
 )
+
+
+def role_password_var(role: str) -> str:
+    """A role's password in the env file: payouts_outbox -> PAYOUTS_OUTBOX_DB_PASSWORD."""
+    return f"{role.upper()}_DB_PASSWORD"
+
+
+def write_role_passwords(directory: Path) -> dict[str, str]:
+    """One 0600 file per role under a 0700 directory, kept when present (the database was set to
+    it by an earlier migrate); returns every role's password."""
+    directory.mkdir(parents=True, exist_ok=True)
+    directory.parent.chmod(0o700)
+    directory.chmod(0o700)
+    out: dict[str, str] = {}
+    for role in ROLE_NAMES:
+        path = directory / role
+        if not path.exists():
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_urlsafe(24) + "\n")
+        out[role] = path.read_text().strip()
+    return out
 
 
 def render(values: dict[str, str]) -> str:
@@ -55,11 +75,13 @@ def render(values: dict[str, str]) -> str:
     return head + "".join(f"{name}={value}\n" for name, value in values.items())
 
 
-def write_env(path: Path, *, force: bool) -> bool:
-    """Write the env file (0600); False when it exists and `force` is not set."""
+def write_env(path: Path, roles: dict[str, str], *, force: bool) -> bool:
+    """Write the env file (0600); False when it exists and `force` is not set. The roles'
+    passwords are the files' (`roles`), so the env file and the migrate job always agree."""
     if path.exists() and not force:
         return False
     values = {name: secrets.token_urlsafe(24) for name in PASSWORDS}
+    values |= {role_password_var(role): pw for role, pw in roles.items()}
     tmp = path.with_suffix(".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -108,12 +130,15 @@ def main(argv: list[str] | None = None) -> int:
         creds = write_credentials_files(args.secrets_dir / "credentials")
         sys.stdout.write(f"{creds}: bearer tokens and credentials files\n")
         return 0
-    wrote = write_env(args.env_file, force=args.force)
+    role_dir = args.secrets_dir / "credentials" / "db-roles"
+    roles = write_role_passwords(role_dir)
+    wrote = write_env(args.env_file, roles, force=args.force)
     key = write_keys(args.secrets_dir)
     creds = write_credentials_files(args.secrets_dir / "credentials")
     state = "written" if wrote else "kept (exists; --force replaces it)"
     sys.stdout.write(
-        f"{args.env_file}: {state}\n{key}: grant-signing key, kid {KEY_ID}\n"
+        f"{args.env_file}: {state}\n{role_dir}: database role passwords\n"
+        f"{key}: grant-signing key, kid {KEY_ID}\n"
         f"{creds}: bearer tokens and credentials files; operator token: "
         f"{creds / 'tokens' / 'local-operator.token'}\n"
     )

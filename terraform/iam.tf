@@ -2,16 +2,19 @@
 # to its Kubernetes service account, with only the roles listed here. The inventory table in
 # docs/deploy-gcp.md is checked against this map by tests/deploy.
 locals {
+  # db_roles: the payouts_* roles of the migrations (payouts/db_roles.py) granted, once, to the
+  # workload's Cloud SQL IAM user (docs/deploy-gcp.md, "Database roles"). The migrator is the
+  # admin: it creates those roles and owns the schemas, and is a member of none of them.
   workloads = {
-    lock      = { ksa = "lock-server", database = true, secrets = ["grant-signing-key", "lock-server-credentials"] }
-    railproxy = { ksa = "railproxy", database = true, secrets = ["grant-public-key", "railproxy-credentials", "railproxy-token"] }
-    worker    = { ksa = "worker", database = true, secrets = ["grant-public-key", "worker-token", "reconciler-token"] }
-    outbox    = { ksa = "outbox", database = true, secrets = ["outbox-token"] }
-    migrator  = { ksa = "migrator", database = true, secrets = [] }
-    # the reconciler and invariants jobs share this read-only account (and database role)
-    reader    = { ksa = "reader", database = true, secrets = ["reconciler-token", "invariants-token"] }
-    railstub  = { ksa = "railstub", database = false, secrets = ["railstub-credentials"] }
-    finledger = { ksa = "finledger", database = false, secrets = ["finledger-credentials"] }
+    lock       = { ksa = "lock-server", database = true, db_roles = ["payouts_lockservice"], secrets = ["grant-signing-key", "lock-server-credentials"] }
+    railproxy  = { ksa = "railproxy", database = true, db_roles = ["payouts_railproxy"], secrets = ["grant-public-key", "railproxy-credentials", "railproxy-token"] }
+    worker     = { ksa = "worker", database = true, db_roles = ["payouts_paydb", "payouts_reconciler"], secrets = ["grant-public-key", "worker-token", "reconciler-token"] }
+    outbox     = { ksa = "outbox", database = true, db_roles = ["payouts_outbox"], secrets = ["outbox-token"] }
+    migrator   = { ksa = "migrator", database = true, db_roles = [], secrets = [] }
+    reconciler = { ksa = "reconciler", database = true, db_roles = ["payouts_reconciler"], secrets = ["reconciler-token"] }
+    checker    = { ksa = "checker", database = true, db_roles = ["payouts_checker"], secrets = ["invariants-token"] }
+    railstub   = { ksa = "railstub", database = false, db_roles = [], secrets = ["railstub-credentials"] }
+    finledger  = { ksa = "finledger", database = false, db_roles = [], secrets = ["finledger-credentials"] }
   }
   database_roles = ["roles/cloudsql.client", "roles/cloudsql.instanceUser"]
   node_roles = [
@@ -69,6 +72,6 @@ resource "google_secret_manager_secret_iam_member" "access" {
   secret_id = merge(
     google_secret_manager_secret.grant, google_secret_manager_secret.credential
   )[each.value.secret].id
-  role      = "roles/secretmanager.secretAccessor"
-  member    = "serviceAccount:${google_service_account.workload[each.value.workload].email}"
+  role   = "roles/secretmanager.secretAccessor"
+  member = "serviceAccount:${google_service_account.workload[each.value.workload].email}"
 }

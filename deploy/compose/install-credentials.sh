@@ -6,7 +6,8 @@
 # its host owner and mode, which the services (uid 10001) could not read, and a credentials
 # file readable by group or others is refused (common.credentials). Each component mounts only
 # its own volume, read-only: no component sees another's token. Runs on every `up`, so a
-# regenerated token reaches the services when they are recreated.
+# regenerated token reaches the services when they are recreated. The migrate job's volume gets
+# the database roles' password files (deploy/secrets/credentials/db-roles/), and no other does.
 # Usage: install-credentials.sh [SRC=/src] [DST=/dst] [UID=10001] (tests/deploy runs it as itself).
 set -eu
 src=${1:-/src}
@@ -26,3 +27,11 @@ put worker tokens/worker.token worker.token
 put worker tokens/reconciler.token reconciler.token
 put reconciler tokens/reconciler.token reconciler.token
 put invariants tokens/invariants.token invariants.token
+# The migrate job's DB_ROLE_PASSWORDS_DIR: one file per role of payouts/db_roles.py (it sets
+# them; tests/deploy checks this list against ROLES). No component gets another's password.
+put migrate db-roles/payouts_lockservice payouts_lockservice
+put migrate db-roles/payouts_railproxy payouts_railproxy
+put migrate db-roles/payouts_paydb payouts_paydb
+put migrate db-roles/payouts_outbox payouts_outbox
+put migrate db-roles/payouts_reconciler payouts_reconciler
+put migrate db-roles/payouts_checker payouts_checker

@@ -4,7 +4,8 @@ Owns: the map from a deployed component (a docker-compose service, a Kubernetes 
 settings classes and command modules of the code it runs, and the variable names read from them.
 Must never: list a variable by hand. Names come from the pydantic-settings classes (prefix +
 field name, or the field's validation aliases) and from literal `os.environ.get("X")`,
-`os.environ["X"]` and `os.getenv("X")` calls in the command modules, so a variable added to the
+`os.environ["X"]` and `os.getenv("X")` calls in the command modules, and from the commands' DSN
+look-ups `database_url(args, "X_DATABASE_URL")` (payouts.cli: X, then its DATABASE_URL fallback), so a variable added to the
 code (another role's DSN, a bearer credential) shows up here with no change to this file.
 """
 
@@ -51,7 +52,7 @@ COMPONENTS: tuple[Component, ...] = (
         "outbox",
         ("payouts", "outbox", "run"),
         settings=("ledger.delivery:OutboxSettings",),
-        modules=("payouts.cli",),
+        modules=("payouts.cli", "ledger.outbox_cli"),
     ),
     Component(
         "worker",
@@ -105,11 +106,30 @@ def _is_environ(node: ast.expr) -> bool:
     return isinstance(node, ast.Attribute) and node.attr == "environ"
 
 
+#: payouts.cli.database_url(args, *own_vars): reads each of own_vars, then this fallback.
+DSN_HELPER = "database_url"
+DSN_FALLBACK = "DATABASE_URL"
+
+
+def _dsn_lookup(node: ast.AST) -> set[str]:
+    """The variables a `database_url(args, "X", ...)` call reads; empty for any other node."""
+    if not isinstance(node, ast.Call):
+        return set()
+    func = node.func
+    name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+    if name != DSN_HELPER:
+        return set()
+    own = {a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)}
+    return own | {DSN_FALLBACK}
+
+
 def literal_environment_reads(module_name: str) -> set[str]:
-    """`os.environ.get("X")`, `os.environ["X"]`, `os.getenv("X")` with a literal name."""
+    """`os.environ.get("X")`, `os.environ["X"]`, `os.getenv("X")` with a literal name, and the
+    variables of each `database_url(args, "X")` DSN look-up."""
     tree = ast.parse(inspect.getsource(importlib.import_module(module_name)))
     names: set[str] = set()
     for node in ast.walk(tree):
+        names |= _dsn_lookup(node)
         arg: ast.expr | None = None
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args:
             func = node.func

@@ -1,43 +1,86 @@
-"""docker-compose.yml's database roles on a real PostgreSQL: deploy/compose/postgres-init.sh run
-as the postgres image runs it, migrations as `migrator`, then each component's role does its
-work and is refused outside its own schema (negative controls: the privilege boundaries hold)."""
+"""docker-compose.yml's database on a real PostgreSQL, the migrations' role scheme: the image's
+first-start script (deploy/compose/postgres-init.sh), then the migrate job's own command
+(`payouts db migrate` with the superuser's DSN and DB_ROLE_PASSWORDS_DIR holding the files
+deploy/gen_env.py writes), then each compose service's DSN, read from docker-compose.yml, does
+its own work and is refused the others' (negative control: the admin runs every refused
+statement, so the refusals are privileges, not missing tables). tests/test_db_roles.py covers
+the role table itself on every table; this file covers what compose wires to it."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import re
 import subprocess
+import sys
 import urllib.parse
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import asyncpg
 import pytest
 
 from lockservice.backends.postgres import PostgresBackend
+from payouts.db_roles import ROLE_NAMES
 from payouts.embedded import EmbeddedPostgres, _pg_bin
-from payouts.migrate import migrate
-from tests.deploy.conftest import ROOT
+from tests.deploy.conftest import ROOT, compose
 
-PASSWORDS = {
-    "MIGRATOR_DB_PASSWORD": "m-pw",
-    "LOCK_DB_PASSWORD": "l-pw",
-    "RAILPROXY_DB_PASSWORD": "r-pw",
-    "WORKER_DB_PASSWORD": "w-pw",
-    "OUTBOX_DB_PASSWORD": "o-pw",
-    "READER_DB_PASSWORD": "rd-pw",
-}
+#: (service, DSN variable, statement) that the service's role must be able to run ...
+ALLOWED = [
+    ("railproxy", "RAILPROXY_DATABASE_URL", "UPDATE railproxy.attempts SET outcome = outcome"),
+    ("worker", "WORKER_DATABASE_URL", "UPDATE paydb.payouts SET state = state"),
+    ("worker", "RECONCILE_DATABASE_URL", "SELECT count(*) FROM railproxy.attempts"),
+    ("outbox", "OUTBOX_DATABASE_URL", "UPDATE paydb.outbox SET attempts = attempts"),
+    ("reconciler", "RECONCILE_DATABASE_URL", "SELECT count(*) FROM paydb.ledger_entries"),
+    ("invariants", "CHECKER_DATABASE_URL", "SELECT count(*) FROM lockservice.grant_history"),
+]
+#: ... and statements of other components it must be refused.
+REFUSED = [
+    ("lock-server", "LOCK_DATABASE_URL", "UPDATE paydb.payouts SET state = state"),
+    ("railproxy", "RAILPROXY_DATABASE_URL", "SELECT count(*) FROM paydb.payouts"),
+    ("railproxy", "RAILPROXY_DATABASE_URL", "UPDATE lockservice.epochs SET epoch = epoch"),
+    ("worker", "WORKER_DATABASE_URL", "SELECT count(*) FROM railproxy.attempts"),
+    ("worker", "WORKER_DATABASE_URL", "SELECT count(*) FROM lockservice.key_counters"),
+    ("worker", "RECONCILE_DATABASE_URL", "UPDATE paydb.payouts SET state = state"),
+    ("outbox", "OUTBOX_DATABASE_URL", "UPDATE paydb.payouts SET state = state"),
+    ("outbox", "OUTBOX_DATABASE_URL", "UPDATE paydb.outbox SET payload = payload"),
+    ("reconciler", "RECONCILE_DATABASE_URL", "DELETE FROM paydb.payouts"),
+    ("reconciler", "RECONCILE_DATABASE_URL", "SELECT count(*) FROM lockservice.key_counters"),
+    ("invariants", "CHECKER_DATABASE_URL", "UPDATE railproxy.attempts SET outcome = outcome"),
+]
+
+
+def gen_env_roles(folder: Path) -> dict[str, str]:
+    spec = importlib.util.spec_from_file_location("gen_env", ROOT / "deploy" / "gen_env.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.write_role_passwords(folder)  # type: ignore[no-any-return]
+
+
+class Deployed:
+    def __init__(self, server: str, admin: str, passwords: dict[str, str]) -> None:
+        self.server, self.admin, self.passwords = server, admin, passwords
+
+    def dsn(self, service: str, var: str) -> str:
+        """The service's DSN as docker-compose.yml writes it, with compose.env's values
+        substituted (`${PAYOUTS_X_DB_PASSWORD:?...}`) and the test server for `postgres:5432`."""
+        value = str(compose()["services"][service]["environment"][var])
+        env = {f"{r.upper()}_DB_PASSWORD": pw for r, pw in self.passwords.items()}
+        value = re.sub(r"\$\{([A-Z_]+):\?[^}]*\}", lambda m: env[m.group(1)], value)
+        return value.replace("@postgres:5432/", f"@{self.server}/")
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A private server: the script creates cluster-wide roles, so never a shared one."""
-    pg = EmbeddedPostgres(data_dir=tmp_path_factory.mktemp("roles") / "pg", fast=True)
+def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
+    """A private server (roles are cluster-wide, so never a shared one), set up as compose does."""
+    tmp = tmp_path_factory.mktemp("compose-roles")
+    pg = EmbeddedPostgres(data_dir=tmp / "pg", fast=True)
     pg.start()
     try:
         url = urllib.parse.urlsplit(pg.url)
         env = {
             **os.environ,
-            **PASSWORDS,
             "POSTGRES_USER": url.username or "postgres",
             "PGHOST": url.hostname or "127.0.0.1",
             "PGPORT": str(url.port),
@@ -45,33 +88,24 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         }
         script = ROOT / "deploy" / "compose" / "postgres-init.sh"
         subprocess.run(["sh", str(script)], env=env, check=True, capture_output=True)
-        yield f"{url.hostname}:{url.port}"
+        passwords = gen_env_roles(tmp / "db-roles")
+        server = f"{url.hostname}:{url.port}"
+        admin = f"postgresql://{url.username or 'postgres'}@{server}/payouts"
+        job = {**os.environ, "DATABASE_URL": admin, "DB_ROLE_PASSWORDS_DIR": str(tmp / "db-roles")}
+        for var in ("LOCK_DATABASE_URL", "PAYDB_DATABASE_URL"):
+            job.pop(var, None)
+        payouts = Path(sys.executable).parent / "payouts"
+        done = subprocess.run(
+            [str(payouts), "db", "migrate"], env=job, capture_output=True, text=True, check=False
+        )
+        assert done.returncode == 0, done.stderr
+        assert "paydb/" in done.stdout
+        yield Deployed(server, admin, passwords)
     finally:
         pg.stop(mode="immediate")
 
 
-def dsn(server: str, role: str, password: str) -> str:
-    return f"postgresql://{role}:{password}@{server}/payouts"
-
-
-@pytest.fixture(scope="module")
-async def migrated(server: str) -> AsyncIterator[str]:
-    applied = await migrate(dsn(server, "migrator", "m-pw"))
-    assert any(a.startswith("paydb/") for a in applied)
-    yield server
-
-
-async def test_lock_server_role_starts_its_backend_and_grants(migrated: str) -> None:
-    backend = await PostgresBackend.start(dsn(migrated, "lock_server", "l-pw"))
-    try:
-        session = await backend.open_session(15.0)
-        grant = await backend.acquire(session.session_id, "payout:acct-1", 1.0)
-        assert getattr(grant, "token", 0) > 0
-    finally:
-        await backend.close()
-
-
-async def _can(url: str, sql: str) -> bool:
+async def _runs(url: str, sql: str) -> bool:
     conn = await asyncpg.connect(url)
     try:
         await conn.execute(sql)
@@ -82,15 +116,55 @@ async def _can(url: str, sql: str) -> bool:
         await conn.close()
 
 
-async def test_each_role_stays_in_its_schema(migrated: str) -> None:
-    worker = dsn(migrated, "worker", "w-pw")
-    reader = dsn(migrated, "reader", "rd-pw")
-    proxy = dsn(migrated, "railproxy", "r-pw")
-    assert await _can(worker, "SELECT count(*) FROM paydb.payouts")
-    assert await _can(proxy, "SELECT count(*) FROM railproxy.attempts")
-    assert await _can(reader, "SELECT count(*) FROM lockservice.key_counters")
-    # Negative controls: outside its own schema, or writing as the reader, is refused.
-    assert not await _can(worker, "SELECT count(*) FROM lockservice.key_counters")
-    assert not await _can(worker, "SELECT count(*) FROM railproxy.attempts")
-    assert not await _can(proxy, "SELECT count(*) FROM paydb.payouts")
-    assert not await _can(reader, "DELETE FROM paydb.payouts")
+def test_compose_uses_only_the_migrations_roles_and_the_admin_for_migrate() -> None:
+    users = {
+        (name, var): str(value).split("://", 1)[1].split(":", 1)[0]
+        for name, svc in compose()["services"].items()
+        for var, value in (svc.get("environment") or {}).items()
+        if str(value).startswith("postgresql://")
+    }
+    assert users.pop(("migrate", "DATABASE_URL")) == "postgres"
+    assert set(users.values()) == set(ROLE_NAMES)
+    for (name, var), user in users.items():  # each DSN carries its own role's password
+        value = compose()["services"][name]["environment"][var]
+        assert f"${{{user.upper()}_DB_PASSWORD:?" in value, (name, var)
+
+
+async def test_migrate_job_creates_the_roles_with_their_passwords(deployed: Deployed) -> None:
+    conn = await asyncpg.connect(deployed.admin)
+    try:
+        rows = await conn.fetch(
+            "SELECT rolname, rolpassword IS NOT NULL AS has_pw FROM pg_authid"
+            " WHERE rolcanlogin AND rolname <> current_user"
+        )
+    finally:
+        await conn.close()
+    # Only the migrations' roles log in besides the admin: the old per-deployment roles
+    # (migrator, lock_server, worker, reader, ...) are gone; every one has its file's password.
+    assert {r["rolname"]: r["has_pw"] for r in rows} == dict.fromkeys(ROLE_NAMES, True)
+
+
+async def test_lock_server_dsn_starts_its_backend_and_grants(deployed: Deployed) -> None:
+    backend = await PostgresBackend.start(deployed.dsn("lock-server", "LOCK_DATABASE_URL"))
+    try:
+        session = await backend.open_session(15.0)
+        grant = await backend.acquire(session.session_id, "payout:acct-1", 1.0)
+        assert getattr(grant, "token", 0) > 0
+    finally:
+        await backend.close()
+
+
+@pytest.mark.parametrize(("service", "var", "sql"), ALLOWED, ids=lambda v: str(v)[:40])
+async def test_each_service_dsn_does_its_own_work(
+    deployed: Deployed, service: str, var: str, sql: str
+) -> None:
+    assert await _runs(deployed.dsn(service, var), sql)
+
+
+@pytest.mark.parametrize(("service", "var", "sql"), REFUSED, ids=lambda v: str(v)[:40])
+async def test_each_service_dsn_is_refused_the_others_work(
+    deployed: Deployed, service: str, var: str, sql: str
+) -> None:
+    assert not await _runs(deployed.dsn(service, var), sql)
+    # Negative control: the same statement as the admin runs, so the refusal is the role's.
+    assert await _runs(deployed.admin, sql)

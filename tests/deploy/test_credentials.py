@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from common.credentials import Credentials, CredentialsError, read_token
+from payouts.db_roles import ROLE_NAMES
 from payouts.stack_services import STACK_ACCEPTS, STACK_IDENTITIES
 from tests.deploy import envcontract
 from tests.deploy.conftest import (
@@ -52,7 +53,9 @@ def gen_env() -> ModuleType:
 
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return gen_env().write_credentials_files(tmp_path_factory.mktemp("secrets") / "credentials")  # type: ignore[no-any-return]
+    credentials = tmp_path_factory.mktemp("secrets") / "credentials"
+    gen_env().write_role_passwords(credentials / "db-roles")
+    return gen_env().write_credentials_files(credentials)  # type: ignore[no-any-return]
 
 
 def mode(path: Path) -> int:
@@ -148,6 +151,17 @@ def test_compose_gives_each_component_only_its_own_credentials() -> None:
     ]
 
 
+def test_only_the_migrate_job_gets_every_database_roles_password() -> None:
+    """The script installs one password file per role of payouts/db_roles.py, into the migrate
+    job's volume only (it runs `payouts db migrate` with DB_ROLE_PASSWORDS_DIR there)."""
+    installed = installed_by_script()
+    assert installed["migrate"] == {r: f"db-roles/{r}" for r in ROLE_NAMES}
+    others = [c for c, files in installed.items() if c != "migrate"]
+    assert not [c for c in others if any(s.startswith("db-roles/") for s in installed[c].values())]
+    migrate = compose()["services"]["migrate"]
+    assert migrate["environment"]["DB_ROLE_PASSWORDS_DIR"] == str(MOUNT)
+
+
 def test_credentials_job_installs_readable_0400_files_the_services_accept(
     generated: Path, tmp_path: Path
 ) -> None:
@@ -233,7 +247,12 @@ def k8s_problems(docs: dict[str, dict[str, Any]], classes: dict[str, dict[str, s
 def test_k8s_workloads_mount_only_their_own_secrets() -> None:
     docs, classes = workloads(), provider_classes()
     assert k8s_problems(docs, classes) == []
-    assert {n for n in docs if k8s_credential_env(docs[n])} == set(installed_by_script())
+    # The migrate job's role password files are compose's only: on GKE the workloads log in as
+    # Cloud SQL IAM users (docs/deploy-gcp.md), so no role has a password there.
+    compose_only = {"migrate"}
+    assert {n for n in docs if k8s_credential_env(docs[n])} == set(
+        installed_by_script()
+    ) - compose_only
     # Negative control: the rail proxy's class also hands it the worker's token.
     bad = copy.deepcopy(classes)
     bad["credentials-railproxy"]["worker.token"] = "worker-token"

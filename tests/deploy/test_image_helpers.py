@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from payouts import healthcheck
+from payouts.db_roles import ROLE_NAMES, read_passwords
 from tests.deploy.conftest import ROOT
 
 
@@ -79,3 +80,19 @@ def test_gen_env_writes_private_random_secrets_once(tmp_path: Path) -> None:
     assert "kept" in out and env.read_text() == first  # a second run changes nothing
     for value in values.values():
         assert value not in out
+    # The migrations' roles (docs/database-roles.md): one 0600 file each, which the migrate job
+    # sets as the role's password, and the same value in the env file for the component's DSN.
+    roles = keys / "credentials" / "db-roles"
+    assert stat.S_IMODE(roles.stat().st_mode) == 0o700
+    for role in ROLE_NAMES:
+        assert stat.S_IMODE((roles / role).stat().st_mode) == 0o600
+        assert values[f"{role.upper()}_DB_PASSWORD"] == (roles / role).read_text().strip()
+    assert read_passwords(roles).keys() == set(ROLE_NAMES)  # what `payouts db migrate` accepts
+    # --force replaces the env file but keeps the role passwords the database already has.
+    subprocess.run([*cmd, "--force"], check=True, capture_output=True)
+    lines = env.read_text().splitlines()
+    forced = dict(line.split("=", 1) for line in lines if not line.startswith("#"))
+    assert forced["POSTGRES_PASSWORD"] != values["POSTGRES_PASSWORD"]
+    for role in ROLE_NAMES:
+        var = f"{role.upper()}_DB_PASSWORD"
+        assert forced[var] == values[var], var

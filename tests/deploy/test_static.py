@@ -19,6 +19,7 @@ import kubernetes_validate
 import pytest
 from hcl2.utils import SerializationOptions
 
+from payouts.db_roles import DSN_VARS, ROLE_NAMES
 from tests.deploy.conftest import (
     CHECKOV,
     COMPOSE,
@@ -153,13 +154,17 @@ def test_compose_services_are_healthy_gated_limited_and_unprivileged() -> None:
 def test_compose_has_no_secret_and_a_role_per_component() -> None:
     text = COMPOSE.read_text()
     assert not re.search(r"(PASSWORD|PWD):\s+(?!\$\{)", text), "a literal password"
-    users = {}
+    # Each DSN logs in as the migrations' role its variable is for (payouts.db_roles.DSN_VARS);
+    # the superuser's admin DSN is the migrate job's only.
+    users: dict[tuple[str, str], str] = {}
     for name, svc in compose()["services"].items():
         for var, value in (svc.get("environment") or {}).items():
             if str(value).startswith("postgresql://"):
                 assert "${" in value, (name, var)
-                users[name] = value.split("://", 1)[1].split(":", 1)[0]
-    assert len({users[s] for s in ("lock-server", "railproxy", "worker", "outbox", "migrate")}) == 5
+                users[(name, var)] = value.split("://", 1)[1].split(":", 1)[0]
+    assert users.pop(("migrate", "DATABASE_URL")) == "postgres"
+    assert users and all(DSN_VARS[var] == user for (_, var), user in users.items()), users
+    assert set(users.values()) == set(ROLE_NAMES)  # every role is some service's
     assert "deploy/compose.env" in (ROOT / ".gitignore").read_text()
 
 
@@ -352,3 +357,74 @@ def test_iam_inventory_in_the_docs_matches_terraform() -> None:
     doc = (ROOT / "docs" / "deploy-gcp.md").read_text()
     documented = set(re.findall(r"^\| `payouts-(\w+)`", doc, re.M))
     assert workloads_tf and documented == workloads_tf | {"nodes"}
+
+
+# --- Cloud SQL IAM users and the migrations' roles ---------------------------------------------
+
+
+def iam_db_roles() -> dict[str, tuple[str, set[str]]]:
+    """terraform/iam.tf workload -> (its Kubernetes SA, the payouts_* roles its IAM user joins)."""
+    with (TERRAFORM / "iam.tf").open() as f:
+        parsed = hcl2.load(f, serialization_options=HCL_OPTIONS)
+    entries = parsed["locals"][0]["workloads"]
+    return {k: (v["ksa"], set(v["db_roles"])) for k, v in entries.items()}
+
+
+def dsn_problems(docs: dict[str, dict[str, Any]]) -> list[str]:
+    """Each pod's DSN variables name its own IAM user, a member of the role the variable is for
+    (payouts.db_roles.DSN_VARS); only the migrator gets the admin DATABASE_URL."""
+    by_ksa = {ksa: (key, roles) for key, (ksa, roles) in iam_db_roles().items()}
+    problems: list[str] = []
+    for name, doc in docs.items():
+        template = pod_template(doc)
+        assert template is not None
+        key, roles = by_ksa.get(template["spec"].get("serviceAccountName", ""), ("", set()))
+        for e in main_container(doc).get("env", []):
+            var, value = e["name"], str(e.get("value", ""))
+            if var not in DSN_VARS and var != "DATABASE_URL":
+                continue
+            user = value.split("://", 1)[-1].split("@127.0.0.1", 1)[0]
+            if user != f"payouts-{key}%40PROJECT_ID.iam":
+                problems.append(f"{name}: {var} logs in as {user}, not its own IAM user")
+            elif var == "DATABASE_URL" and key != "migrator":
+                problems.append(f"{name}: the admin DATABASE_URL outside the migrate job")
+            elif var != "DATABASE_URL" and DSN_VARS[var] not in roles:
+                problems.append(f"{name}: {var} needs {DSN_VARS[var]}, not granted to {key}")
+    return problems
+
+
+def test_each_iam_user_joins_the_migrations_roles_its_pod_uses() -> None:
+    mapping = iam_db_roles()
+    granted = set().union(*(roles for _, roles in mapping.values()))
+    assert granted == set(ROLE_NAMES)  # every role has a user; no role the migrations lack
+    assert mapping["migrator"][1] == set()  # the admin is a member of none
+    assert dsn_problems(workloads()) == []
+    # Negative controls: the outbox pointed at the lock server's user, and the worker's
+    # reconcile DSN without payouts_reconciler granted, are both reported.
+    bad = copy.deepcopy(workloads())
+    for e in main_container(bad["outbox"])["env"]:
+        if e["name"] == "OUTBOX_DATABASE_URL":
+            e["value"] = e["value"].replace("payouts-outbox", "payouts-lock")
+    assert dsn_problems(bad) == [
+        "outbox: OUTBOX_DATABASE_URL logs in as payouts-lock%40PROJECT_ID.iam, not its own IAM user"
+    ]
+    main_container(bad["reconciler"])["env"].append(
+        {
+            "name": "DATABASE_URL",
+            "value": "postgresql://payouts-reconciler%40PROJECT_ID.iam@127.0.0.1",
+        }
+    )
+    assert "reconciler: the admin DATABASE_URL outside the migrate job" in dsn_problems(bad)
+
+
+def test_the_docs_role_table_is_terraforms() -> None:
+    doc = (ROOT / "docs" / "deploy-gcp.md").read_text()
+    section = doc.split("### Database roles", 1)[1].split("\n#", 1)[0]
+    rows = re.findall(r"^\| `payouts-(\w+)@PROJECT\.iam` \|[^|]*\|([^|]*)\|", section, re.M)
+    documented = {key: set(re.findall(r"`(payouts_\w+)`", roles)) for key, roles in rows}
+    expected = {k: roles for k, (_, roles) in iam_db_roles().items() if k in documented}
+    assert documented and documented == expected
+    assert set(documented) == {k for k, (_, r) in iam_db_roles().items() if r} | {"migrator"}
+    for key, roles in documented.items():  # the GRANT lines say the same
+        for role in roles:
+            assert re.search(rf"GRANT {role}\s+TO \"payouts-{key}@PROJECT\.iam\";", section), role
