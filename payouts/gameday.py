@@ -96,7 +96,8 @@ async def run_gameday(
     async with Stack(config, progress=progress) as stack:
         prom = GamedayPrometheus(stack, run_dir, for_s=options.for_s, interval_s=options.interval_s)
         faults = FaultInjector(stack, worker_env={}, lease_s=15.0, progress=progress)
-        http = httpx.AsyncClient(timeout=5.0)
+        # The stand-ins' admin endpoints (faults, behaviour) are operator-only.
+        http = httpx.AsyncClient(timeout=5.0, headers=stack.operator_headers())
         try:
             await prom.start()
             progress(f"prometheus {prom.url} scraping {len(prom.stack.processes)} processes")

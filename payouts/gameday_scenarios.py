@@ -28,6 +28,7 @@ from payouts.chaos_faults import RAIL_BASELINE, FaultInjector
 from payouts.commands import PayoutSpec, create_payouts, seed_accounts, start_workflows
 from payouts.gameday_prom import GamedayPrometheus
 from payouts.stack import Stack
+from payouts.stack_cli import export_env
 
 
 @dataclass
@@ -60,15 +61,7 @@ class Ctx:
 
     def env(self) -> dict[str, str]:
         """The addresses the operator commands read (what `payouts up` prints as exports)."""
-        s = self.stack
-        return {
-            **os.environ,
-            "DATABASE_URL": s.database_url,
-            "TEMPORAL_ADDRESS": s.temporal_address,
-            "LOCK_URL": s.lock_url,
-            "WORKER_TASK_QUEUE": s.config.task_queue,
-            "RECONCILE_RAIL_ADMIN_URL": s.railstub_url,
-        }
+        return {**os.environ, **export_env(self.stack)}
 
     async def command(self, *argv: str, timeout_s: float = 60.0) -> tuple[int, str]:
         """Run one operator command (`payouts ...`, `python -m lockservice ...`); (rc, output)."""

@@ -112,7 +112,7 @@ def _assert_clean(stats: FuzzStats) -> None:
 
 def test_lock_server_spec(fuzzed: Fuzzed) -> None:
     _assert_clean(fuzzed.lock)
-    assert fuzzed.lock.operations == 11  # /health included
+    assert fuzzed.lock.operations == 12  # /health and /v1/operator-assertions included
 
 
 def test_rail_proxy_spec(fuzzed: Fuzzed) -> None:
@@ -303,6 +303,6 @@ def test_lock_server_spec_on_etcd(
             "lock server (etcd)", schema, headers=fuzz_headers("lock"), max_examples=MAX_EXAMPLES
         )
         _assert_clean(stats)
-        assert stats.operations == 11
+        assert stats.operations == 12
     finally:
         stop(proc)
