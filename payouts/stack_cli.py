@@ -46,7 +46,13 @@ def _summary(stack: Stack) -> str:
 
 def exports(stack: Stack) -> str:
     """Ready-to-paste `export` lines: every address a command needs, for this stack's ports."""
-    env = {
+    env = export_env(stack)
+    return "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items())
+
+
+def export_env(stack: Stack) -> dict[str, str]:
+    """The variables `exports` prints (the game day runs operator commands with them)."""
+    return {
         "DATABASE_URL": stack.database_url,  # the admin DSN: `payouts db migrate`, bump-epoch
         **stack.role_urls,  # each command's own role (docs/database-roles.md)
         "PGPASSFILE": str(stack.pgpass_file),  # their passwords, never printed
@@ -62,7 +68,6 @@ def exports(stack: Stack) -> str:
         "OUTBOX_CREDENTIALS_PATH": str(stack.credentials.servers["outbox-cli"]),
         "LOCK_CREDENTIALS_PATH": str(stack.credentials.servers["lock-server"]),
     }
-    return "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items())
 
 
 async def _run(config: StackConfig, *, check: bool) -> int:
