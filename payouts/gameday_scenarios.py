@@ -177,7 +177,9 @@ async def _thaw_outbox(ctx: Ctx) -> None:
 
 async def _finledger_faults(ctx: Ctx, faults: dict[str, Any]) -> None:
     url = f"{ctx.stack.finledger_url}/admin/faults"
-    (await ctx.http.put(url, json=faults)).raise_for_status()
+    # The finance ledger's admin API takes operators only (as the rail stub's does).
+    headers = ctx.stack.operator_headers()
+    (await ctx.http.put(url, json=faults, headers=headers)).raise_for_status()
 
 
 async def _outbox_permanent(ctx: Ctx) -> None:
