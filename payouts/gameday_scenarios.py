@@ -382,8 +382,15 @@ async def _confirm_fenced_out(ctx: Ctx) -> bool:
     logs = [p.log_path for n, p in ctx.stack.processes.items() if n in ("railproxy", "lock-server")]
     logs += sorted(ctx.stack.config.run_dir.glob("**/worker-*.log"))
     fenced = [e for path in logs for e in json_events(path) if e.get("event") == "lock.fenced_out"]
-    rc, _ = await ctx.command("-m", "payouts.cli", "check-invariants", timeout_s=120.0)
-    ctx.notes.append(f"lock.fenced_out events: {len(fenced)}; check-invariants rc={rc}")
+    # With etcd the grants live in etcd: the checker reads them from the lock server's history.
+    history = ["--history", "http"] if ctx.stack.config.backend == "etcd" else []
+    rc, out = await ctx.command(
+        "-m", "payouts.cli", "check-invariants", *history, timeout_s=120.0
+    )  # fmt: skip
+    ctx.notes.append(
+        f"lock.fenced_out events: {len(fenced)}; check-invariants rc={rc}"
+        + ("" if rc == 0 else f": {out.strip()[-300:]}")
+    )
     return bool(fenced) and rc == 0
 
 
