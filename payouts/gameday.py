@@ -36,6 +36,9 @@ GAMEDAY_DOC = Path(__file__).resolve().parent.parent / "docs" / "gameday.md"
 class GamedayOptions:
     run_dir: Path = Path(".run/gameday")
     short: bool = True
+    #: Only the scenarios whose name or alert contains one of these comma-separated words
+    #: (case-insensitive); None: all of the set.
+    only: str | None = None
     #: The `for:` of every alert during the game day, and Prometheus's scrape/eval interval.
     for_s: float = 3.0
     interval_s: float = 1.0
@@ -67,8 +70,18 @@ class Row:
         )
 
 
-def selected(short: bool) -> list[Scenario]:
-    return [s for s in SCENARIOS if s.short or not short]
+def selected(short: bool, only: str | None = None) -> list[Scenario]:
+    """The short or the full set; `only`: comma-separated words, the scenarios whose name or
+    alert contains any of them (any case)."""
+    chosen = [s for s in SCENARIOS if s.short or not short]
+    if only is None:
+        return chosen
+    words = [w.strip().lower() for w in only.split(",") if w.strip()]
+    return [
+        s
+        for s in chosen
+        if any(w in s.name.lower() or any(w in a.lower() for a in s.alerts) for w in words)
+    ]
 
 
 async def run_gameday(
@@ -77,7 +90,9 @@ async def run_gameday(
     scenarios: list[Scenario] | None = None,
 ) -> list[Row]:
     """Run `scenarios` (default: the short or the full set) on a fresh stack; one row per alert."""
-    scenarios = selected(options.short) if scenarios is None else scenarios
+    scenarios = selected(options.short, options.only) if scenarios is None else scenarios
+    if not scenarios:
+        raise ValueError(f"no game-day scenario matches {options.only!r}")
     etcd = any(s.etcd for s in scenarios)
     # A fresh folder per run: an embedded etcd cluster restarted on an earlier run's data
     # (members killed by that run's scenarios) can fail to answer the lock server in time.
@@ -98,15 +113,16 @@ async def run_gameday(
         faults = FaultInjector(stack, worker_env={}, lease_s=15.0, progress=progress)
         # The stand-ins' admin endpoints (faults, behaviour) are operator-only.
         http = httpx.AsyncClient(timeout=5.0, headers=stack.operator_headers())
+        ctx = Ctx(stack, prom, faults, http)
         try:
             await prom.start()
             progress(f"prometheus {prom.url} scraping {len(prom.stack.processes)} processes")
             await faults.rail(RAIL_BASELINE)
-            ctx = Ctx(stack, prom, faults, http)
             await _warm_up(ctx, progress)
             for scenario in scenarios:
                 rows.extend(await _run_one(ctx, scenario, options, progress))
         finally:
+            await ctx.aclose()
             await http.aclose()
             await faults.close()
             await prom.stop()
@@ -140,7 +156,8 @@ async def _run_one(
     t0 = time.monotonic()
     try:
         await scenario.cause(ctx)
-        await _until_fired(ctx, rows, allowed, t0, options.fire_within_s)
+        within_s = scenario.fire_within_s or options.fire_within_s
+        await _until_fired(ctx, rows, allowed, t0, within_s)
         for row in rows.values():
             row.confirmed = await scenario.confirm(ctx)
     except Exception as exc:  # a scenario that broke is a failed row, and the next still runs
@@ -162,6 +179,9 @@ async def _run_one(
             f"  {row.alert}: detected {row.detection_s}s, recovered {row.recovery_s}s,"
             f" confirmed={row.confirmed} {'; '.join(row.problems)}"
         )
+    for note in ctx.notes:  # what the scenario saw (its confirm step's evidence)
+        progress(f"  note: {note}")
+    ctx.notes.clear()
     return list(rows.values())
 
 
@@ -217,10 +237,15 @@ async def _until_resolved(
             row.problems.append(f"still firing {within_s:.0f}s after recovery")
 
 
-def table(rows: list[Row], *, short: bool, at: datetime | None = None) -> str:
+def table(
+    rows: list[Row], *, short: bool, at: datetime | None = None, only: str | None = None
+) -> str:
     when = (at or datetime.now(UTC)).strftime("%Y-%m-%d %H:%M UTC")
+    kind = "short, make test" if short else "full, make gameday"
+    if only is not None:
+        kind = f"{'short' if short else 'full'} set, only {only}"
     lines = [
-        f"## Game day {when} ({'short, make test' if short else 'full, make gameday'})",
+        f"## Game day {when} ({kind})",
         "",
         "| alert | scenario | detection latency (s) | recovery time (s) "
         "| runbook section executed | result |",

@@ -7,7 +7,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from payouts.gameday import GAMEDAY_DOC, GamedayOptions, append_table, run_gameday, table
+from payouts.gameday import (
+    GAMEDAY_DOC,
+    GamedayOptions,
+    append_table,
+    run_gameday,
+    selected,
+    table,
+)
 from payouts.gameday_prom import PrometheusMissingError, binary
 from payouts.logs import configure_logging
 from payouts.stoppable import run_stoppable
@@ -29,10 +36,14 @@ def _cmd_gameday(args: argparse.Namespace) -> int:
     options = GamedayOptions(
         run_dir=Path(args.run_dir),
         short=not args.all,
+        only=args.only,
         for_s=args.for_s,
         interval_s=args.interval_s,
         doc=Path(args.doc),
     )
+    if args.only is not None and not selected(options.short, args.only):
+        print(f"error: no scenario matches --only {args.only!r}", file=sys.stderr)
+        return 2
     options.run_dir.mkdir(parents=True, exist_ok=True)
     with open(options.run_dir / "gameday.log", "a", encoding="utf-8") as events:
         configure_logging("gameday", stream=events)
@@ -41,7 +52,7 @@ def _cmd_gameday(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             print("interrupted; every process was stopped", file=sys.stderr)
             return 130
-    text = table(rows, short=options.short)
+    text = table(rows, short=options.short, only=options.only)
     print(text)
     if not args.no_doc:
         append_table(options.doc, text)
@@ -59,6 +70,13 @@ def register(sub: Any) -> None:
         "recovery, and no alert fired without its condition. Needs prometheus on PATH.",
     )
     p.add_argument("--all", action="store_true", help="every scenario (default: the short set)")
+    p.add_argument(
+        "--only",
+        metavar="WORD",
+        help="only the scenarios whose name or alert contains WORD (any case; several: "
+        "comma-separated), e.g. FencedOutWrite,ReconciliationDiscrepancies; with --all, from "
+        "the full set",
+    )
     p.add_argument("--run-dir", default=".run/gameday", help="logs, Prometheus data, stack")
     p.add_argument("--doc", default=str(GAMEDAY_DOC), help="the table is appended here")
     p.add_argument("--no-doc", action="store_true", help="print the table only")

@@ -118,6 +118,8 @@ class GamedayPrometheus:
         self.url = f"http://127.0.0.1:{self.port}"
         self.targets_file = self.dir / "targets.json"
         self._proc: ManagedProcess | None = None
+        #: Targets outside the stack (job -> host:port), e.g. the game day's scratch reconciler.
+        self.extra_targets: dict[str, str] = {}
         self._http = httpx.AsyncClient(timeout=5.0)
 
     def write_config(self) -> Path:
@@ -141,7 +143,10 @@ class GamedayPrometheus:
     def refresh_targets(self) -> None:
         """Rewrite the discovery file (after a worker was added or replaced); atomic rename."""
         tmp = self.targets_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(scrape_targets(self.stack), indent=1))
+        groups = scrape_targets(self.stack) + [
+            {"targets": [host], "labels": {"job": job}} for job, host in self.extra_targets.items()
+        ]
+        tmp.write_text(json.dumps(groups, indent=1))
         tmp.replace(self.targets_file)
 
     async def start(self) -> None:

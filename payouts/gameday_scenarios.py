@@ -25,8 +25,11 @@ import httpx
 
 from ledger.states import TERMINAL_STATES
 from payouts.chaos_faults import RAIL_BASELINE, FaultInjector
+from payouts.chaos_schedule import Fault
 from payouts.commands import PayoutSpec, create_payouts, seed_accounts, start_workflows
+from payouts.experiments import FAST_WORKFLOW, LOCK_TTL_S, WORKER_ENV, json_events
 from payouts.gameday_prom import GamedayPrometheus
+from payouts.gameday_scratch import ScratchReconciler
 from payouts.stack import Stack
 from payouts.stack_cli import export_env
 
@@ -47,6 +50,14 @@ class Ctx:
     #: Load a scenario keeps up in the background while detection is measured (cancelled by
     #: the runner after recovery), so that the cause step returns at once.
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    #: The scratch reconciliation world, once a scenario made one (closed by `aclose`).
+    scratch: ScratchReconciler | None = None
+
+    async def aclose(self) -> None:
+        """The game day's end: drop the scratch database, stop its exporter."""
+        if self.scratch is not None:
+            await self.scratch.close()
+            self.scratch = None
 
     def background(self, coro: Awaitable[None]) -> None:
         self.tasks.append(asyncio.ensure_future(coro))
@@ -60,15 +71,18 @@ class Ctx:
         self.tasks.clear()
 
     def env(self) -> dict[str, str]:
-        """The addresses the operator commands read (what `payouts up` prints as exports)."""
+        """The addresses the operator commands read: exactly what `payouts up` prints as
+        exports for this stack (over any of the caller's own, which may name another stack)."""
         return {**os.environ, **export_env(self.stack)}
 
-    async def command(self, *argv: str, timeout_s: float = 60.0) -> tuple[int, str]:
+    async def command(
+        self, *argv: str, timeout_s: float = 60.0, env: dict[str, str] | None = None
+    ) -> tuple[int, str]:
         """Run one operator command (`payouts ...`, `python -m lockservice ...`); (rc, output)."""
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             *argv,
-            env=self.env(),
+            env={**self.env(), **(env or {})},
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
         )
@@ -80,14 +94,19 @@ class Ctx:
             return -9, "timed out"
         return proc.returncode or 0, out.decode(errors="replace")
 
-    async def payouts(self, n: int, amount: int = 100) -> list[PayoutSpec]:
-        """n fresh payouts on a fresh funded account, their workflows started."""
+    async def payouts(
+        self, n: int, amount: int = 100, workflow: dict[str, Any] | None = None
+    ) -> list[PayoutSpec]:
+        """n fresh payouts on a fresh funded account, their workflows started (`workflow`:
+        PayoutInput overrides, e.g. the pause experiment's short timeouts)."""
         self.seq += 1
         prefix = f"gd{self.seq}-{uuid.uuid4().hex[:6]}-"
         accounts = await seed_accounts(self.stack.database_url, 1, 10_000_000, prefix)
         specs = [PayoutSpec(f"{prefix}p{i}", accounts[0], amount) for i in range(n)]
         await create_payouts(self.stack.database_url, specs)
-        await start_workflows(self.stack.temporal_address, self.stack.config.task_queue, specs)
+        await start_workflows(
+            self.stack.temporal_address, self.stack.config.task_queue, specs, **(workflow or {})
+        )
         self.created.extend(s.payout_id for s in specs)
         return specs
 
@@ -128,6 +147,8 @@ class Scenario:
     etcd: bool = False
     #: Part of the short game day that `make test` runs.
     short: bool = False
+    #: Longer than the game day's default fire budget (a cause that must wait out a lease).
+    fire_within_s: float | None = None
 
 
 # ---------------------------------------------------------------- metrics target down
@@ -156,7 +177,9 @@ async def _thaw_outbox(ctx: Ctx) -> None:
 
 async def _finledger_faults(ctx: Ctx, faults: dict[str, Any]) -> None:
     url = f"{ctx.stack.finledger_url}/admin/faults"
-    (await ctx.http.put(url, json=faults)).raise_for_status()
+    # The finance ledger's admin API takes operators only (as the rail stub's does).
+    headers = ctx.stack.operator_headers()
+    (await ctx.http.put(url, json=faults, headers=headers)).raise_for_status()
 
 
 async def _outbox_permanent(ctx: Ctx) -> None:
@@ -314,6 +337,114 @@ async def _nothing(ctx: Ctx) -> None:
     """The elections are over; the alert resolves once they leave the window."""
 
 
+# ---------------------------------------------------------------- fencing (NFR-06, UC-03)
+
+
+async def _fenced_out_write(ctx: Ctx) -> None:
+    """A worker armed with the UC-03 hook freezes itself (SIGSTOP) holding a payout's grant,
+    just before its rail submission; its 3 s lease expires, the stack's worker takes the payout
+    over under a newer token and submits it; the armed worker is thawed and its stale submission
+    is refused at the rail proxy (STALE_TOKEN), and any stale write at the payment database is
+    fenced out too. What prevents a second movement of money: the proxy's per-account token
+    high-water mark and the payment database's fence (FR-17), neither touched here."""
+    inj = FaultInjector(
+        ctx.stack, worker_env=dict(WORKER_ENV), lease_s=LOCK_TTL_S, progress=ctx.notes.append
+    )
+    fault = Fault(index=0, kind="pause", at_s=0.0, armed=True)
+    triggered = inj._armed_triggered[0] = asyncio.Event()
+    pause: asyncio.Future[dict[str, Any]] | None = None
+    try:
+        armed = await inj.arm(fault)
+        # Scraped while it lives: its paydb_fenced_out_total is the second enforcement point's.
+        ctx.prom.extra_targets["worker-armed"] = (armed.url or "").removeprefix("http://")
+        ctx.prom.refresh_targets()
+        pause = asyncio.ensure_future(inj._armed_pause(fault, armed))
+        while not triggered.is_set():  # one payout at a time until the armed worker takes one
+            await ctx.payouts(1, workflow=FAST_WORKFLOW)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(triggered.wait()), 2.0)
+        record = await pause
+    finally:
+        if pause is not None and not pause.done():  # its own finally thaws and stops the worker
+            pause.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await pause
+        ctx.prom.extra_targets.pop("worker-armed", None)
+        ctx.prom.refresh_targets()
+        await inj.close()
+    ctx.notes.append(f"armed pause: {record}")
+    if not (record.get("triggered") and record.get("taken_over") and record.get("stale_attempt")):
+        raise RuntimeError(f"no stale attempt after a takeover: {record}")
+
+
+async def _confirm_fenced_out(ctx: Ctx) -> bool:
+    # Runbook: `lock.fenced_out` events in the logs, then `payouts check-invariants` exits 0.
+    logs = [p.log_path for n, p in ctx.stack.processes.items() if n in ("railproxy", "lock-server")]
+    logs += sorted(ctx.stack.config.run_dir.glob("**/worker-*.log"))
+    fenced = [e for path in logs for e in json_events(path) if e.get("event") == "lock.fenced_out"]
+    # With etcd the grants live in etcd: the checker reads them from the lock server's history.
+    history = ["--history", "http"] if ctx.stack.config.backend == "etcd" else []
+    rc, out = await ctx.command(
+        "-m", "payouts.cli", "check-invariants", *history, timeout_s=120.0
+    )  # fmt: skip
+    ctx.notes.append(
+        f"lock.fenced_out events: {len(fenced)}; check-invariants rc={rc}"
+        + ("" if rc == 0 else f": {out.strip()[-300:]}")
+    )
+    return bool(fenced) and rc == 0
+
+
+# ---------------------------------------------------------------- reconciliation (UC-07)
+
+
+async def _plant_discrepancy(ctx: Ctx) -> None:
+    """A scratch database (never the stack's payment database) where a payout claims POSTED
+    with no rail movement; the real reconciler runs against it and exports what it found."""
+    scratch = ScratchReconciler(ctx.stack.database_url)
+    ctx.scratch = scratch
+    scratch.start()
+    ctx.prom.extra_targets["reconciler"] = scratch.url.removeprefix("http://")
+    ctx.prom.refresh_targets()
+    await scratch.create()
+    await scratch.plant()
+    report = await scratch.run()
+    if report.ok:
+        raise RuntimeError("the reconciler found nothing in the planted scratch database")
+    ctx.notes.append(f"scratch reconcile: {report.counts}")
+
+
+async def _confirm_discrepancy(ctx: Ctx) -> bool:
+    # Runbook: `payouts reconcile run` (read-only; exit 1 with the classes and a sample).
+    scratch = ctx.scratch
+    if scratch is None:
+        return False
+    window = scratch.window()
+    rc, out = await ctx.command(
+        "-m", "payouts.cli", "reconcile", "run", "--json",
+        "--window-start", window.start.isoformat(), "--window-end", window.end.isoformat(),
+        "--rail-admin-url", scratch.url,
+        env={"RECONCILE_DATABASE_URL": scratch.dsn, "DATABASE_URL": scratch.dsn},
+    )  # fmt: skip
+    if rc != 1:
+        ctx.notes.append(f"reconcile run rc={rc}: {out.strip()[-200:]}")
+        return False
+    report = json.loads(out.strip().splitlines()[-1])
+    return scratch.planted in {i for ids in report["samples"].values() for i in ids}
+
+
+async def _drop_scratch(ctx: Ctx) -> None:
+    """Drop the planted database; the reconciler's next run (on a freshly migrated scratch
+    database, with nothing false in it) reports zero for every class."""
+    scratch = ctx.scratch
+    if scratch is None:
+        return
+    await scratch.drop()
+    await scratch.create()
+    report = await scratch.run()
+    if not report.ok:
+        raise RuntimeError(f"discrepancies in a fresh scratch database: {report.counts}")
+
+
 SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         "metrics target frozen (outbox publisher SIGSTOP)",
@@ -363,5 +494,17 @@ SCENARIOS: tuple[Scenario, ...] = (
         tolerated=("MetricsTargetDown", "LockAcquireAvailabilityFastBurn",
                    "LockAcquireAvailabilitySlowBurn"),
         etcd=True,
+    ),
+    Scenario(
+        "worker frozen past its lease holding a grant (armed SIGSTOP before submit)",
+        ("FencedOutWrite",),
+        _fenced_out_write, _confirm_fenced_out, _nothing,
+        tolerated=("MetricsTargetDown", "PayoutLatencyFastBurn", "PayoutLatencySlowBurn"),
+        fire_within_s=240.0,
+    ),
+    Scenario(
+        "discrepancy planted in a scratch database (POSTED, no rail movement)",
+        ("ReconciliationDiscrepancies",),
+        _plant_discrepancy, _confirm_discrepancy, _drop_scratch,
     ),
 )  # fmt: skip

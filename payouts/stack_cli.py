@@ -44,8 +44,14 @@ def _summary(stack: Stack) -> str:
     return "\n".join(f"  {k.ljust(width)}  {v}" for k, v in rows)
 
 
+def exports(stack: Stack) -> str:
+    """Ready-to-paste `export` lines: every address a command needs, for this stack's ports."""
+    env = export_env(stack)
+    return "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items())
+
+
 def export_env(stack: Stack) -> dict[str, str]:
-    """Every address and credential file an operator command needs, for this stack's ports."""
+    """The variables `exports` prints (the game day runs operator commands with them)."""
     return {
         "DATABASE_URL": stack.database_url,  # the admin DSN: `payouts db migrate`, bump-epoch
         **stack.role_urls,  # each command's own role (docs/database-roles.md)
@@ -62,11 +68,6 @@ def export_env(stack: Stack) -> dict[str, str]:
         "OUTBOX_CREDENTIALS_PATH": str(stack.credentials.servers["outbox-cli"]),
         "LOCK_CREDENTIALS_PATH": str(stack.credentials.servers["lock-server"]),
     }
-
-
-def exports(stack: Stack) -> str:
-    """Ready-to-paste `export` lines of `export_env`."""
-    return "\n".join(f"export {k}={shlex.quote(v)}" for k, v in export_env(stack).items())
 
 
 async def _run(config: StackConfig, *, check: bool) -> int:

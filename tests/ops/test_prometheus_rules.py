@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from payouts.gameday import selected
 from payouts.gameday_prom import GAMEDAY_WINDOWS, OPS_DIR, render_rules
 from payouts.gameday_rules import alerts
 from payouts.gameday_scenarios import SCENARIOS
@@ -99,9 +100,20 @@ def test_every_alert_is_unit_tested_firing_and_silent() -> None:
 def test_every_alert_has_a_game_day_scenario() -> None:
     covered = {a for s in SCENARIOS for a in s.alerts}
     missing = set(alerts()) - covered
-    # Not yet caused for real by a scenario (reported in docs/gameday.md): see that file.
-    assert missing <= {"FencedOutWrite", "ReconciliationDiscrepancies"}, missing
+    assert not missing, missing  # every alert is caused for real by a game-day scenario
     assert covered <= set(alerts())
+
+
+def test_game_day_selection_by_word() -> None:
+    """`--only` picks scenarios by name or alert; the short set stays what `make test` runs."""
+    assert len(selected(short=True)) == 3
+    picked = selected(short=False, only="fencedoutwrite, ReconciliationDiscrepancies")
+    assert [a for s in picked for a in s.alerts] == [
+        "FencedOutWrite",
+        "ReconciliationDiscrepancies",
+    ]
+    assert selected(short=True, only="FencedOutWrite") == []  # not in the short set
+    assert selected(short=False, only="no-such-scenario") == []
 
 
 def test_game_day_rendering_shortens_every_window_and_for() -> None:
