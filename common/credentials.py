@@ -140,6 +140,14 @@ def load_optional(path: str | Path | None) -> Credentials | None:
 _bearer_scheme = HTTPBearer(auto_error=False, description="a per-operator or per-component token")
 
 
+#: The OpenAPI description of what `require` answers, for a service's `FastAPI(responses=...)`:
+#: declared once so that every spec states the same refusals.
+REFUSAL_RESPONSES: dict[int | str, dict[str, Any]] = {
+    401: {"description": "no or unknown credential"},
+    403: {"description": "a credential not allowed here"},
+}
+
+
 def require(
     credentials: Credentials | None,
     *,

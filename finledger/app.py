@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from common.correlation import CorrelationMiddleware
-from common.credentials import load_optional, require
+from common.credentials import REFUSAL_RESPONSES, load_optional, require
 from common.strict_query import reject_unknown_query
 from finledger.book import Book
 from finledger.faults import Action, Faults, decide, is_unknown_account
@@ -126,14 +126,6 @@ async def _write(
         ledger.writes.labels(answer=answer).inc()
 
 
-#: Every route but /health and /metrics needs a credential (common.credentials): a refused
-#: call is answered before the handler, with nothing changed.
-_REFUSALS: dict[int | str, dict[str, Any]] = {
-    401: {"description": "no or unknown credential"},
-    403: {"description": "a credential not allowed here"},
-}
-
-
 def create_app(settings: FinledgerSettings | None = None) -> FastAPI:
     settings = settings or FinledgerSettings()
 
@@ -147,7 +139,7 @@ def create_app(settings: FinledgerSettings | None = None) -> FastAPI:
         title="finance ledger stand-in",
         version="1",
         lifespan=lifespan,
-        responses=_REFUSALS,
+        responses=REFUSAL_RESPONSES,  # every route but /health and /metrics needs a credential
         dependencies=[Depends(reject_unknown_query)],
     )
     # Who may call what: writes only the outbox publisher; reads the publisher, the checkers

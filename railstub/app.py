@@ -25,7 +25,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, g
 from pydantic import BaseModel, Field
 
 from common.correlation import CorrelationMiddleware
-from common.credentials import load_optional, require
+from common.credentials import REFUSAL_RESPONSES, load_optional, require
 from common.strict_query import reject_unknown_query
 from payouts.logs import get_logger
 from railstub.behaviour import Action, Behaviour, decide
@@ -178,14 +178,6 @@ def _evidence(stub: StubState, m: Movement, now: float) -> dict[str, object]:
     }
 
 
-#: Every route but /health and /metrics needs a credential (common.credentials): a refused
-#: call is answered before the handler, with nothing changed.
-_REFUSALS: dict[int | str, dict[str, Any]] = {
-    401: {"description": "no or unknown credential"},
-    403: {"description": "a credential not allowed here"},
-}
-
-
 def create_app(settings: StubSettings | None = None) -> FastAPI:
     settings = settings or StubSettings()
 
@@ -201,7 +193,7 @@ def create_app(settings: StubSettings | None = None) -> FastAPI:
         title="rail stub",
         version="1",
         lifespan=lifespan,
-        responses=_REFUSALS,
+        responses=REFUSAL_RESPONSES,  # every route but /health and /metrics needs a credential
         dependencies=[Depends(reject_unknown_query)],
     )
     credentials = load_optional(settings.credentials_path)  # None: authentication off (tests)
