@@ -153,17 +153,9 @@ def assertion_bytes(
 
 
 def _message(a: OperatorAssertion) -> bytes:
-    return assertion_bytes(
-        identity=a.identity,
-        action=a.action,
-        payout_id=a.payout_id,
-        key=a.key,
-        reason=a.reason,
-        issued_at=a.issued_at,
-        expires_at=a.expires_at,
-        nonce=a.nonce,
-        kid=a.kid,
-    )
+    """The signed bytes of `a`: every field but the signature itself."""
+    signed = {f.name: getattr(a, f.name) for f in dataclasses.fields(a) if f.name != "signature"}
+    return assertion_bytes(**signed)
 
 
 def check_payout_id(payout_id: str) -> str:
