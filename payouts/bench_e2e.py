@@ -42,6 +42,7 @@ from payouts.commands import (
     PayoutSpec,
     connect_temporal,
     create_payouts,
+    payout_state_counts,
     seed_accounts,
     start_workflows,
 )
@@ -111,12 +112,7 @@ async def _wait_terminal(
     last = ""
     states: Counter[str] = Counter()
     while time.monotonic() < deadline:
-        rows = await sysm.pool.fetch(
-            "SELECT state, count(*) AS n FROM paydb.payouts WHERE payout_id = ANY($1::text[])"
-            " GROUP BY state",
-            ids,
-        )
-        states = Counter({r["state"]: int(r["n"]) for r in rows})
+        states = await payout_state_counts(sysm.pool, ids)
         done = sum(states[s] for s in TERMINAL)
         line = f"{what}: {done}/{len(ids)} terminal " + " ".join(
             f"{k}={v}" for k, v in sorted(states.items())

@@ -17,6 +17,7 @@ import random
 import sys
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -465,6 +466,18 @@ def _progress_line(counts: dict[str, int], total: int, width: int = 30) -> str:
     return f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total} terminal  {states}"
 
 
+async def payout_state_counts(
+    db: asyncpg.Connection | asyncpg.Pool, ids: list[str]
+) -> Counter[str]:
+    """How many of the payouts `ids` are in each state (the one query every follower polls)."""
+    rows = await db.fetch(
+        "SELECT state, count(*) AS n FROM paydb.payouts WHERE payout_id = ANY($1::text[])"
+        " GROUP BY state",
+        ids,
+    )
+    return Counter({r["state"]: int(r["n"]) for r in rows})
+
+
 async def follow_payouts(db_url: str, payout_ids: list[str], timeout_s: float) -> dict[str, int]:
     """Poll the payouts' states until every one is terminal (or `timeout_s`), drawing a progress
     bar on stderr (redrawn in place on a terminal, one line every 5 s otherwise)."""
@@ -475,12 +488,7 @@ async def follow_payouts(db_url: str, payout_ids: list[str], timeout_s: float) -
         deadline = time.monotonic() + timeout_s
         last_line = 0.0
         while True:
-            rows = await conn.fetch(
-                "SELECT state, count(*) AS n FROM paydb.payouts"
-                " WHERE payout_id = ANY($1::text[]) GROUP BY state",
-                payout_ids,
-            )
-            counts = {r["state"]: int(r["n"]) for r in rows}
+            counts = dict(await payout_state_counts(conn, payout_ids))
             finished = _terminal(counts) == len(payout_ids)
             line = _progress_line(counts, len(payout_ids))
             if tty:

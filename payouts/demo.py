@@ -22,7 +22,13 @@ from typing import Any
 import asyncpg
 import httpx
 
-from payouts.commands import create_payouts, generate, seed_accounts, start_workflows
+from payouts.commands import (
+    create_payouts,
+    generate,
+    payout_state_counts,
+    seed_accounts,
+    start_workflows,
+)
 from payouts.experiments import isolated_ports, json_events, pause_experiment
 from payouts.stack import Stack
 from payouts.stack_config import StackConfig
@@ -62,12 +68,7 @@ def _pct(values: list[float], q: float) -> float:
 async def _states(database_url: str, ids: list[str]) -> Counter[str]:
     conn = await asyncpg.connect(database_url)
     try:
-        rows = await conn.fetch(
-            "SELECT state, count(*) AS n FROM paydb.payouts WHERE payout_id = ANY($1::text[])"
-            " GROUP BY state",
-            ids,
-        )
-        return Counter({r["state"]: int(r["n"]) for r in rows})
+        return await payout_state_counts(conn, ids)
     finally:
         await conn.close()
 
