@@ -52,5 +52,5 @@ COPY worker_main.py /app/worker_main.py
 USER 10001:10001
 # Each service sets HEALTHCHECK_URL to its own /health (or /metrics); one-shot jobs disable it.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \
-    CMD ["python", "-m", "payouts.healthcheck"]
+    CMD ["python", "-m", "common.healthcheck"]
 CMD ["payouts", "--help"]

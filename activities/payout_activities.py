@@ -27,13 +27,13 @@ from temporalio.exceptions import ApplicationError
 from activities import models as m
 from common import correlation
 from common.credentials import auth_headers
+from common.logs import get_logger
 from ledger import AlreadyAdvanced, FencedOut, Payout, PayoutState, PayoutStore, UnknownPayout
 from ledger import WorkContext as LedgerContext
 from ledger.errors import InvalidGrant, InvalidOperatorAssertion, InvalidTransition
 from lockservice.api import LockError, NotHeld
 from lockservice.client import Lease, LockClient, NotAcquiredError
 from lockservice.grants import SignedGrant
-from payouts.logs import get_logger
 from railproxy.client import RailProxyClient, SubmitResult
 from railproxy.errors import LookupUnavailable, ProxyClientError
 from railproxy.models import (

@@ -43,6 +43,7 @@ from prometheus_client import Counter, Gauge
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from common.credentials import auth_headers, operator_token, read_token
+from common.logs import get_logger
 from ledger.errors import PaydbError
 from ledger.invariant_rules import (
     INVARIANTS,
@@ -59,7 +60,6 @@ from ledger.invariant_rules import (
 )
 from ledger.queries import ledger_discrepancies
 from ledger.reconcile import MovementSource, stub_movement_source
-from payouts.logs import get_logger
 
 __all__ = [
     "INVARIANTS",

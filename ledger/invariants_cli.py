@@ -18,6 +18,7 @@ from typing import Any
 
 import asyncpg
 
+from common.logs import configure_logging
 from ledger.errors import PaydbError
 from ledger.invariants import (
     GrantSource,
@@ -32,7 +33,6 @@ from ledger.invariants import (
 )
 from payouts.cli import database_url
 from payouts.commands import DEFAULT_TEMPORAL, temporal_address
-from payouts.logs import configure_logging
 
 HISTORY_KINDS = ("postgres", "http")
 

@@ -21,6 +21,7 @@ from typing import Any
 import asyncpg
 
 from common.credentials import read_token
+from common.logs import get_logger
 from ledger.delivery import (
     DownstreamClient,
     OutboxSettings,
@@ -30,7 +31,6 @@ from ledger.delivery import (
 )
 from ledger.delivery_metrics import OutboxMetrics
 from ledger.delivery_ops import Claimed, claim_batch, outbox_summary, record_outcome
-from payouts.logs import get_logger
 
 __all__ = ["CHANNEL", "Publisher", "outbox_summary"]
 

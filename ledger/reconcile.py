@@ -28,6 +28,7 @@ from prometheus_client import Counter, Gauge
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from common.credentials import auth_headers, operator_token, read_token
+from common.logs import get_logger
 from ledger.errors import PaydbError
 from ledger.journal import RAIL_CLEARING
 from ledger.queries import ledger_discrepancies
@@ -41,7 +42,6 @@ from ledger.reconcile_rules import (
     Window,
     classify,
 )
-from payouts.logs import get_logger
 
 __all__ = [
     "CLASSES",

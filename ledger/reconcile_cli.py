@@ -33,6 +33,7 @@ from temporalio.client import (
 )
 
 from activities.reconcile_models import ReconcileInput
+from common.logs import configure_logging, get_logger
 from ledger.reconcile import (
     ReconcileError,
     ReconcileReport,
@@ -42,7 +43,6 @@ from ledger.reconcile import (
     stub_movement_source,
 )
 from payouts.cli import database_url
-from payouts.logs import configure_logging, get_logger
 from workflows.reconcile import ReconcileWorkflow
 
 SCHEDULE_ID = "reconcile-hourly"

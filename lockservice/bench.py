@@ -42,14 +42,14 @@ from typing import Any
 import httpx
 
 from common.credentials import issue_tokens, read_token, write_credentials
+from common.logs import configure_logging
+from common.pgutil import create_database, drop_database
 from lockservice._http import KeepAliveTransport
 from lockservice.api import Grant, LockBackend
 from lockservice.backends import create_backend
 from lockservice.client import LockClient
 from lockservice.grants import generate_keypair
 from payouts.embedded import EmbeddedEtcd, EmbeddedPostgres, free_port
-from payouts.logs import configure_logging
-from payouts.pgutil import create_database, drop_database
 
 WARMUP = 100
 

@@ -49,6 +49,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from common.correlation import CorrelationMiddleware
 from common.credentials import Credentials, Identity, load_optional, require
+from common.logs import get_logger
 from common.strict_query import reject_unknown_query
 from lockservice import api
 from lockservice.api import Grant, LockBackend, NotAcquired
@@ -60,7 +61,6 @@ from lockservice.assertions import (
 )
 from lockservice.grants import GrantSigner
 from lockservice.watermark import Watermark
-from payouts.logs import get_logger
 
 T = TypeVar("T")
 #: How long /health waits for the backend's answer before it reports it unavailable.
@@ -795,8 +795,8 @@ def main() -> None:
 
     import uvicorn
 
+    from common.logs import configure_logging
     from lockservice.settings import LockSettings
-    from payouts.logs import configure_logging
 
     settings = LockSettings()
     if not settings.signing_key_path:

@@ -28,11 +28,11 @@ from typing import Any, Literal
 import asyncpg
 import httpx
 
+from common.logs import get_logger
 from payouts.chaos_faults import RAIL_BASELINE, ChaosError, FaultInjector
 from payouts.chaos_schedule import make_schedule
 from payouts.chaos_summary import TERMINAL, Evidence, summarize
 from payouts.experiments import FAST_WORKFLOW, LOCK_TTL_S, WORKER_ENV, isolated_ports, json_events
-from payouts.logs import get_logger
 from payouts.stack import Stack
 from payouts.stack_config import StackConfig
 

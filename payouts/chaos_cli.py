@@ -15,10 +15,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from common.logs import configure_logging
 from payouts.chaos import ChaosOptions, run_chaos
 from payouts.chaos_faults import ChaosError
 from payouts.chaos_schedule import ScheduleError
-from payouts.logs import configure_logging
 from payouts.stack_config import StackError
 from payouts.stoppable import run_stoppable
 

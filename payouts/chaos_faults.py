@@ -24,10 +24,10 @@ import asyncpg
 import httpx
 
 from common.credentials import auth_headers
+from common.logs import get_logger
+from common.pgutil import create_pool
 from payouts.chaos_schedule import Fault
 from payouts.experiments import json_events, process_state, resumed_then_submitted
-from payouts.logs import get_logger
-from payouts.pgutil import create_pool
 from payouts.stack import Stack
 from payouts.stack_process import ManagedProcess, pid_alive
 

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from common.logs import configure_logging
 from payouts.demo import DemoOptions, render, run_demo
-from payouts.logs import configure_logging
 from payouts.stoppable import run_stoppable
 
 

@@ -27,8 +27,8 @@ from typing import Any
 import asyncpg
 import httpx
 
+from common.logs import get_logger
 from payouts.embedded import free_port
-from payouts.logs import get_logger
 from payouts.stack import Stack
 from payouts.stack_config import Ports, StackConfig
 

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from common.logs import configure_logging
 from payouts.gameday import (
     GAMEDAY_DOC,
     GamedayOptions,
@@ -16,7 +17,6 @@ from payouts.gameday import (
     table,
 )
 from payouts.gameday_prom import PrometheusMissingError, binary
-from payouts.logs import configure_logging
 from payouts.stoppable import run_stoppable
 
 

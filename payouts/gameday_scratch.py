@@ -31,6 +31,7 @@ import asyncpg
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from common.migrate import COMPONENTS, migrate_component
 from ledger.reconcile import (
     DISCREPANCIES,
     LAST_COMPLETED,
@@ -41,7 +42,6 @@ from ledger.reconcile import (
     stub_movement_source,
 )
 from payouts.embedded import free_port
-from payouts.migrate import COMPONENTS, migrate_component
 
 #: The planted payout's age: inside the reconciled window, which ends a minute before now.
 PLANTED_AGE = timedelta(minutes=10)

@@ -30,7 +30,9 @@ from typing import Any, TypeVar
 import httpx
 
 from common.credentials import auth_headers, read_token
-from payouts.db_roles import DSN_VARS, RoleFiles, generate_role_files, role_url
+from common.db_roles import DSN_VARS, RoleFiles, generate_role_files, role_url
+from common.logs import get_logger
+from common.migrate import migrate
 from payouts.embedded import (
     EmbeddedEtcd,
     EmbeddedPostgres,
@@ -38,8 +40,6 @@ from payouts.embedded import (
     EtcdMember,
     free_port,
 )
-from payouts.logs import get_logger
-from payouts.migrate import migrate
 from payouts.stack_config import (
     LeftoverProcessError,
     PortTakenError,

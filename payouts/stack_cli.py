@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from payouts.logs import configure_logging
+from common.logs import configure_logging
 from payouts.stack import Stack
 from payouts.stack_config import DEFAULT_RUN_DIR, StackConfig, StackError
 

@@ -101,7 +101,7 @@ class Addresses:
     railproxy_url: str
     finledger_url: str
     #: Per-component DSNs by variable (no passwords), and the folder of the libpq password
-    #: files each process gets as PGPASSFILE (payouts/db_roles.py).
+    #: files each process gets as PGPASSFILE (common/db_roles.py).
     role_urls: Mapping[str, str] = field(default_factory=dict)
     pgpass_dir: str = ""
 

@@ -17,10 +17,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from common import correlation
 from common.credentials import load_optional, require
+from common.logs import get_logger
+from common.migrate import migrate
+from common.pgutil import create_pool
 from common.strict_query import reject_unknown_query
-from payouts.logs import get_logger
-from payouts.migrate import migrate
-from payouts.pgutil import create_pool
 from railproxy import store
 from railproxy.errors import InvalidGrant, LookupUnavailable, Rejected, StaleToken
 from railproxy.metrics import ProxyMetrics

@@ -30,8 +30,8 @@ from datetime import UTC, datetime
 
 import asyncpg
 
+from common.logs import get_logger
 from lockservice.grants import GrantError, GrantExpired, GrantVerifier, check_not_expired
-from payouts.logs import get_logger
 from railproxy import absence, rail, store
 from railproxy.errors import DeadlineExceeded, InvalidGrant, RailNotReached, StoreUnavailable
 from railproxy.metrics import ProxyMetrics

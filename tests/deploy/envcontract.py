@@ -83,7 +83,7 @@ COMPONENTS: tuple[Component, ...] = (
     ),
 )
 
-#: Read by the image itself (its HEALTHCHECK, payouts.healthcheck), valid in every service.
+#: Read by the image itself (its HEALTHCHECK, common.healthcheck), valid in every service.
 IMAGE_VARIABLES = frozenset({"HEALTHCHECK_URL"})
 
 

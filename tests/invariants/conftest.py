@@ -16,6 +16,9 @@ import asyncpg
 import httpx
 import pytest
 
+from common.db_roles import CHECKER, LOCKSERVICE, PAYDB, RAILPROXY
+from common.migrate import migrate
+from common.pgutil import create_database, drop_database
 from ledger import Payout, PayoutStore, WorkContext
 from ledger.invariants import (
     GrantSource,
@@ -27,9 +30,6 @@ from ledger.invariants import (
 )
 from lockservice.api import Grant, LockBackend
 from lockservice.backends import create_backend
-from payouts.db_roles import CHECKER, LOCKSERVICE, PAYDB, RAILPROXY
-from payouts.migrate import migrate
-from payouts.pgutil import create_database, drop_database
 from railproxy import ProxySettings, RailProxyClient, SubmitContext, SubmitRequest
 from railproxy import create_app as create_proxy
 from railproxy.models import GrantIn

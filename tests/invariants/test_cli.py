@@ -9,10 +9,10 @@ import json
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
+from common.db_roles import CHECKER
 from ledger import invariants_cli
 from lockservice.server import create_app
 from payouts.cli import main
-from payouts.db_roles import CHECKER
 from payouts.embedded import free_port
 from tests.conftest import as_role
 from tests.invariants.conftest import World

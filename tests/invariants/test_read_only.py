@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
+from common.db_roles import CHECKER
 from ledger.invariants import check_invariants, postgres_grant_source, stub_movement_source
-from payouts.db_roles import CHECKER
 from tests.conftest import as_role
 from tests.invariants.conftest import World, violated
 

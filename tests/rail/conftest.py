@@ -19,10 +19,10 @@ from typing import Any, Literal
 import httpx
 import pytest
 
-from payouts.db_roles import RAILPROXY
+from common.db_roles import RAILPROXY
+from common.migrate import migrate
+from common.pgutil import create_database, drop_database
 from payouts.embedded import free_port
-from payouts.migrate import migrate
-from payouts.pgutil import create_database, drop_database
 from railproxy import ProxySettings, RailProxyClient, SubmitContext, SubmitRequest
 from railproxy import create_app as create_proxy
 from railproxy.models import GrantIn

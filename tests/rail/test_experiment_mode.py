@@ -22,9 +22,9 @@ import httpx
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from payouts.db_roles import RAILPROXY
+from common.db_roles import RAILPROXY
+from common.pgutil import create_database, drop_database
 from payouts.embedded import free_port
-from payouts.pgutil import create_database, drop_database
 from railproxy import create_app
 from railproxy.errors import StartupRefused
 from tests.conftest import as_role

@@ -13,6 +13,9 @@ import asyncpg
 import httpx
 import pytest
 
+from common.db_roles import PAYDB, RAILPROXY, RECONCILER
+from common.migrate import migrate
+from common.pgutil import create_database, drop_database
 from ledger import Payout, PayoutStore, WorkContext
 from ledger.reconcile import (
     MovementSource,
@@ -21,9 +24,6 @@ from ledger.reconcile import (
     reconcile,
     stub_movement_source,
 )
-from payouts.db_roles import PAYDB, RAILPROXY, RECONCILER
-from payouts.migrate import migrate
-from payouts.pgutil import create_database, drop_database
 from railproxy import ProxySettings, RailProxyClient, SubmitContext, SubmitRequest
 from railproxy import create_app as create_proxy
 from railproxy.models import GrantIn

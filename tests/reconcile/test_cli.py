@@ -10,10 +10,10 @@ from datetime import timedelta
 
 import pytest
 
+from common.db_roles import RECONCILER
 from ledger import reconcile_cli
 from ledger.reconcile_rules import CLASSES
 from payouts.cli import main
-from payouts.db_roles import RECONCILER
 from tests.conftest import as_role
 from tests.reconcile.conftest import World
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from common.pgutil import create_database, drop_database
 from payouts.embedded import free_port
-from payouts.pgutil import create_database, drop_database
 from payouts.stack_config import Ports
 from payouts.stack_process import pid_alive
 

@@ -24,10 +24,10 @@ from temporalio.worker import Worker
 
 from activities import models as m
 from activities.payout_activities import PayoutActivities
+from common import db_roles
 from ledger import PayoutStore
 from ledger import WorkContext as LedgerContext
 from lockservice.client import LockClient
-from payouts import db_roles
 from payouts.embedded import free_port
 from railproxy.client import RailProxyClient
 from tests.conftest import as_role

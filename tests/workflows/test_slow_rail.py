@@ -27,9 +27,9 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from activities import models as m
+from common.migrate import migrate
 from ledger.invariants import check_invariants, lock_server_grant_source
 from ledger.reconcile import stub_movement_source
-from payouts.migrate import migrate
 from railproxy import ProxySettings
 from tests.credentials import headers, token
 from tests.workflows.rail_evidence import (

@@ -1,7 +1,7 @@
 """One PostgreSQL login role per component, with only the privileges its code uses (NFR-13).
 
 Owns: the role table (name, component, grants), applying it to one database after its
-migrations (`payouts.migrate.migrate` calls `apply_roles` with the admin DSN), revoking PUBLIC's
+migrations (`common.migrate.migrate` calls `apply_roles` with the admin DSN), revoking PUBLIC's
 defaults on our schemas, and building a role's DSN from the admin one. Must never: hold a
 password in source (they come from configuration: `DB_ROLE_PASSWORDS_DIR`, or the stack's
 generated files under `.run/`), grant a role anything its component does not run, or give the

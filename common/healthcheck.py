@@ -1,4 +1,4 @@
-"""The container image's HEALTHCHECK: `python -m payouts.healthcheck [URL]`.
+"""The container image's HEALTHCHECK: `python -m common.healthcheck [URL]`.
 
 Owns: one HTTP GET against the component's own health (or metrics) endpoint, exit 0 when it
 answers 2xx within the timeout, 1 otherwise. URL from the argument, else `HEALTHCHECK_URL`.

@@ -6,7 +6,7 @@ than Alembic on purpose: the project uses asyncpg without an ORM, migrations are
 whole mechanism (ordered files, a version table, an advisory lock against concurrent migrators) is
 small enough to read in one sitting.
 
-After the migrations, `migrate` applies the per-component roles and grants (payouts/db_roles.py)
+After the migrations, `migrate` applies the per-component roles and grants (common/db_roles.py)
 when it runs with the admin DSN. A component that calls `migrate` at start-up with its own role
 (the lock server, the rail proxy) finds nothing pending and changes nothing; if something is
 pending it stops with a one-line `MigrationError` naming the admin command to run.
@@ -21,10 +21,10 @@ from importlib import resources
 
 import asyncpg
 
-from payouts.db_roles import apply_roles
-from payouts.logs import get_logger
+from common.db_roles import apply_roles
+from common.logs import get_logger
 
-log = get_logger("payouts.migrate")
+log = get_logger("common.migrate")
 
 
 class MigrationError(RuntimeError):
