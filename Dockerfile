@@ -19,6 +19,7 @@ RUN python -m venv /opt/venv
 COPY pyproject.toml constraints.txt README.md worker_main.py ./
 COPY common/ common/
 COPY payouts/ payouts/
+COPY stack/ stack/
 COPY lockservice/ lockservice/
 COPY ledger/ ledger/
 COPY railstub/ railstub/

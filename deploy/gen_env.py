@@ -8,7 +8,7 @@ password, the lock service's Ed25519 grant-signing key pair, and the bearer toke
 credentials files (common.credentials): one token per identity under
 `deploy/secrets/credentials/tokens/` and one credentials file per server under
 `deploy/secrets/credentials/`, for the same identities and servers as the local stack
-(payouts/stack_services.py). Must never: print a secret, overwrite an existing file (a second
+(stack/services.py). Must never: print a secret, overwrite an existing file (a second
 run keeps what the running databases were initialised with and the tokens the services accept;
 `--force` replaces the env file, never a role's password file, the key pair or a token), or
 write anywhere but under `deploy/`.
@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT.parent))
 from common.credentials import issue_tokens, write_credentials  # noqa: E402 - path set-up above
 from common.db_roles import ROLE_NAMES  # noqa: E402 - same reason
 from lockservice.grants import generate_keypair  # noqa: E402 - after the path set-up above
-from payouts.stack_services import STACK_ACCEPTS, STACK_IDENTITIES  # noqa: E402 - same reason
+from stack.services import STACK_ACCEPTS, STACK_IDENTITIES  # noqa: E402 - same reason
 
 ENV_PATH = ROOT / "compose.env"
 SECRETS_DIR = ROOT / "secrets"

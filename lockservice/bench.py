@@ -49,7 +49,7 @@ from lockservice.api import Grant, LockBackend
 from lockservice.backends import create_backend
 from lockservice.client import LockClient
 from lockservice.grants import generate_keypair
-from payouts.embedded import EmbeddedEtcd, EmbeddedPostgres, free_port
+from stack.embedded import EmbeddedEtcd, EmbeddedPostgres, free_port
 
 WARMUP = 100
 

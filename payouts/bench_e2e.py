@@ -1,7 +1,7 @@
 """End-to-end benchmark (`python -m payouts.bench_e2e`, `make bench-e2e`): the real payout system
 beside Temporal's own floor for the same shape, on one machine state (issue 16).
 
-Owns: one local stack (`payouts.stack.Stack`: PostgreSQL, lock service, rail stub at a fixed
+Owns: one local stack (`stack.system.Stack`: PostgreSQL, lock service, rail stub at a fixed
 latency, rail proxy, W workers, the stack's own Temporal dev server) and one floor dev server
 (`payouts.bench_floor.floor_server`, same transfer-queue read rate and worker count), measured
 alternately round by round: floor bursts of both shapes, then a burst of N real payouts (one
@@ -47,8 +47,8 @@ from payouts.commands import (
     start_workflows,
 )
 from payouts.experiments import LOCK_TTL_S, isolated_ports, json_events, pause_experiment
-from payouts.stack import Stack
-from payouts.stack_config import StackConfig
+from stack.config import StackConfig
+from stack.system import Stack
 
 TERMINAL = ("POSTED", "FAILED", "ABANDONED")
 #: The degraded rail's latency tail (STD01-13, issue 16: "3 s tail"): lognormal p99.

@@ -31,8 +31,8 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from lockservice.bench import loadavg
-from payouts.embedded import temporal_binary
-from payouts.stack_services import TEMPORAL_SQLITE_PRAGMAS
+from stack.embedded import temporal_binary
+from stack.services import TEMPORAL_SQLITE_PRAGMAS
 from workflows.floor import FloorMerged, FloorToday
 
 SHAPES: dict[str, tuple[Any, int]] = {"today": (FloorToday, 6), "merged": (FloorMerged, 4)}

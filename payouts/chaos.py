@@ -33,8 +33,8 @@ from payouts.chaos_faults import RAIL_BASELINE, ChaosError, FaultInjector
 from payouts.chaos_schedule import make_schedule
 from payouts.chaos_summary import TERMINAL, Evidence, summarize
 from payouts.experiments import FAST_WORKFLOW, LOCK_TTL_S, WORKER_ENV, isolated_ports, json_events
-from payouts.stack import Stack
-from payouts.stack_config import StackConfig
+from stack.config import StackConfig
+from stack.system import Stack
 
 log = get_logger("payouts.chaos")
 

@@ -19,8 +19,8 @@ from common.logs import configure_logging
 from payouts.chaos import ChaosOptions, run_chaos
 from payouts.chaos_faults import ChaosError
 from payouts.chaos_schedule import ScheduleError
-from payouts.stack_config import StackError
 from payouts.stoppable import run_stoppable
+from stack.config import StackError
 
 
 def _progress(line: str) -> None:

@@ -28,8 +28,8 @@ from common.logs import get_logger
 from common.pgutil import create_pool
 from payouts.chaos_schedule import Fault
 from payouts.experiments import json_events, process_state, resumed_then_submitted
-from payouts.stack import Stack
-from payouts.stack_process import ManagedProcess, pid_alive
+from stack.process import ManagedProcess, pid_alive
+from stack.system import Stack
 
 log = get_logger("payouts.chaos")
 

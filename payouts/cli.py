@@ -19,7 +19,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "payouts.commands",
     "payouts.experiments_cli",
     "payouts.demo_cli",
-    "payouts.stack_cli",
+    "stack.cli",
     "ledger.reconcile_cli",
     "ledger.invariants_cli",
     "ledger.outbox_cli",

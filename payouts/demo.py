@@ -30,8 +30,8 @@ from payouts.commands import (
     start_workflows,
 )
 from payouts.experiments import isolated_ports, json_events, pause_experiment
-from payouts.stack import Stack
-from payouts.stack_config import StackConfig
+from stack.config import StackConfig
+from stack.system import Stack
 
 TERMINAL = ("POSTED", "FAILED", "ABANDONED")
 

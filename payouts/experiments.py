@@ -28,9 +28,9 @@ import asyncpg
 import httpx
 
 from common.logs import get_logger
-from payouts.embedded import free_port
-from payouts.stack import Stack
-from payouts.stack_config import Ports, StackConfig
+from stack.config import Ports, StackConfig
+from stack.embedded import free_port
+from stack.system import Stack
 
 log = get_logger("payouts.experiments")
 

@@ -26,8 +26,8 @@ from payouts.experiments import isolated_ports
 from payouts.gameday_prom import GamedayPrometheus
 from payouts.gameday_rules import runbook_of
 from payouts.gameday_scenarios import SCENARIOS, Ctx, Scenario
-from payouts.stack import Stack
-from payouts.stack_config import StackConfig
+from stack.config import StackConfig
+from stack.system import Stack
 
 GAMEDAY_DOC = Path(__file__).resolve().parent.parent / "docs" / "gameday.md"
 

@@ -20,9 +20,9 @@ from typing import Any
 import httpx
 import yaml
 
-from payouts.embedded import free_port
-from payouts.stack import Stack
-from payouts.stack_process import ManagedProcess, http_check
+from stack.embedded import free_port
+from stack.process import ManagedProcess, http_check
+from stack.system import Stack
 
 #: The repository's rules, production thresholds, and the game day's thresholds.
 OPS_DIR = Path(__file__).resolve().parent.parent / "ops" / "prometheus"

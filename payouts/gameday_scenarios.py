@@ -30,8 +30,8 @@ from payouts.commands import PayoutSpec, create_payouts, seed_accounts, start_wo
 from payouts.experiments import FAST_WORKFLOW, LOCK_TTL_S, WORKER_ENV, json_events
 from payouts.gameday_prom import GamedayPrometheus
 from payouts.gameday_scratch import ScratchReconciler
-from payouts.stack import Stack
-from payouts.stack_cli import export_env
+from stack.cli import export_env
+from stack.system import Stack
 
 
 @dataclass

@@ -41,7 +41,7 @@ from ledger.reconcile import (
     reconcile,
     stub_movement_source,
 )
-from payouts.embedded import free_port
+from stack.embedded import free_port
 
 #: The planted payout's age: inside the reconciled window, which ends a minute before now.
 PLANTED_AGE = timedelta(minutes=10)

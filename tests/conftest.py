@@ -27,7 +27,7 @@ from temporalio.testing import WorkflowEnvironment
 from common.db_roles import LOCKSERVICE, role_url
 from common.migrate import migrate
 from common.pgutil import create_database, drop_database
-from payouts.embedded import EmbeddedEtcd, EmbeddedPostgres, temporal_binary
+from stack.embedded import EmbeddedEtcd, EmbeddedPostgres, temporal_binary
 from workflows.search_attributes import SEARCH_ATTRIBUTES
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from payouts.chaos_faults import RAIL_BASELINE, FaultInjector
 from payouts.chaos_schedule import Fault
-from payouts.stack import Stack
+from stack.system import Stack
 
 
 def injector_with_mock_stub(echo_clock_skew: bool) -> tuple[FaultInjector, list[dict[str, Any]]]:

@@ -22,7 +22,7 @@ import pytest
 
 from common.db_roles import ROLE_NAMES
 from lockservice.backends.postgres import PostgresBackend
-from payouts.embedded import EmbeddedPostgres, _pg_bin
+from stack.embedded import EmbeddedPostgres, _pg_bin
 from tests.deploy.conftest import ROOT, compose
 
 #: (service, DSN variable, statement) that the service's role must be able to run ...

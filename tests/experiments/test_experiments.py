@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from payouts.experiments import crash_experiment, default_config, pause_experiment
-from payouts.stack_config import StackConfig
+from stack.config import StackConfig
 
 pytestmark = pytest.mark.slow
 

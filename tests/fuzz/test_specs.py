@@ -31,9 +31,9 @@ from ledger.invariants import (
     stub_movement_source,
 )
 from lockservice.client import LockClient
-from payouts.embedded import free_port
 from railproxy import RailProxyClient, SubmitContext, SubmitRequest
 from railproxy.models import GrantIn
+from stack.embedded import free_port
 from tests.credentials import OPERATOR, server_env, token
 from tests.credentials import headers as credential_headers
 from tests.fuzz.conftest import fresh_database

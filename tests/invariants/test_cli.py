@@ -13,7 +13,7 @@ from common.db_roles import CHECKER
 from ledger import invariants_cli
 from lockservice.server import create_app
 from payouts.cli import main
-from payouts.embedded import free_port
+from stack.embedded import free_port
 from tests.conftest import as_role
 from tests.invariants.conftest import World
 from tests.lockservice.server_fixtures import serve_app

@@ -27,7 +27,7 @@ from lockservice.backends.etcd import EtcdBackend
 from lockservice.backends.etcd_retention import session_deadline
 from lockservice.server import create_app
 from lockservice.settings import LockSettings
-from payouts.embedded import EmbeddedEtcd
+from stack.embedded import EmbeddedEtcd
 from tests.lockservice.server_fixtures import serve_app
 
 PREFIX = "ret/"

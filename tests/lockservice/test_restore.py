@@ -41,7 +41,7 @@ from lockservice.backends import create_backend
 from lockservice.restore import bump_after_restore, min_epoch_for
 from lockservice.server import create_app
 from lockservice.watermark import Watermark, location_identity
-from payouts.embedded import EmbeddedEtcd, EmbeddedPostgres, _pg_bin
+from stack.embedded import EmbeddedEtcd, EmbeddedPostgres, _pg_bin
 from tests.lockservice.conftest import until_available
 
 _PREFIX = "r/"

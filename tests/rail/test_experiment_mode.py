@@ -24,9 +24,9 @@ from temporalio.testing import WorkflowEnvironment
 
 from common.db_roles import RAILPROXY
 from common.pgutil import create_database, drop_database
-from payouts.embedded import free_port
 from railproxy import create_app
 from railproxy.errors import StartupRefused
+from stack.embedded import free_port
 from tests.conftest import as_role
 from tests.credentials import server_env, token_file
 from tests.grants import lock_server_env, public_keys

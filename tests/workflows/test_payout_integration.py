@@ -28,7 +28,7 @@ from activities import models as m
 from common.migrate import migrate
 from ledger.queries import ledger_discrepancies
 from lockservice.client import LockClient
-from payouts.embedded import temporal_binary
+from stack.embedded import temporal_binary
 from tests.credentials import OPERATOR, headers, token, token_file
 from tests.grants import public_keys
 from tests.workflows.system import (

@@ -25,7 +25,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from activities import models as m
 from common.migrate import migrate
-from payouts.embedded import free_port
+from stack.embedded import free_port
 from tests.credentials import OPERATOR
 from tests.workflows.system import (
     System,

@@ -1,4 +1,4 @@
-"""`payouts up`: start the whole system on this machine (a thin layer over payouts.stack.Stack).
+"""`payouts up`: start the whole system on this machine (a thin layer over stack.system.Stack).
 
 Owns: argument parsing, human-readable progress and addresses, and turning Ctrl-C/SIGTERM into
 an orderly stop. Must never: exit while a child it started is still running.
@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from common.logs import configure_logging
-from payouts.stack import Stack
-from payouts.stack_config import DEFAULT_RUN_DIR, StackConfig, StackError
+from stack.config import DEFAULT_RUN_DIR, StackConfig, StackError
+from stack.system import Stack
 
 
 def _say(line: str) -> None:

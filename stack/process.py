@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from payouts.stack_config import ServiceFailedError
+from stack.config import ServiceFailedError
 
 #: An async probe: True when the service answers as healthy.
 HealthCheck = Callable[[], Awaitable[bool]]

@@ -1,7 +1,7 @@
-"""Configuration and errors of the local stack (`payouts up`, `payouts.stack.Stack`).
+"""Configuration and errors of the local stack (`payouts up`, `stack.system.Stack`).
 
 Owns: which port each service gets and the environment variable that moves it, where the stack
-keeps its files, and the typed errors of the stack. Must never: start a process (payouts.stack
+keeps its files, and the typed errors of the stack. Must never: start a process (stack.system
 does that) or read the environment anywhere but `StackConfig.from_env`.
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Literal
 
-from payouts.embedded import free_port
+from stack.embedded import free_port
 
 Backend = Literal["postgres", "etcd"]
 

@@ -33,14 +33,8 @@ from common.credentials import auth_headers, read_token
 from common.db_roles import DSN_VARS, RoleFiles, generate_role_files, role_url
 from common.logs import get_logger
 from common.migrate import migrate
-from payouts.embedded import (
-    EmbeddedEtcd,
-    EmbeddedPostgres,
-    EmbeddedServerError,
-    EtcdMember,
-    free_port,
-)
-from payouts.stack_config import (
+from railproxy.settings import ProxySettings
+from stack.config import (
     LeftoverProcessError,
     PortTakenError,
     StackConfig,
@@ -48,8 +42,15 @@ from payouts.stack_config import (
     UnknownProcessError,
     port_in_use,
 )
-from payouts.stack_process import ManagedProcess, pid_alive, tcp_check
-from payouts.stack_services import (
+from stack.embedded import (
+    EmbeddedEtcd,
+    EmbeddedPostgres,
+    EmbeddedServerError,
+    EtcdMember,
+    free_port,
+)
+from stack.process import ManagedProcess, pid_alive, tcp_check
+from stack.services import (
     STACK_OPERATOR,
     Addresses,
     ServiceFactory,
@@ -59,9 +60,8 @@ from payouts.stack_services import (
     stack_credentials,
     worker_available,
 )
-from railproxy.settings import ProxySettings
 
-log = get_logger("payouts.stack")
+log = get_logger("stack.system")
 T = TypeVar("T")
 #: The proxy setting whose value the workload waits out (see `Stack.wait_for_rail_history`).
 _SKEW_MARGIN_ENV = "RAILPROXY_ABSENCE_CLOCK_SKEW_MARGIN_S"

@@ -16,9 +16,9 @@ from pathlib import Path
 
 from common.credentials import Kind, issue_tokens, write_credentials
 from lockservice.grants import KeyPairFiles, generate_keypair
-from payouts.embedded import free_port, temporal_binary
-from payouts.stack_config import StackConfig
-from payouts.stack_process import (
+from stack.config import StackConfig
+from stack.embedded import free_port, temporal_binary
+from stack.process import (
     HealthCheck,
     ManagedProcess,
     command_check,
