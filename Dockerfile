@@ -20,6 +20,7 @@ COPY pyproject.toml constraints.txt README.md worker_main.py ./
 COPY common/ common/
 COPY payouts/ payouts/
 COPY stack/ stack/
+COPY lab/ lab/
 COPY lockservice/ lockservice/
 COPY ledger/ ledger/
 COPY railstub/ railstub/

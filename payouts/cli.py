@@ -17,14 +17,14 @@ from common.exiting import exit_code, exit_now
 #: Modules that define `register(subparsers: argparse._SubParsersAction) -> None`.
 COMMAND_MODULES: tuple[str, ...] = (
     "payouts.commands",
-    "payouts.experiments_cli",
-    "payouts.demo_cli",
+    "lab.experiments_cli",
+    "lab.demo_cli",
     "stack.cli",
     "ledger.reconcile_cli",
     "ledger.invariants_cli",
     "ledger.outbox_cli",
-    "payouts.chaos_cli",
-    "payouts.gameday_cli",
+    "lab.chaos_cli",
+    "lab.gameday_cli",
 )
 
 

@@ -11,8 +11,8 @@ from typing import Any, cast
 import httpx
 import pytest
 
-from payouts.chaos_faults import RAIL_BASELINE, FaultInjector
-from payouts.chaos_schedule import Fault
+from lab.chaos_faults import RAIL_BASELINE, FaultInjector
+from lab.chaos_schedule import Fault
 from stack.system import Stack
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from payouts.experiments import crash_experiment, default_config, pause_experiment
+from lab.experiments import crash_experiment, default_config, pause_experiment
 from stack.config import StackConfig
 
 pytestmark = pytest.mark.slow

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from payouts.gameday_prom import OPS_DIR, scrape_targets
+from lab.gameday_prom import OPS_DIR, scrape_targets
 from stack.config import StackConfig
 from stack.system import Stack
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from payouts.gameday_prom import RULES
+from lab.gameday_prom import RULES
 
 
 @cache

@@ -26,12 +26,12 @@ import httpx
 from common.credentials import auth_headers
 from common.logs import get_logger
 from common.pgutil import create_pool
-from payouts.chaos_schedule import Fault
-from payouts.experiments import json_events, process_state, resumed_then_submitted
+from lab.chaos_schedule import Fault
+from lab.experiments import json_events, process_state, resumed_then_submitted
 from stack.process import ManagedProcess, pid_alive
 from stack.system import Stack
 
-log = get_logger("payouts.chaos")
+log = get_logger("lab.chaos")
 
 #: The rail stub's behaviour outside fault windows: modest fixed latency so runs stay short, and
 #: no random ambiguity (ambiguity comes only from scheduled windows, so a seed decides it).
@@ -51,7 +51,7 @@ ARMED_ENV = {"WORKER_EXPERIMENT_PAUSE_BEFORE_SUBMIT": "true"}
 ARMED_TRIGGER_WAIT_S = 90.0
 #: Upper bound on an armed worker's freeze. The takeover of the frozen worker's payout waits for
 #: Temporal to time out its submit activity, which can take up to the holder steps' 60 s
-#: start-to-close; the bound stays inside the run's submit deadline (payouts.chaos), so the thawed
+#: start-to-close; the bound stays inside the run's submit deadline (lab.chaos), so the thawed
 #: request reaches the fence checks instead of expiring first.
 ARMED_MAX_FREEZE_S = 75.0
 #: After the thaw, how long the armed worker gets to make its stale attempt before it is stopped.

@@ -22,6 +22,7 @@ from typing import Any
 import asyncpg
 import httpx
 
+from lab.experiments import isolated_ports, json_events, pause_experiment
 from payouts.commands import (
     create_payouts,
     generate,
@@ -29,7 +30,6 @@ from payouts.commands import (
     seed_accounts,
     start_workflows,
 )
-from payouts.experiments import isolated_ports, json_events, pause_experiment
 from stack.config import StackConfig
 from stack.system import Stack
 

@@ -32,7 +32,7 @@ from stack.config import Ports, StackConfig
 from stack.embedded import free_port
 from stack.system import Stack
 
-log = get_logger("payouts.experiments")
+log = get_logger("lab.experiments")
 
 LOCK_TTL_S = 3.0  # short leases so the experiment runs in seconds, not in A-04's 15 s
 WORKER_ENV = {"WORKER_LOCK_TTL_S": str(LOCK_TTL_S), "WORKER_LOCK_HEARTBEAT_S": "0.75"}

@@ -1,7 +1,7 @@
 """`payouts chaos`: a seeded fault-injection run over the whole local stack (issue 7, STD01-13/14).
 
 Starts a private stack on free ports, seeds accounts, creates and starts payouts, and injects
-faults on a schedule derived only from the seed (payouts.chaos_schedule): worker pauses longer
+faults on a schedule derived only from the seed (lab.chaos_schedule): worker pauses longer
 than the lease (some armed with the UC-03 hook, to hit the check-then-act gap for sure), worker
 kills, lock-server restarts, backend restarts (PostgreSQL, or the etcd leader of a 3-member
 cluster), Temporal and rail stub crashes (SIGKILL, restart on the same files), rail outages,
@@ -29,14 +29,14 @@ import asyncpg
 import httpx
 
 from common.logs import get_logger
-from payouts.chaos_faults import RAIL_BASELINE, ChaosError, FaultInjector
-from payouts.chaos_schedule import make_schedule
-from payouts.chaos_summary import TERMINAL, Evidence, summarize
-from payouts.experiments import FAST_WORKFLOW, LOCK_TTL_S, WORKER_ENV, isolated_ports, json_events
+from lab.chaos_faults import RAIL_BASELINE, ChaosError, FaultInjector
+from lab.chaos_schedule import make_schedule
+from lab.chaos_summary import TERMINAL, Evidence, summarize
+from lab.experiments import FAST_WORKFLOW, LOCK_TTL_S, WORKER_ENV, isolated_ports, json_events
 from stack.config import StackConfig
 from stack.system import Stack
 
-log = get_logger("payouts.chaos")
+log = get_logger("lab.chaos")
 
 #: FAST_WORKFLOW's short backoffs and holder timeouts. The submit deadline is longer than an armed
 #: worker's longest freeze (chaos_faults.ARMED_MAX_FREEZE_S), so its thawed request reaches the
@@ -247,7 +247,7 @@ async def _wait_for_rail_answers(injector: FaultInjector, progress: Callable[[st
 async def run_chaos(
     opts: ChaosOptions, progress: Callable[[str], None] = lambda _s: None
 ) -> dict[str, Any]:
-    """One seeded chaos run; returns the summary (payouts.chaos_summary.summarize)."""
+    """One seeded chaos run; returns the summary (lab.chaos_summary.summarize)."""
     schedule = make_schedule(
         opts.seed, workers=opts.workers, payouts=opts.payouts, lease_s=LOCK_TTL_S
     )

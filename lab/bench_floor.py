@@ -1,4 +1,4 @@
-"""Engine-floor benchmark (`python -m payouts.bench_floor`, `make bench-floor`): what Temporal
+"""Engine-floor benchmark (`python -m lab.bench_floor`, `make bench-floor`): what Temporal
 alone costs for a workflow of the payout's shape, and the dev server's transfer-queue read rate
 as a lever, measured rather than assumed (issue 16, the floor part of `bench-e2e`).
 
@@ -30,7 +30,7 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from lockservice.bench import loadavg
+from lab.bench_locks import loadavg
 from stack.embedded import temporal_binary
 from stack.services import TEMPORAL_SQLITE_PRAGMAS
 from workflows.floor import FloorMerged, FloorToday
@@ -207,7 +207,7 @@ def table(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m payouts.bench_floor", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m lab.bench_floor", description=__doc__)
     parser.add_argument("--n", type=int, default=50, help="workflows per burst")
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=2, help="alternated rounds per shape")

@@ -3,7 +3,7 @@
 Owns: the JSON summary's fields (`seed`, `payouts`, `terminal`, `ambiguous_open`, `faults`,
 `violations`, `fenced_out`, `duplicate_movements`, `reconcile`, `availability`, `elapsed_s`, ...),
 the availability ratio, and the verdict and exit status. Must never: perform I/O; the runner
-(payouts.chaos) gathers the evidence and hands it over.
+(lab.chaos) gathers the evidence and hands it over.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def availability(events: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str,
 
 
 def fault_counts(fired: Iterable[Mapping[str, Any]]) -> dict[str, int]:
-    from payouts.chaos_schedule import FAULT_KINDS
+    from lab.chaos_schedule import FAULT_KINDS
 
     counts: dict[str, int] = dict.fromkeys(FAULT_KINDS, 0)
     for f in fired:

@@ -1,9 +1,9 @@
-"""End-to-end benchmark (`python -m payouts.bench_e2e`, `make bench-e2e`): the real payout system
+"""End-to-end benchmark (`python -m lab.bench_e2e`, `make bench-e2e`): the real payout system
 beside Temporal's own floor for the same shape, on one machine state (issue 16).
 
 Owns: one local stack (`stack.system.Stack`: PostgreSQL, lock service, rail stub at a fixed
 latency, rail proxy, W workers, the stack's own Temporal dev server) and one floor dev server
-(`payouts.bench_floor.floor_server`, same transfer-queue read rate and worker count), measured
+(`lab.bench_floor.floor_server`, same transfer-queue read rate and worker count), measured
 alternately round by round: floor bursts of both shapes, then a burst of N real payouts (one
 per account); then a steady rate at 70% of the measured burst throughput, a degraded-rail
 burst (a 3 s latency tail and an outage that opens the proxy's breaker) and the UC-03 pause
@@ -36,8 +36,9 @@ from typing import Any
 import asyncpg
 import httpx
 
-from lockservice.bench import loadavg
-from payouts import bench_floor
+from lab import bench_floor
+from lab.bench_locks import loadavg
+from lab.experiments import LOCK_TTL_S, isolated_ports, json_events, pause_experiment
 from payouts.commands import (
     PayoutSpec,
     connect_temporal,
@@ -46,7 +47,6 @@ from payouts.commands import (
     seed_accounts,
     start_workflows,
 )
-from payouts.experiments import LOCK_TTL_S, isolated_ports, json_events, pause_experiment
 from stack.config import StackConfig
 from stack.system import Stack
 
@@ -496,7 +496,7 @@ def table(result: dict[str, Any]) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     d = Options()
-    p = argparse.ArgumentParser(prog="python -m payouts.bench_e2e", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m lab.bench_e2e", description=__doc__)
     p.add_argument("--n", type=int, default=d.n, help="payouts (and floor workflows) per burst")
     p.add_argument("--workers", type=int, default=d.workers)
     p.add_argument("--rounds", type=int, default=d.rounds, help="alternated rounds")

@@ -23,13 +23,13 @@ from typing import Any
 import asyncpg
 import httpx
 
+from lab.chaos_faults import RAIL_BASELINE, FaultInjector
+from lab.chaos_schedule import Fault
+from lab.experiments import FAST_WORKFLOW, LOCK_TTL_S, WORKER_ENV, json_events
+from lab.gameday_prom import GamedayPrometheus
+from lab.gameday_scratch import ScratchReconciler
 from ledger.states import TERMINAL_STATES
-from payouts.chaos_faults import RAIL_BASELINE, FaultInjector
-from payouts.chaos_schedule import Fault
 from payouts.commands import PayoutSpec, create_payouts, seed_accounts, start_workflows
-from payouts.experiments import FAST_WORKFLOW, LOCK_TTL_S, WORKER_ENV, json_events
-from payouts.gameday_prom import GamedayPrometheus
-from payouts.gameday_scratch import ScratchReconciler
 from stack.cli import export_env
 from stack.system import Stack
 

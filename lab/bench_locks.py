@@ -1,4 +1,4 @@
-"""Benchmark (`python -m lockservice.bench`, `make bench-locks`): uncontended acquire+release
+"""Benchmark (`python -m lab.bench_locks`, `make bench-locks`): uncontended acquire+release
 through SDK -> lock server -> backend, for each backend, beside two floors measured in the same
 run, interleaved round by round with it so that all three see the same machine load:
 
@@ -360,7 +360,7 @@ def table(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lockservice.bench", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m lab.bench_locks", description=__doc__)
     parser.add_argument("--n", type=int, default=2000, help="acquire+release pairs per backend")
     args = parser.parse_args(argv)
     result = asyncio.run(run(args.n))

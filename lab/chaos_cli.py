@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from common.logs import configure_logging
-from payouts.chaos import ChaosOptions, run_chaos
-from payouts.chaos_faults import ChaosError
-from payouts.chaos_schedule import ScheduleError
-from payouts.stoppable import run_stoppable
+from lab.chaos import ChaosOptions, run_chaos
+from lab.chaos_faults import ChaosError
+from lab.chaos_schedule import ScheduleError
+from lab.stoppable import run_stoppable
 from stack.config import StackError
 
 

@@ -1,4 +1,4 @@
-"""`payouts demo`: the main job (what `make demo` runs). See payouts/demo.py."""
+"""`payouts demo`: the main job (what `make demo` runs). See lab/demo.py."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from common.logs import configure_logging
-from payouts.demo import DemoOptions, render, run_demo
-from payouts.stoppable import run_stoppable
+from lab.demo import DemoOptions, render, run_demo
+from lab.stoppable import run_stoppable
 
 
 def _progress(line: str) -> None:

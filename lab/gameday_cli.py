@@ -1,4 +1,4 @@
-"""`payouts gameday`: the game day (issue 17, NFR-11). See payouts/gameday.py."""
+"""`payouts gameday`: the game day (issue 17, NFR-11). See lab/gameday.py."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from common.logs import configure_logging
-from payouts.gameday import (
+from lab.gameday import (
     GAMEDAY_DOC,
     GamedayOptions,
     append_table,
@@ -16,8 +16,8 @@ from payouts.gameday import (
     selected,
     table,
 )
-from payouts.gameday_prom import PrometheusMissingError, binary
-from payouts.stoppable import run_stoppable
+from lab.gameday_prom import PrometheusMissingError, binary
+from lab.stoppable import run_stoppable
 
 
 def _progress(line: str) -> None:

@@ -1,7 +1,7 @@
 """`payouts gameday`: every alert caused for real and seen firing in a real Prometheus (NFR-11).
 
 Owns: starting the local stack and a Prometheus that scrapes every process of it, running the
-scenarios of payouts.gameday_scenarios in order, measuring detection latency (condition caused
+scenarios of lab.gameday_scenarios in order, measuring detection latency (condition caused
 -> alert firing in /api/v1/alerts) and recovery time (recovery started -> alert no longer
 firing), catching any alert that fires without its condition, and appending the results table
 to docs/gameday.md. Must never: count an alert as detected from anything but Prometheus's own
@@ -21,11 +21,11 @@ from typing import Any
 
 import httpx
 
-from payouts.chaos_faults import RAIL_BASELINE, FaultInjector
-from payouts.experiments import isolated_ports
-from payouts.gameday_prom import GamedayPrometheus
-from payouts.gameday_rules import runbook_of
-from payouts.gameday_scenarios import SCENARIOS, Ctx, Scenario
+from lab.chaos_faults import RAIL_BASELINE, FaultInjector
+from lab.experiments import isolated_ports
+from lab.gameday_prom import GamedayPrometheus
+from lab.gameday_rules import runbook_of
+from lab.gameday_scenarios import SCENARIOS, Ctx, Scenario
 from stack.config import StackConfig
 from stack.system import Stack
 
@@ -276,7 +276,7 @@ def append_table(doc: Path, text: str) -> None:
             "detection latency is condition caused -> alert firing in Prometheus's "
             "/api/v1/alerts; recovery time is recovery started -> alert no longer firing. "
             "Game-day `for:` is 3 s, scrape and evaluation every 1 s, windows and thresholds "
-            "shortened (ops/prometheus/gameday-thresholds.yml, payouts/gameday_prom.py).\n\n"
+            "shortened (ops/prometheus/gameday-thresholds.yml, lab/gameday_prom.py).\n\n"
         )
     with doc.open("a", encoding="utf-8") as f:
         f.write("\n" + text)

@@ -8,14 +8,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from payouts.experiments import (
+from lab.experiments import (
     CRASH_STATES,
     ExperimentError,
     crash_experiment,
     default_config,
     pause_experiment,
 )
-from payouts.stoppable import run_stoppable
+from lab.stoppable import run_stoppable
 
 
 def _progress(line: str) -> None:
