@@ -23,6 +23,9 @@ COPY stack/ stack/
 COPY lab/ lab/
 COPY lockservice/ lockservice/
 COPY ledger/ ledger/
+COPY outbox/ outbox/
+COPY reconcile/ reconcile/
+COPY invariants/ invariants/
 COPY railstub/ railstub/
 COPY railproxy/ railproxy/
 COPY workflows/ workflows/

@@ -38,10 +38,10 @@ from common.exiting import exit_now
 from common.logs import configure_logging, get_logger
 from common.pgutil import create_pool
 from ledger import PayoutStore
-from ledger.reconcile import ReconcileSettings, stub_movement_source
 from lockservice.client import LockClient
 from lockservice.grants import GrantVerifier, verifier_from_settings
 from railproxy.client import RailProxyClient
+from reconcile.reconciler import ReconcileSettings, stub_movement_source
 from workflows.payout import PayoutWorkflow
 from workflows.reconcile import ReconcileWorkflow
 

@@ -199,14 +199,14 @@ def _service_events(stack: Stack) -> dict[str, list[dict[str, Any]]]:
 
 
 async def _check(stack: Stack, window_start: Any, *, settled: bool) -> tuple[Any, Any]:
-    from ledger.invariants import (
+    from invariants.checker import (
         check_invariants,
         lock_server_grant_source,
         postgres_grant_source,
         temporal_workflow_source,
     )
-    from ledger.reconcile import reconcile, stub_movement_source
-    from ledger.reconcile_rules import Window
+    from reconcile.reconciler import reconcile, stub_movement_source
+    from reconcile.rules import Window
 
     movements = stub_movement_source(stack.railstub_url, token=stack.token("invariants"))
     grants = (

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ledger.invariant_rules import INVARIANTS
+from invariants.rules import INVARIANTS
 
 TERMINAL = frozenset({"POSTED", "FAILED", "ABANDONED"})
 

@@ -101,13 +101,13 @@ async def _movement_counts(railstub_url: str, headers: dict[str, str]) -> dict[s
 
 
 async def run_demo(options: DemoOptions, progress: Callable[[str], None]) -> dict[str, Any]:
-    from ledger.invariants import (
+    from invariants.checker import (
         check_invariants,
         postgres_grant_source,
         temporal_workflow_source,
     )
-    from ledger.reconcile import reconcile, stub_movement_source
-    from ledger.reconcile_rules import Window
+    from reconcile.reconciler import reconcile, stub_movement_source
+    from reconcile.rules import Window
 
     service_env = {
         "railstub": {
@@ -249,7 +249,7 @@ async def _workload(
 
 async def _outbox(stack: Stack) -> dict[str, Any]:
     try:
-        from ledger.delivery_ops import outbox_summary
+        from outbox.ops import outbox_summary
     except ImportError:
         return {"available": False}
     if not stack.finledger_url:

@@ -3,7 +3,7 @@
 Owns: creating a SCRATCH database on the stack's PostgreSQL server (its own name, migrated with
 the repository's real migrations, never the stack's payment database), planting one discrepancy
 in it (a payout that claims POSTED with no attempt, no rail movement and no posting), running
-the real reconciler (ledger.reconcile.reconcile) against it, and serving, from the game-day
+the real reconciler (reconcile.reconciler.reconcile) against it, and serving, from the game-day
 process, the reconciler's own `reconcile_*` collectors on /metrics for Prometheus plus the
 scratch world's rail movement log (empty: in this world nothing ever reached a rail) on
 /admin/movements. Why here and not the workers: the worker's ReconcileWorkflow reads the
@@ -32,7 +32,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from common.migrate import COMPONENTS, migrate_component
-from ledger.reconcile import (
+from reconcile.reconciler import (
     DISCREPANCIES,
     LAST_COMPLETED,
     RUNS,

@@ -587,7 +587,7 @@ def _build(  # noqa: PLR0915 - one route table, read top to bottom
         `limit` of them (for the invariant checker, INV-04/INV-06). `truncated` says more exist."""
         recs = await run("grant_history", lambda: state.be().grant_history(prefix, limit=limit + 1))
         # Read after the history: retention raises the horizon BEFORE it deletes, so this covers
-        # every grant missing from `recs` (ledger.invariants skips writes before it for INV-07).
+        # every grant missing from `recs` (invariants.checker skips writes before it for INV-07).
         since = await run("grant_history", lambda: state.be().history_retained_since())
         return JSONResponse(
             {

@@ -20,9 +20,9 @@ COMMAND_MODULES: tuple[str, ...] = (
     "lab.experiments_cli",
     "lab.demo_cli",
     "stack.cli",
-    "ledger.reconcile_cli",
-    "ledger.invariants_cli",
-    "ledger.outbox_cli",
+    "payouts.reconcile_cli",
+    "payouts.invariants_cli",
+    "payouts.outbox_cli",
     "lab.chaos_cli",
     "lab.gameday_cli",
 )

@@ -22,14 +22,14 @@ import pytest
 import schemathesis
 
 from common import correlation
-from ledger import PayoutStore
-from ledger import WorkContext as LedgerContext
-from ledger.invariants import (
+from invariants.checker import (
     InvariantReport,
     check_invariants,
     postgres_grant_source,
     stub_movement_source,
 )
+from ledger import PayoutStore
+from ledger import WorkContext as LedgerContext
 from lockservice.client import LockClient
 from railproxy import RailProxyClient, SubmitContext, SubmitRequest
 from railproxy.models import GrantIn

@@ -19,8 +19,7 @@ import pytest
 from common.db_roles import CHECKER, LOCKSERVICE, PAYDB, RAILPROXY
 from common.migrate import migrate
 from common.pgutil import create_database, drop_database
-from ledger import Payout, PayoutStore, WorkContext
-from ledger.invariants import (
+from invariants.checker import (
     GrantSource,
     InvariantReport,
     WorkflowSource,
@@ -28,6 +27,7 @@ from ledger.invariants import (
     postgres_grant_source,
     stub_movement_source,
 )
+from ledger import Payout, PayoutStore, WorkContext
 from lockservice.api import Grant, LockBackend
 from lockservice.backends import create_backend
 from railproxy import ProxySettings, RailProxyClient, SubmitContext, SubmitRequest

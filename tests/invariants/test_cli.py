@@ -10,8 +10,8 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from common.db_roles import CHECKER
-from ledger import invariants_cli
 from lockservice.server import create_app
+from payouts import invariants_cli
 from payouts.cli import main
 from stack.embedded import free_port
 from tests.conftest import as_role

@@ -7,7 +7,7 @@ import asyncpg
 import pytest
 
 from common.db_roles import CHECKER
-from ledger.invariants import check_invariants, postgres_grant_source, stub_movement_source
+from invariants.checker import check_invariants, postgres_grant_source, stub_movement_source
 from tests.conftest import as_role
 from tests.invariants.conftest import World, violated
 

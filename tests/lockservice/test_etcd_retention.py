@@ -19,7 +19,7 @@ import aetcd.rpc
 import aetcd.utils
 import pytest
 
-from ledger.invariants import lock_server_grant_source
+from invariants.checker import lock_server_grant_source
 from lockservice.api import Grant, NotAcquired
 from lockservice.backends import create_backend
 from lockservice.backends import etcd as etcd_module

@@ -21,8 +21,8 @@ from common.pgutil import create_database, drop_database
 from finledger import FinledgerSettings
 from finledger import create_app as create_finledger
 from ledger import PayoutStore, WorkContext
-from ledger.delivery import OutboxSettings
-from ledger.publisher import Publisher
+from outbox.delivery import OutboxSettings
+from outbox.publisher import Publisher
 from tests.conftest import as_role
 from tests.servers import ServerThread
 

@@ -11,9 +11,9 @@ from datetime import timedelta
 import pytest
 
 from common.db_roles import RECONCILER
-from ledger import reconcile_cli
-from ledger.reconcile_rules import CLASSES
+from payouts import reconcile_cli
 from payouts.cli import main
+from reconcile.rules import CLASSES
 from tests.conftest import as_role
 from tests.reconcile.conftest import World
 

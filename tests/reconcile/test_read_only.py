@@ -9,7 +9,7 @@ import asyncpg
 import pytest
 
 from common.db_roles import RECONCILER
-from ledger.reconcile import reconcile
+from reconcile.reconciler import reconcile
 from tests.conftest import as_role
 from tests.reconcile.conftest import World, window_until_now
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from ledger.reconcile_rules import (
+from reconcile.rules import (
     CLASSES,
     AttemptFact,
     Evidence,

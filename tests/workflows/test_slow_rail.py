@@ -28,9 +28,9 @@ from temporalio.testing import WorkflowEnvironment
 
 from activities import models as m
 from common.migrate import migrate
-from ledger.invariants import check_invariants, lock_server_grant_source
-from ledger.reconcile import stub_movement_source
+from invariants.checker import check_invariants, lock_server_grant_source
 from railproxy import ProxySettings
+from reconcile.reconciler import stub_movement_source
 from tests.credentials import headers, token
 from tests.workflows.rail_evidence import (
     nothing_moved_but_rail_settled,

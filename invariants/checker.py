@@ -8,7 +8,7 @@ Each invariant is reported with a count of violations and a bounded sample.
 
 Owns: the evidence queries, the grant-history and workflow sources, the `invariants.checked` and
 `invariants.violation` events and the `invariants_*` metrics. The rules are in
-`ledger.invariant_rules` (pure).
+`invariants.rules` (pure).
 
 Must never: write anything, anywhere (in Temporal it only lists and describes workflows). The
 database evidence is read in ONE read-only REPEATABLE READ transaction (one snapshot; PostgreSQL
@@ -44,8 +44,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from common.credentials import auth_headers, operator_token, read_token
 from common.logs import get_logger
-from ledger.errors import PaydbError
-from ledger.invariant_rules import (
+from invariants.rules import (
     INVARIANTS,
     WORKFLOW_ID_PREFIX,
     AttemptRow,
@@ -58,8 +57,9 @@ from ledger.invariant_rules import (
     Write,
     check,
 )
+from ledger.errors import PaydbError
 from ledger.queries import ledger_discrepancies
-from ledger.reconcile import MovementSource, stub_movement_source
+from reconcile.reconciler import MovementSource, stub_movement_source
 
 __all__ = [
     "INVARIANTS",
@@ -80,7 +80,7 @@ __all__ = [
     "temporal_workflow_source",
 ]
 
-log = get_logger("ledger.invariants")
+log = get_logger("invariants.checker")
 
 #: The lock service's grant history, injected (PostgreSQL table, or the lock server over HTTP).
 GrantSource = Callable[[], Awaitable[Sequence[GrantFact]]]

@@ -22,19 +22,19 @@ import asyncpg
 
 from common.credentials import read_token
 from common.logs import get_logger
-from ledger.delivery import (
+from outbox.delivery import (
     DownstreamClient,
     OutboxSettings,
     Outcome,
     Status,
     backoff_delay,
 )
-from ledger.delivery_metrics import OutboxMetrics
-from ledger.delivery_ops import Claimed, claim_batch, outbox_summary, record_outcome
+from outbox.metrics import OutboxMetrics
+from outbox.ops import Claimed, claim_batch, outbox_summary, record_outcome
 
 __all__ = ["CHANNEL", "Publisher", "outbox_summary"]
 
-log = get_logger("ledger.publisher")
+log = get_logger("outbox.publisher")
 
 #: The NOTIFY channel of migration 002's insert trigger.
 CHANNEL = "paydb_outbox"

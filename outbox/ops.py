@@ -15,7 +15,7 @@ from typing import Any
 import asyncpg
 
 from ledger.audit import write_audit
-from ledger.delivery import OPERABLE, NotActionable, Outcome, Status
+from outbox.delivery import OPERABLE, NotActionable, Outcome, Status
 
 ROW_COLUMNS = (
     "event_id, event_type, correlation_id, delivery_key, occurred_at, contract_version, payload,"

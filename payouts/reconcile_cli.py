@@ -34,7 +34,8 @@ from temporalio.client import (
 
 from activities.reconcile_models import ReconcileInput
 from common.logs import configure_logging, get_logger
-from ledger.reconcile import (
+from payouts.cli import database_url
+from reconcile.reconciler import (
     ReconcileError,
     ReconcileReport,
     ReconcileSettings,
@@ -42,11 +43,10 @@ from ledger.reconcile import (
     reconcile,
     stub_movement_source,
 )
-from payouts.cli import database_url
 from workflows.reconcile import ReconcileWorkflow
 
 SCHEDULE_ID = "reconcile-hourly"
-log = get_logger("ledger.reconcile_cli")
+log = get_logger("payouts.reconcile_cli")
 
 _DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
 

@@ -1,7 +1,7 @@
 """Outbox delivery vocabulary (docs/outbox.md), settings, backoff and the downstream HTTP client.
 
 Pure parts (classification, backoff) live here so they can be unit-tested without a database;
-`ledger.publisher` drives them against PostgreSQL and `ledger.delivery_ops` holds the SQL.
+`outbox.publisher` drives them against PostgreSQL and `outbox.ops` holds the SQL.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Owns: the seven discrepancy classes and the decision of which evidence makes whi
 never: do I/O, repair anything, or drop a class from the report (all seven are always present, a
 zero is reported as a zero).
 
-The evidence of one closed window, gathered by `ledger.reconcile`:
+The evidence of one closed window, gathered by `reconcile.reconciler`:
 * payouts in scope (created in the window, or whose posting group was written in the window);
 * the rail proxy's attempts for those payouts (plus attempts recorded in the window for payouts
   the payment database does not know);

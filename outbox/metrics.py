@@ -7,7 +7,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from ledger.delivery import Outcome
+from outbox.delivery import Outcome
 
 
 class OutboxMetrics:

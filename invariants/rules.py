@@ -1,5 +1,5 @@
 """The invariant checker's rules (INV-01..INV-10, docs/architecture.md#requirement-ids):
-pure functions over one body of evidence, gathered read-only by `ledger.invariants`.
+pure functions over one body of evidence, gathered read-only by `invariants.checker`.
 
 Owns: what counts as a violation of each invariant, and the wording of each violation. Must never:
 do I/O, or drop an invariant from the result (all ten are always present, zeros included).
@@ -28,7 +28,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from ledger.reconcile_rules import MONEY_MOVED, RailMovement
+from reconcile.rules import MONEY_MOVED, RailMovement
 
 INVARIANTS: dict[str, str] = {
     "INV-01": "at most one worker mutates a payout at a time",

@@ -32,7 +32,7 @@ from common.logs import get_logger
 from ledger.errors import PaydbError
 from ledger.journal import RAIL_CLEARING
 from ledger.queries import ledger_discrepancies
-from ledger.reconcile_rules import (
+from reconcile.rules import (
     CLASSES,
     AttemptFact,
     Evidence,
@@ -58,7 +58,7 @@ __all__ = [
     "stub_movement_source",
 ]
 
-log = get_logger("ledger.reconcile")
+log = get_logger("reconcile.reconciler")
 
 #: The rail's movement log, injected: the stub's admin endpoint in tests, the demo and dev.
 MovementSource = Callable[[], Awaitable[Sequence[RailMovement]]]

@@ -25,9 +25,9 @@ from prometheus_client import start_http_server
 from common.credentials import CredentialsError, authenticate_operator, operator_token
 from common.logs import configure_logging
 from common.pgutil import create_pool
-from ledger.delivery import OPERABLE, OutboxError, OutboxSettings, Status
-from ledger.delivery_ops import list_rows, operator_action, outbox_summary
-from ledger.publisher import Publisher
+from outbox.delivery import OPERABLE, OutboxError, OutboxSettings, Status
+from outbox.ops import list_rows, operator_action, outbox_summary
+from outbox.publisher import Publisher
 from payouts.cli import database_url
 
 

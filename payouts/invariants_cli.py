@@ -19,8 +19,7 @@ from typing import Any
 import asyncpg
 
 from common.logs import configure_logging
-from ledger.errors import PaydbError
-from ledger.invariants import (
+from invariants.checker import (
     GrantSource,
     InvariantReport,
     InvariantSettings,
@@ -31,6 +30,7 @@ from ledger.invariants import (
     stub_movement_source,
     temporal_workflow_source,
 )
+from ledger.errors import PaydbError
 from payouts.cli import database_url
 from payouts.commands import DEFAULT_TEMPORAL, temporal_address
 
