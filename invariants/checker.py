@@ -57,9 +57,8 @@ from invariants.rules import (
     Write,
     check,
 )
-from ledger.errors import PaydbError
 from ledger.queries import ledger_discrepancies
-from reconcile.reconciler import MovementSource, stub_movement_source
+from railstub.client import MovementLogUnavailable, MovementSource, stub_movement_source
 
 __all__ = [
     "INVARIANTS",
@@ -70,6 +69,7 @@ __all__ = [
     "InvariantReport",
     "InvariantResult",
     "InvariantSettings",
+    "MovementsUnavailable",
     "WorkflowFact",
     "WorkflowSource",
     "WorkflowSourceUnavailable",
@@ -115,10 +115,16 @@ class InvariantSettings(BaseSettings):
     sample_size: int = 10
 
 
-class InvariantError(PaydbError):
-    """Base of the checker's errors (it lives in `ledger`, beside the reconciler)."""
+class InvariantError(Exception):
+    """Base of the checker's errors. `code` is a stable machine-readable name."""
 
     code = "invariant_error"
+
+
+class MovementsUnavailable(InvariantError):
+    """The rail's movement log could not be read; nothing is reported rather than a guess."""
+
+    code = "movement_source_unavailable"
 
 
 class GrantSourceUnavailable(InvariantError):
@@ -320,7 +326,7 @@ async def check_invariants(
     sample_size: int = 10,
 ) -> InvariantReport:
     """Check INV-01..INV-10 once; emit `invariants.checked` and one `invariants.violation` per
-    violated invariant. Raises an InvariantError/ReconcileError when a source is unreadable.
+    violated invariant. Raises an InvariantError when a source is unreadable.
 
     `workflow_source` None: INV-10's workflow rule is not evaluated (reported in
     `not_checked`). `settled`: the caller knows the system has settled (every payout had its
@@ -336,7 +342,10 @@ async def check_invariants(
         grants = await grant_source()  # last: see the module docstring
         ev.grants = list(grants)
         ev.grants_complete_since = getattr(grants, "complete_since", None)
-    except PaydbError:
+    except MovementLogUnavailable as exc:
+        RUNS.labels(result="error").inc()
+        raise MovementsUnavailable(str(exc)) from exc
+    except InvariantError:
         RUNS.labels(result="error").inc()
         raise
     found = check(ev)

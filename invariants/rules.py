@@ -28,7 +28,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from reconcile.rules import MONEY_MOVED, RailMovement
+from railstub.client import MONEY_MOVED, RailMovement
 
 INVARIANTS: dict[str, str] = {
     "INV-01": "at most one worker mutates a payout at a time",

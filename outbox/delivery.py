@@ -18,11 +18,10 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from common.credentials import auth_headers
-from ledger.errors import PaydbError
 
 
-class OutboxError(PaydbError):
-    """Base of the outbox's errors (a `PaydbError`: the outbox is part of the payment database)."""
+class OutboxError(Exception):
+    """Base of the outbox publisher's errors. `code` is a stable machine-readable name."""
 
     code = "outbox_error"
 

@@ -21,6 +21,7 @@ import asyncpg
 from common.logs import configure_logging
 from invariants.checker import (
     GrantSource,
+    InvariantError,
     InvariantReport,
     InvariantSettings,
     WorkflowSource,
@@ -30,7 +31,6 @@ from invariants.checker import (
     stub_movement_source,
     temporal_workflow_source,
 )
-from ledger.errors import PaydbError
 from payouts.cli import database_url
 from payouts.commands import DEFAULT_TEMPORAL, temporal_address
 
@@ -77,7 +77,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     configure_logging("invariants")
     try:
         report = asyncio.run(_run(args, InvariantSettings()))
-    except (PaydbError, OSError, asyncpg.PostgresError) as exc:
+    except (InvariantError, OSError, asyncpg.PostgresError) as exc:
         sys.stderr.write(f"error: {exc}\n")
         return 2
     if args.json:

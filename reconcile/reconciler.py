@@ -17,28 +17,30 @@ has its attempt committed, and our later snapshot sees it: no false movement_wit
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 import asyncpg
-import httpx
 from prometheus_client import Counter, Gauge
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from common.credentials import auth_headers, operator_token, read_token
+from common.credentials import operator_token, read_token
 from common.logs import get_logger
-from ledger.errors import PaydbError
-from ledger.journal import RAIL_CLEARING
-from ledger.queries import ledger_discrepancies
+from ledger.queries import RAIL_CLEARING, ledger_discrepancies
+from railstub.client import (
+    MovementLogUnavailable,
+    MovementSource,
+    RailMovement,
+    stub_movement_source,
+)
 from reconcile.rules import (
     CLASSES,
     AttemptFact,
     Evidence,
     PayoutFact,
     PostingFact,
-    RailMovement,
     Window,
     classify,
 )
@@ -59,9 +61,6 @@ __all__ = [
 ]
 
 log = get_logger("reconcile.reconciler")
-
-#: The rail's movement log, injected: the stub's admin endpoint in tests, the demo and dev.
-MovementSource = Callable[[], Awaitable[Sequence[RailMovement]]]
 
 DISCREPANCIES = Gauge(
     "reconcile_discrepancies",
@@ -100,8 +99,8 @@ class ReconcileSettings(BaseSettings):
     database_url: str | None = None
 
 
-class ReconcileError(PaydbError):
-    """Base of the reconciler's errors (a PaydbError: the reconciler lives in `ledger`)."""
+class ReconcileError(Exception):
+    """Base of the reconciler's errors. `code` is a stable machine-readable name."""
 
     code = "reconcile_error"
 
@@ -133,38 +132,6 @@ class ReconcileReport:
     ok: bool
 
 
-def stub_movement_source(
-    base_url: str, *, timeout_s: float = 10.0, token: str | None = None
-) -> MovementSource:
-    """The rail stub's movement log (`GET /admin/movements`), read-only, presenting `token` (the
-    reader's own credential: component `reconciler` or `invariants`, or an operator's)."""
-
-    async def fetch() -> Sequence[RailMovement]:
-        try:
-            async with httpx.AsyncClient(
-                base_url=base_url, timeout=timeout_s, headers=auth_headers(token)
-            ) as client:
-                response = await client.get("/admin/movements")
-                response.raise_for_status()
-                body: dict[str, Any] = response.json()
-        except (httpx.HTTPError, ValueError) as exc:
-            raise MovementSourceUnavailable(f"rail movement log unavailable: {exc}") from exc
-        return [_movement(m) for m in body["movements"]]
-
-    return fetch
-
-
-def _movement(m: dict[str, Any]) -> RailMovement:
-    recorded = m.get("recorded_at")
-    return RailMovement(
-        movement_id=str(m["movement_id"]),
-        client_reference=str(m["client_reference"]),
-        amount=int(m["amount"]),
-        status=str(m["status"]),
-        recorded_at=datetime.fromisoformat(recorded) if recorded else None,
-    )
-
-
 async def reconcile(
     conn: asyncpg.Connection,
     movement_source: MovementSource,
@@ -176,7 +143,7 @@ async def reconcile(
     """Reconcile one closed window; emit one event per class and a completion event."""
     _check_window(window)
     try:
-        movements = await movement_source()  # before the snapshot: see the module docstring
+        movements = await _movements(movement_source)  # before the snapshot: module docstring
         async with conn.transaction(isolation="repeatable_read", readonly=True):
             db_now: datetime = await conn.fetchval("SELECT now()")
             if window.end > db_now:
@@ -195,6 +162,13 @@ async def reconcile(
     )
     _emit(report)
     return report
+
+
+async def _movements(source: MovementSource) -> Sequence[RailMovement]:
+    try:
+        return await source()
+    except MovementLogUnavailable as exc:
+        raise MovementSourceUnavailable(str(exc)) from exc
 
 
 def _check_window(window: Window) -> None:

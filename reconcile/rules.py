@@ -20,6 +20,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+# The rail's movement record and its money-moved statuses are the rail's vocabulary (its client).
+from railstub.client import MONEY_MOVED, RailMovement
+
 DUPLICATE_SUBMISSION = "duplicate_submission"
 SUBMISSION_WITHOUT_LEDGER = "submission_without_ledger"
 LEDGER_WITHOUT_SUBMISSION = "ledger_without_submission"
@@ -44,8 +47,6 @@ CLASSES: tuple[str, ...] = (
 #: Attempt outcomes that may have reached the rail. NULL (in flight, or the outcome write was
 #: lost) counts as possibly forwarded; only NOT_SUBMITTED is authoritative evidence of nothing.
 POSSIBLY_FORWARDED = frozenset({"ACKED", "DECLINED", "UNKNOWN", None})
-#: Rail movement statuses under which money moved (or will, for `pending`).
-MONEY_MOVED = frozenset({"settled", "pending"})
 #: Non-terminal states whose last change after the window's end means "still being worked on".
 IN_FLIGHT_STATES = frozenset({"CLAIMED", "RAIL_SUBMITTED", "RAIL_ACKED"})
 
@@ -75,17 +76,6 @@ class AttemptFact:
     payout_id: str
     client_reference: str
     outcome: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class RailMovement:
-    """One instruction the rail recorded (its movement log is the evidence of money moving)."""
-
-    movement_id: str
-    client_reference: str
-    amount: int
-    status: str  # settled, pending, declined
-    recorded_at: datetime | None = None  # None when the rail does not say (the stub does not)
 
 
 @dataclass(frozen=True, slots=True)

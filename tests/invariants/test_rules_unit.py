@@ -15,7 +15,7 @@ from invariants.rules import (
     Write,
     check,
 )
-from reconcile.rules import RailMovement
+from railstub.client import RailMovement
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
