@@ -34,9 +34,11 @@ compose-env: venv
 test: venv lint typecheck prometheus
 	$(BIN)/python -m pytest
 
+# lint-imports checks the layering contracts of pyproject.toml (docs/architecture.md, layout).
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 fmt: venv
 	$(BIN)/ruff format .
