@@ -27,6 +27,7 @@ from temporalio.exceptions import ApplicationError
 from activities import models as m
 from common import correlation
 from common.credentials import auth_headers
+from common.lockkey import lock_key
 from common.logs import get_logger
 from ledger import AlreadyAdvanced, FencedOut, Payout, PayoutState, PayoutStore, UnknownPayout
 from ledger import WorkContext as LedgerContext
@@ -48,11 +49,6 @@ from railproxy.models import (
 log = get_logger("activities.payout")
 S = PayoutState
 _MAX_ID = 128
-
-
-def lock_key(account_id: str) -> str:
-    """One payout per account in flight (A-15): the key is the account's payout stream."""
-    return f"payout:{account_id}"
 
 
 def _fenced(err: FencedOut | str) -> ApplicationError:

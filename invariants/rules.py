@@ -28,6 +28,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from common.lockkey import lock_key
 from railstub.client import MONEY_MOVED, RailMovement
 
 INVARIANTS: dict[str, str] = {
@@ -49,11 +50,6 @@ DECIDED = frozenset({"ACKED", "DECLINED"})
 BALANCE_STAMPING = frozenset({"claim", "post"})
 #: A payout workflow's id (commands.start_workflows): one workflow per payout, ever.
 WORKFLOW_ID_PREFIX = "payout-"
-
-
-def lock_key(account_id: str) -> str:
-    """A-15: one lock per account; the same formula as `ledger.store.lock_key`."""
-    return f"payout:{account_id}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from common.lockkey import PAYOUT_KEY_PREFIX
 from invariants.rules import INVARIANTS
 
 TERMINAL = frozenset({"POSTED", "FAILED", "ABANDONED"})
@@ -24,7 +25,6 @@ ACQUIRED_EVENT = "lock.acquired"
 UNAVAILABLE_EVENT = "lock.acquire_unavailable"
 FENCED_OUT_EVENT = "lock.fenced_out"
 #: Only payout locks count: the runner's own probe grants (key "chaos:...") are not workload.
-PAYOUT_KEY_PREFIX = "payout:"
 
 
 @dataclass

@@ -23,6 +23,7 @@ from typing import Any
 import asyncpg
 import httpx
 
+from common.lockkey import lock_key
 from lab.chaos_faults import RAIL_BASELINE, FaultInjector
 from lab.chaos_schedule import Fault
 from lab.experiments import FAST_WORKFLOW, LOCK_TTL_S, WORKER_ENV, json_events
@@ -300,7 +301,7 @@ async def _probes(ctx: Ctx) -> None:
 
 
 async def _confirm_lock_down(ctx: Ctx) -> bool:
-    rc, out = await ctx.command("-m", "lockservice", "inspect", "payout:gameday-probe")
+    rc, out = await ctx.command("-m", "lockservice", "inspect", lock_key("gameday-probe"))
     pending = await _count_state(ctx, "PENDING")
     ctx.notes.append(f"inspect rc={rc}: {out.strip()[-120:]}; PENDING={pending}")
     return rc != 0 and pending > 0

@@ -19,6 +19,7 @@ from typing import Any
 
 import asyncpg
 
+from common.lockkey import lock_key
 from common.logs import get_logger
 from ledger import metrics
 from ledger.audit import write_audit
@@ -46,7 +47,6 @@ from ledger.records import (
     check_payout_id,
     check_text,
     check_token,
-    lock_key,
 )
 from ledger.states import IN_FLIGHT_STATES, PayoutState, check_transition, reachable_from
 from lockservice.assertions import AssertionRefused, AssertionVerifier
