@@ -1,0 +1,50 @@
+"""Reads of the payment database: a balance, a payout, payouts by state or account. No writes."""
+
+from __future__ import annotations
+
+from ledger.errors import UnknownAccount, UnknownPayout
+from ledger.records import PAYOUT_COLUMNS, Payout
+from ledger.states import PayoutState
+from ledger.store.base import StoreBase
+
+
+class Reads(StoreBase):
+    """Balances and payouts as committed."""
+
+    async def balance(self, account_id: str) -> int:
+        async with self._pool.acquire() as conn:
+            value = await conn.fetchval(
+                "SELECT balance FROM paydb.balances WHERE account_id = $1", account_id
+            )
+        if value is None:
+            raise UnknownAccount(f"unknown account {account_id!r}")
+        return int(value)
+
+    async def get_payout(self, payout_id: str) -> Payout:
+        async with self._pool.acquire() as conn:
+            row = await conn.fetchrow(
+                f"SELECT {PAYOUT_COLUMNS} FROM paydb.payouts WHERE payout_id = $1", payout_id
+            )
+        if row is None:
+            raise UnknownPayout(f"unknown payout {payout_id!r}")
+        return Payout.from_row(row)
+
+    async def list_payouts(
+        self,
+        *,
+        state: PayoutState | str | None = None,
+        account_id: str | None = None,
+        limit: int = 1000,
+    ) -> list[Payout]:
+        """Payouts filtered by state and/or account, oldest first. Unknown state -> UnknownState."""
+        state_name = None if state is None else str(PayoutState.parse(state))
+        async with self._pool.acquire() as conn:
+            rows = await conn.fetch(
+                f"SELECT {PAYOUT_COLUMNS} FROM paydb.payouts"
+                " WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR account_id = $2)"
+                " ORDER BY created_at, payout_id LIMIT $3",
+                state_name,
+                account_id,
+                limit,
+            )
+        return [Payout.from_row(r) for r in rows]
