@@ -4,6 +4,8 @@ PaydbError
  +-- FencedOut              presented token below the stored fence (FR-16); abort, never retry
  +-- InvalidGrant           the grant is not the lock service's signed grant of the payout's
  |                          account key for this token, or it expired (INV-07); nothing written
+ +-- InvalidOperatorAssertion  a break-glass command (abandon) without the lock service's
+ |                          operator assertion for it, or forged/expired/for another payout
  +-- InvalidTransition      the pair is not in the table, or the payout is behind/elsewhere
  +-- UnknownAccount         no such account (or not a customer account where one is needed)
  +-- UnknownPayout          no such payout
