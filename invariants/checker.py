@@ -6,9 +6,9 @@ per-account high-water tokens), the rail's movement log, the lock service's gran
 Temporal's record of payout workflows that closed without completing (INV-10; optional).
 Each invariant is reported with a count of violations and a bounded sample.
 
-Owns: the evidence queries, the grant-history and workflow sources, the `invariants.checked` and
-`invariants.violation` events and the `invariants_*` metrics. The rules are in
-`invariants.rules` (pure).
+Owns: the evidence queries, the report, the `invariants.checked` and `invariants.violation`
+events and the `invariants_*` metrics. The grant-history and workflow sources are in
+`invariants.sources`, the errors in `invariants.errors`, the rules in `invariants.rules` (pure).
 
 Must never: write anything, anywhere (in Temporal it only lists and describes workflows). The
 database evidence is read in ONE read-only REPEATABLE READ transaction (one snapshot; PostgreSQL
@@ -32,30 +32,37 @@ its lock server's clock). INV-01 and INV-07 compare the two, so run them on one 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any, Literal
 
 import asyncpg
-import httpx
 from prometheus_client import Counter, Gauge
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from common.credentials import auth_headers, operator_token, read_token
+from common.credentials import operator_token, read_token
 from common.logs import get_logger
-from invariants.rules import (
-    INVARIANTS,
-    WORKFLOW_ID_PREFIX,
+from invariants.errors import (
+    GrantSourceUnavailable,
+    InvariantError,
+    MovementsUnavailable,
+    WorkflowSourceUnavailable,
+)
+from invariants.evidence import (
     AttemptRow,
     Evidence,
     GrantFact,
-    GrantHistory,
     PayoutRow,
     Transition,
     WorkflowFact,
     Write,
-    check,
+)
+from invariants.rules import INVARIANTS, check
+from invariants.sources import (
+    GrantSource,
+    WorkflowSource,
+    lock_server_grant_source,
+    postgres_grant_source,
+    temporal_workflow_source,
 )
 from ledger.queries import ledger_discrepancies
 from railstub.client import MovementLogUnavailable, MovementSource, stub_movement_source
@@ -81,11 +88,6 @@ __all__ = [
 ]
 
 log = get_logger("invariants.checker")
-
-#: The lock service's grant history, injected (PostgreSQL table, or the lock server over HTTP).
-GrantSource = Callable[[], Awaitable[Sequence[GrantFact]]]
-#: Payout workflows whose latest run closed without completing (Temporal, or a test's list).
-WorkflowSource = Callable[[], Awaitable[Sequence[WorkflowFact]]]
 
 VIOLATIONS = Gauge(
     "invariants_violations", "Violations found by the last invariant check.", ["invariant"]
@@ -113,30 +115,6 @@ class InvariantSettings(BaseSettings):
     lock_database_url: str | None = None  # lockservice schema's database; default DATABASE_URL
     lock_prefix: str = ""  # the lock backend's namespace prefix (PostgreSQL source)
     sample_size: int = 10
-
-
-class InvariantError(Exception):
-    """Base of the checker's errors. `code` is a stable machine-readable name."""
-
-    code = "invariant_error"
-
-
-class MovementsUnavailable(InvariantError):
-    """The rail's movement log could not be read; nothing is reported rather than a guess."""
-
-    code = "movement_source_unavailable"
-
-
-class GrantSourceUnavailable(InvariantError):
-    """The grant history could not be read completely; nothing is reported rather than a guess."""
-
-    code = "grant_source_unavailable"
-
-
-class WorkflowSourceUnavailable(InvariantError):
-    """Temporal could not be asked about the payout workflows; nothing is reported."""
-
-    code = "workflow_source_unavailable"
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,148 +147,6 @@ class InvariantReport:
             "checked": dict(self.checked),
             "not_checked": list(self.not_checked),
         }
-
-
-# ---------------------------------------------------------------------- grant sources
-
-_HISTORY_SQL = """
-SELECT g.id, g.key, g.token, g.acquired_at,
-       -- A grant whose session expired while nobody touched its key has no stored end: it ended
-       -- at its session's expiry (what the next acquire or close will store, end_grant()).
-       coalesce(g.ended_at,
-                CASE WHEN s.expires_at <= clock_timestamp() THEN s.expires_at END) AS ended_at
-  FROM lockservice.grant_history g
-  LEFT JOIN lockservice.sessions s ON g.ended_at IS NULL AND s.session_id = g.session_id
- WHERE starts_with(g.key, $1)
- ORDER BY g.id
-"""
-
-
-def postgres_grant_source(database_url: str, *, backend_prefix: str = "") -> GrantSource:
-    """`lockservice.grant_history` read directly (PostgreSQL lock backend), read-only."""
-
-    async def fetch() -> Sequence[GrantFact]:
-        try:
-            conn = await asyncpg.connect(database_url, timeout=10)
-        except (OSError, asyncpg.PostgresError) as exc:
-            raise GrantSourceUnavailable(f"grant history unavailable: {exc}") from exc
-        try:
-            async with conn.transaction(isolation="repeatable_read", readonly=True):
-                rows = await conn.fetch(_HISTORY_SQL, backend_prefix)
-        except asyncpg.PostgresError as exc:
-            raise GrantSourceUnavailable(f"grant history unavailable: {exc}") from exc
-        finally:
-            await conn.close()
-        cut = len(backend_prefix)
-        return [
-            GrantFact(
-                key=r["key"][cut:],
-                token=int(r["token"]),
-                acquired_at=r["acquired_at"],
-                ended_at=r["ended_at"],
-                seq=int(r["id"]),
-            )
-            for r in rows
-        ]
-
-    return fetch
-
-
-def lock_server_grant_source(
-    base_url: str,
-    *,
-    key_prefix: str = "",
-    limit: int = 100_000,
-    timeout_s: float = 30.0,
-    transport: httpx.AsyncBaseTransport | None = None,
-    token: str | None = None,
-) -> GrantSource:
-    """The lock server's `GET /v1/history` (either backend). A truncated answer is an error: a
-    partial history could hide a repeated token or an overlap."""
-
-    async def fetch() -> Sequence[GrantFact]:
-        try:
-            async with httpx.AsyncClient(
-                base_url=base_url,
-                timeout=timeout_s,
-                transport=transport,
-                headers=auth_headers(token),
-            ) as client:
-                response = await client.get(
-                    "/v1/history", params={"prefix": key_prefix, "limit": limit}
-                )
-                response.raise_for_status()
-                body: dict[str, Any] = response.json()
-            if body.get("truncated"):
-                raise GrantSourceUnavailable(f"grant history truncated at {limit} grants")
-            # The server orders by (key, token); seq keeps that order for equal acquired_at.
-            grants = GrantHistory(_grant(i, g) for i, g in enumerate(body["grants"]))
-            since = body.get("retained_since")  # etcd retention: the history's horizon
-            grants.complete_since = datetime.fromisoformat(since) if since else None
-            return grants
-        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
-            raise GrantSourceUnavailable(f"grant history unavailable: {exc}") from exc
-
-    return fetch
-
-
-def _grant(seq: int, g: dict[str, Any]) -> GrantFact:
-    ended = g.get("ended_at")
-    return GrantFact(
-        key=str(g["key"]),
-        token=int(g["token"]),
-        acquired_at=datetime.fromisoformat(g["acquired_at"]),
-        ended_at=datetime.fromisoformat(ended) if ended else None,
-        seq=seq,
-    )
-
-
-# ---------------------------------------------------------------------- workflow source
-
-#: Closed without completing: nothing will run this payout's workflow again (INV-10).
-STOPPED_STATUSES = ("Failed", "Terminated", "TimedOut", "Canceled")
-_STOPPED_QUERY = (
-    'WorkflowType="PayoutWorkflow" AND ('
-    + " OR ".join(f'ExecutionStatus="{s}"' for s in STOPPED_STATUSES)
-    + ")"
-)
-
-
-def temporal_workflow_source(
-    address: str, *, namespace: str = "default", id_prefix: str = WORKFLOW_ID_PREFIX
-) -> WorkflowSource:
-    """Payout workflows whose LATEST run is failed, terminated, timed out or canceled.
-
-    Visibility lists every closed run; each listed id is then described, which answers for its
-    latest run, so a run that continued as new (or was reset) and goes on is not counted."""
-
-    async def fetch() -> Sequence[WorkflowFact]:
-        from temporalio.client import Client, WorkflowExecutionStatus
-        from temporalio.service import RPCError
-
-        stopped = {
-            WorkflowExecutionStatus.FAILED,
-            WorkflowExecutionStatus.TERMINATED,
-            WorkflowExecutionStatus.TIMED_OUT,
-            WorkflowExecutionStatus.CANCELED,
-        }
-        try:
-            client = await Client.connect(address, namespace=namespace)
-            ids = {
-                wf.id
-                async for wf in client.list_workflows(_STOPPED_QUERY)
-                if wf.id.startswith(id_prefix)
-            }
-            out = []
-            for wid in sorted(ids):
-                desc = await client.get_workflow_handle(wid).describe()
-                if desc.status in stopped:
-                    out.append(WorkflowFact(workflow_id=wid, status=desc.status.name))
-            return out
-        except (RPCError, RuntimeError, OSError) as exc:
-            raise WorkflowSourceUnavailable(f"Temporal unavailable at {address}: {exc}") from exc
-
-    return fetch
 
 
 # ---------------------------------------------------------------------- the check
