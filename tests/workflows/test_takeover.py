@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from temporalio.testing import WorkflowEnvironment
 
+from activities import models as m
 from tests.workflows.test_payout_orchestration import new_world, running, start, wait_status
 
 #: Short holder timeouts, as the pause experiment uses; a long acquire wait, as production has.
@@ -40,5 +41,35 @@ async def test_a_frozen_holder_is_released_once_and_the_next_grant_executes(
     # The frozen holder's submit timed out by heartbeat; its release was tried ONCE (it froze
     # too), not retried onto the same frozen queue; the next grant (token 2) did the work.
     assert [t for n, t in world.calls if n == "submit"] == [1, 2]
+    assert [t for n, t in world.calls if n == "release"] == [1, 2]
+    assert status.token == 2
+
+
+async def test_the_next_acquire_does_not_wait_for_a_frozen_holders_release(
+    temporal_env: WorkflowEnvironment,
+) -> None:
+    world = new_world(submit_script=["frozen", "ack"], release_script=["frozen"])
+    async with running(temporal_env, world) as q:
+        handle = await start(temporal_env, q, **TAKEOVER)
+        await wait_status(handle, lambda s: s.state == "POSTED", timeout_s=30)
+        status = await handle.result()  # the run waits for the background release to end
+        history = await handle.fetch_history()
+    scheduled: dict[int, str] = {}
+    order: list[str] = []
+    for e in history.events:
+        if e.HasField("activity_task_scheduled_event_attributes"):
+            name = e.activity_task_scheduled_event_attributes.activity_type.name
+            scheduled[e.event_id] = name
+            order.append(f"scheduled:{name}")
+        elif e.HasField("activity_task_timed_out_event_attributes"):
+            sid = e.activity_task_timed_out_event_attributes.scheduled_event_id
+            order.append(f"timed_out:{scheduled[sid]}")
+    # The frozen holder's release (token 1) is scheduled beside the second acquire, and that
+    # acquire is scheduled before the release has ended: the takeover no longer waits out the
+    # release's timeout on the frozen holder's queue.
+    first_release = order.index(f"scheduled:{m.RELEASE_LOCK}")
+    second_acquire = [i for i, o in enumerate(order) if o == f"scheduled:{m.ACQUIRE_LOCK}"][1]
+    assert abs(first_release - second_acquire) == 1
+    assert order.index(f"timed_out:{m.RELEASE_LOCK}") > second_acquire
     assert [t for n, t in world.calls if n == "release"] == [1, 2]
     assert status.token == 2
