@@ -233,6 +233,9 @@ async def pause_experiment(
             "server-side; starting W2"
         )
         await stack.start_worker("worker-W2", WORKER_ENV)
+        # Part of takeover_s, and on a loaded machine most of it (11 s at loadavg 10): the
+        # engine-side takeover cannot finish before a second worker polls.
+        w2_ready_s = round(time.monotonic() - frozen_at, 1)
 
         async def posted() -> bool:
             return str((await _payout_row(stack.database_url, payout_id))["state"]) == "POSTED"
@@ -277,6 +280,7 @@ async def pause_experiment(
             "t1": t1,
             "t2": t2,
             "takeover_s": takeover_s,
+            "w2_ready_s": w2_ready_s,
             "final_state": extract["payout"][0]["state"],
             "rail_movements": len(movements),
             "rail_debited": rail_debited,
