@@ -368,7 +368,8 @@ class PayoutWorkflow:
         # heartbeat timeout the task then waits out acquire_wait_s + 5 s before another worker
         # may try. The activity heartbeats while it waits on the lock server. Money cannot move
         # twice through this: a grant obtained by an attempt Temporal already timed out goes to
-        # nobody (the idle sweeper releases it), and a later grant has a higher token.
+        # nobody (the worker, which completes the activity itself, hears Temporal refuse the
+        # answer and releases it at once), and a later grant has a higher token.
         heartbeat = None
         if workflow.patched(PATCH_ACQUIRE_HEARTBEAT):
             heartbeat = timedelta(seconds=inp.holder_heartbeat_timeout_s)
