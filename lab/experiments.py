@@ -196,6 +196,36 @@ async def _start_workflow(stack: Stack, payout_id: str, account_id: str) -> None
     )
 
 
+async def workflow_timeline(address: str, workflow_id: str) -> list[dict[str, Any]]:
+    """A workflow's history as [{s, event, activity, task_queue}], `s` seconds after its first
+    event: e.g. how long a frozen worker's long-polls held its workflow tasks."""
+    from temporalio.client import Client
+
+    client = await Client.connect(address)
+    history = await client.get_workflow_handle(workflow_id).fetch_history()
+    out: list[dict[str, Any]] = []
+    first = None
+    for e in history.events:
+        at = e.event_time.ToDatetime()
+        first = first or at
+        kind = e.WhichOneof("attributes") or ""
+        attrs = getattr(e, kind, None)
+        row: dict[str, Any] = {
+            "s": round((at - first).total_seconds(), 3),
+            "event": kind.removesuffix("_event_attributes"),
+        }
+        for f in ("activity_type", "task_queue"):
+            if attrs is not None and attrs.DESCRIPTOR.fields_by_name.get(f) is not None:
+                row[f] = getattr(attrs, f).name or None
+        if kind.endswith("timed_out_event_attributes") or kind.endswith(
+            "completed_event_attributes"
+        ):
+            row["scheduled_event_id"] = getattr(attrs, "scheduled_event_id", None)
+        row["id"] = e.event_id
+        out.append(row)
+    return out
+
+
 def _write_evidence(folder: Path, name: str, data: Any) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / name).write_text(json.dumps(data, indent=2, default=str, sort_keys=True) + "\n")
@@ -306,6 +336,8 @@ async def pause_experiment(
                 for e in w1_submit
             ],
             "paydb_probe": paydb_probe,
+            # Where the takeover's seconds went: the workflow's history, freeze onwards.
+            "timeline": await workflow_timeline(stack.temporal_address, f"payout-{payout_id}"),
         }
         result["checks"] = _pause_checks(result, fencing)
         result["ok"] = all(result["checks"].values())
