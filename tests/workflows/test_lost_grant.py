@@ -24,9 +24,9 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from activities import models as m
-from activities.payout_activities import lock_key
+from common.lockkey import lock_key
+from common.migrate import migrate
 from lockservice.client import LockClient
-from payouts.migrate import migrate
 from tests.credentials import headers, token
 from tests.workflows.system import (
     System,

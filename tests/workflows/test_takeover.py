@@ -21,9 +21,9 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from activities import models as m
-from payouts.experiments import default_config, pause_experiment
-from payouts.pgutil import create_database, drop_database
-from payouts.stack_config import StackConfig
+from common.pgutil import create_database, drop_database
+from lab.experiments import default_config, pause_experiment
+from stack.config import StackConfig
 from tests.workflows.test_payout_orchestration import new_world, running, start, wait_status
 
 #: Short holder timeouts, as the pause experiment uses; a long acquire wait, as production has.
