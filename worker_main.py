@@ -211,6 +211,8 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
                 token=token,
                 pause_before_submit=settings.experiment_pause_before_submit,
                 crash_at=settings.experiment_crash_at,
+                # Hands every acquired grant over itself, and gives back one nobody received.
+                temporal=client,
             )
             reconciler = ReconcileActivities(
                 rec_pool,

@@ -22,7 +22,9 @@ from typing import Any
 
 import httpx
 from temporalio import activity
+from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
 
 from activities import models as m
 from common import correlation
@@ -137,6 +139,17 @@ class _HeldGrant:
 
 
 GrantArg = SignedGrant | None
+#: Temporal's answers to a completion that say "try again", not "nobody is waiting for it".
+_TRANSIENT = frozenset(
+    {
+        RPCStatusCode.UNAVAILABLE,
+        RPCStatusCode.DEADLINE_EXCEEDED,
+        RPCStatusCode.RESOURCE_EXHAUSTED,
+        RPCStatusCode.UNKNOWN,
+        RPCStatusCode.INTERNAL,
+        RPCStatusCode.CANCELLED,
+    }
+)
 _Step = Callable[["PayoutActivities", m.StepRequest], Awaitable[Any]]
 
 
@@ -184,6 +197,7 @@ class PayoutActivities:
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
         pause_before_submit: bool = False,
         crash_at: str = "",
+        temporal: Client | None = None,
     ) -> None:
         self._locks = locks
         self._store = store
@@ -195,6 +209,10 @@ class PayoutActivities:
         self._now = now
         # Tokens are unique per key, not globally: one process holds many accounts' grants.
         self._leases: dict[tuple[str, int], _HeldGrant] = {}
+        # The Temporal client that hands acquired grants over (see `_hand_over`); None: the
+        # SDK completes the acquire activity, and an undelivered grant waits for the sweeper.
+        self._temporal = temporal
+        self._handovers: set[asyncio.Task[None]] = set()
         # UC-03 experiment only: freeze this process (a real SIGSTOP, like a stop-the-world GC)
         # once, between the still_held() check and the rail call: the check-then-act gap.
         self._pause_before_submit = pause_before_submit
@@ -347,7 +365,66 @@ class PayoutActivities:
                 await self._locks.release(lease)
             return m.AcquireResult(acquired=False, reason="late")
         self._leases[(lease.key, lease.token)] = _HeldGrant(lease)
-        return m.AcquireResult(acquired=True, token=lease.token, worker_queue=self._worker_queue)
+        result = m.AcquireResult(acquired=True, token=lease.token, worker_queue=self._worker_queue)
+        if self._temporal is None:
+            return result
+        info = activity.info()
+        handover = asyncio.create_task(self._hand_over(info, lease, result, req.payout_id))
+        self._handovers.add(handover)
+        handover.add_done_callback(self._handovers.discard)
+        activity.raise_complete_async()
+
+    @property
+    def handovers(self) -> int:
+        """Grants being handed over to their workflows right now (tests, diagnostics)."""
+        return len(self._handovers)
+
+    async def _hand_over(
+        self, info: activity.Info, lease: Lease, result: m.AcquireResult, payout_id: str
+    ) -> None:
+        """Complete the acquire activity from here, so that this process learns whether its
+        workflow got the grant, and give the grant back at once when it did not.
+
+        Why (issue 16): an acquire that completed at the lock server but whose result never
+        reached the workflow (Temporal restarted or was unreachable, and the attempt timed out
+        meanwhile) left a grant that this process's session, kept alive by its heartbeat, held
+        until the idle sweeper ran (`WORKER_LEASE_IDLE_S`, 60 s), blocking the account; the
+        workflow's next acquire waited all that time. Completed by the SDK, the loss is
+        invisible here; completed by this call, Temporal answers: accepted (the workflow has the
+        grant), or NOT_FOUND (the attempt timed out, or the workflow is gone: nobody has it).
+        While Temporal is unreachable the call is retried, until the activity's own
+        start-to-close has passed, after which Temporal has timed it out for certain.
+
+        Safety never depends on this: a grant released here while its workflow did get it
+        (a completion applied whose answer was lost, then retried: NOT_FOUND) only makes that
+        workflow's next step find no grant (LOCK_LOST), and it re-acquires; a stale holder is
+        kept out by the resources' fence checks, whatever this process believes.
+        """
+        assert self._temporal is not None
+        handle = self._temporal.get_async_activity_handle(task_token=info.task_token)
+        limit = info.start_to_close_timeout or timedelta(seconds=60)
+        deadline = info.started_time + limit
+        delay = 0.1
+        while True:
+            try:
+                await handle.complete(result)
+                return
+            except RPCError as exc:
+                why = exc.status.name.lower()
+                if exc.status not in _TRANSIENT or datetime.now(UTC) >= deadline:
+                    break
+            except Exception as exc:  # not an answer from Temporal: nobody will get this grant
+                why = type(exc).__name__
+                break
+            await asyncio.sleep(delay)
+            delay = min(1.0, delay * 2)
+        held = self._leases.pop((lease.key, lease.token), None)
+        log.warning(
+            "lock.grant_undelivered", key=lease.key, token=lease.token, payout_id=payout_id, why=why
+        )
+        if held is not None:
+            with contextlib.suppress(LockError, httpx.HTTPError):
+                await self._locks.release(lease)
 
     @activity.defn(name=m.LOOKUP_RAIL)
     async def lookup_rail(self, req: m.LookupRequest) -> m.LookupResult:

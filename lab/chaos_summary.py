@@ -146,6 +146,8 @@ def summarize(ev: Evidence) -> dict[str, Any]:
         "leaked_grants_released": {
             "orphan": count_events(ev.events, "lock.orphan_released"),
             "idle": count_events(ev.events, "lock.idle_lease_released"),
+            # the workflow never received the acquire's answer (Temporal said NOT_FOUND)
+            "undelivered": count_events(ev.events, "lock.grant_undelivered"),
         },
         "duplicate_movements": duplicate_movements(ev.movement_references),
         "workers_replaced": [dict(w) for w in ev.workers_replaced],

@@ -196,6 +196,36 @@ async def _start_workflow(stack: Stack, payout_id: str, account_id: str) -> None
     )
 
 
+async def workflow_timeline(address: str, workflow_id: str) -> list[dict[str, Any]]:
+    """A workflow's history as [{s, event, activity, task_queue}], `s` seconds after its first
+    event: e.g. how long a frozen worker's long-polls held its workflow tasks."""
+    from temporalio.client import Client
+
+    client = await Client.connect(address)
+    history = await client.get_workflow_handle(workflow_id).fetch_history()
+    out: list[dict[str, Any]] = []
+    first = None
+    for e in history.events:
+        at = e.event_time.ToDatetime()
+        first = first or at
+        kind = e.WhichOneof("attributes") or ""
+        attrs = getattr(e, kind, None)
+        row: dict[str, Any] = {
+            "s": round((at - first).total_seconds(), 3),
+            "event": kind.removesuffix("_event_attributes"),
+        }
+        for f in ("activity_type", "task_queue"):
+            if attrs is not None and attrs.DESCRIPTOR.fields_by_name.get(f) is not None:
+                row[f] = getattr(attrs, f).name or None
+        if kind.endswith("timed_out_event_attributes") or kind.endswith(
+            "completed_event_attributes"
+        ):
+            row["scheduled_event_id"] = getattr(attrs, "scheduled_event_id", None)
+        row["id"] = e.event_id
+        out.append(row)
+    return out
+
+
 def _write_evidence(folder: Path, name: str, data: Any) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / name).write_text(json.dumps(data, indent=2, default=str, sort_keys=True) + "\n")
@@ -233,6 +263,9 @@ async def pause_experiment(
             "server-side; starting W2"
         )
         await stack.start_worker("worker-W2", WORKER_ENV)
+        # Part of takeover_s, and on a loaded machine most of it (11 s at loadavg 10): the
+        # engine-side takeover cannot finish before a second worker polls.
+        w2_ready_s = round(time.monotonic() - frozen_at, 1)
 
         async def posted() -> bool:
             return str((await _payout_row(stack.database_url, payout_id))["state"]) == "POSTED"
@@ -277,6 +310,7 @@ async def pause_experiment(
             "t1": t1,
             "t2": t2,
             "takeover_s": takeover_s,
+            "w2_ready_s": w2_ready_s,
             "final_state": extract["payout"][0]["state"],
             "rail_movements": len(movements),
             "rail_debited": rail_debited,
@@ -302,6 +336,8 @@ async def pause_experiment(
                 for e in w1_submit
             ],
             "paydb_probe": paydb_probe,
+            # Where the takeover's seconds went: the workflow's history, freeze onwards.
+            "timeline": await workflow_timeline(stack.temporal_address, f"payout-{payout_id}"),
         }
         result["checks"] = _pause_checks(result, fencing)
         result["ok"] = all(result["checks"].values())

@@ -231,6 +231,22 @@ async def connect_temporal(address: str) -> Any:
         ) from None
 
 
+def workflow_task_timeout(holder_heartbeat_timeout_s: float) -> timedelta:
+    """The payout workflow's task timeout: half the holder heartbeat timeout, within 1..10 s.
+
+    Why (issue 16, takeover): after a frozen holder's step times out, its next workflow task is
+    taken by the frozen worker's open long-polls twice, on its sticky queue and then on the
+    shared queue, and each time waits out this timeout before another worker may take it. So a
+    takeover costs the heartbeat timeout plus twice this: half of it keeps that at about two
+    heartbeat timeouts (at a 3 s holder heartbeat timeout, 1.5 s instead of 3 s). It bounds a
+    task's processing only, never its wait in the queue, and a healthy worker processes one in
+    milliseconds (94 ms per task in a CPU-bound burst): at the default 10 s heartbeat timeout it
+    is 5 s (Temporal's own default is 10 s); the 1 s floor keeps a tiny heartbeat timeout from
+    timing out healthy tasks.
+    """
+    return timedelta(seconds=max(1.0, min(10.0, holder_heartbeat_timeout_s / 2)))
+
+
 async def start_workflows(
     address: str, queue: str, specs: list[PayoutSpec], client: Any = None, **input_overrides: Any
 ) -> int:
@@ -270,10 +286,7 @@ async def start_workflows(
                     inp,
                     id=f"payout-{s.payout_id}",
                     task_queue=queue,
-                    # A workflow task a frozen worker's long-poll took is retried elsewhere after
-                    # this: no longer than the holder heartbeat timeout (10 s, Temporal's own
-                    # default, unless a run shortens it), so takeover scales with it (issue 16).
-                    task_timeout=timedelta(seconds=min(10.0, inp.holder_heartbeat_timeout_s)),
+                    task_timeout=workflow_task_timeout(inp.holder_heartbeat_timeout_s),
                     # Findable by state from the start, before its first workflow task runs.
                     search_attributes=TypedSearchAttributes(
                         [

@@ -48,6 +48,11 @@ PATCH_ACQUIRE_HEARTBEAT = "acquire-heartbeat"
 #: After a holder step timed out, the release on that holder's queue is one attempt bounded by
 #: the holder heartbeat timeout: a frozen worker's long-poll takes it and holds it for no longer.
 PATCH_SHORT_RELEASE_AFTER_TIMEOUT = "short-release-after-holder-timeout"
+#: That short release runs beside the next acquire instead of before it: a frozen holder's
+#: long-poll takes it and holds it for the whole heartbeat timeout, and the next acquire needs
+#: nothing from it (the server's wait ends when the frozen holder's session expires, or when the
+#: release of a live holder arrives).
+PATCH_RELEASE_BESIDE_REACQUIRE = "release-beside-reacquire-after-holder-timeout"
 #: An abandon whose operator assertion the payment store refused is recorded as a rejected
 #: signal (audit row + event) and dropped, instead of failing the critical section.
 PATCH_VERIFIED_ABANDON = "abandon-assertion-refused"
@@ -111,6 +116,9 @@ class PayoutWorkflow:
         self._runs = 1
         self._resolution = ""  # "settled" or "absent", from the rail's lookup evidence
         self._contended = False  # the last acquire found the key held by another grant
+        # Releases after a holder timeout, running beside the next acquire; awaited before the
+        # run ends or continues as new, so that none is abandoned mid-flight.
+        self._background_releases: list[asyncio.Task[None]] = []
         self._published: tuple[str, bool] | None = None  # search attributes last upserted
         if inp.carried is not None:
             self._restore(inp.carried)
@@ -148,6 +156,7 @@ class PayoutWorkflow:
                 backoff_round += 1
                 await workflow.sleep(self._backoff(inp, backoff_round))
         await self._drop_pending_revokes(revoker)
+        await self._background_releases_done()
         await workflow.wait_condition(workflow.all_handlers_finished)
         return self.status()
 
@@ -295,6 +304,7 @@ class PayoutWorkflow:
         """Hand the payout to a fresh run with an empty history, carrying what only the workflow
         knows. Called only between critical sections, so no grant is held across the gap."""
         await self._stop(revoker)  # a revoke in flight stays queued and is carried
+        await self._background_releases_done()
         await workflow.wait_condition(workflow.all_handlers_finished)
         workflow.logger.info("continuing as new after %s lookups", self._lookups)
         workflow.continue_as_new(dataclasses.replace(self._input, carried=self._carry()))
@@ -358,7 +368,8 @@ class PayoutWorkflow:
         # heartbeat timeout the task then waits out acquire_wait_s + 5 s before another worker
         # may try. The activity heartbeats while it waits on the lock server. Money cannot move
         # twice through this: a grant obtained by an attempt Temporal already timed out goes to
-        # nobody (the idle sweeper releases it), and a later grant has a higher token.
+        # nobody (the worker, which completes the activity itself, hears Temporal refuse the
+        # answer and releases it at once), and a later grant has a higher token.
         heartbeat = None
         if workflow.patched(PATCH_ACQUIRE_HEARTBEAT):
             heartbeat = timedelta(seconds=inp.holder_heartbeat_timeout_s)
@@ -470,7 +481,17 @@ class PayoutWorkflow:
             return holder_timed_out
         finally:
             short = holder_timed_out and workflow.patched(PATCH_SHORT_RELEASE_AFTER_TIMEOUT)
-            await self._release(inp, grant, short=short)
+            if short and workflow.patched(PATCH_RELEASE_BESIDE_REACQUIRE):
+                # Not awaited: the run loop re-acquires at once. What prevents a double payout
+                # meanwhile is fencing, not this release: the next grant has a higher token,
+                # and the paydb and the proxy refuse the timed-out holder's writes under its
+                # own; the release itself is the server's compare-and-delete on this grant's
+                # (key, session, token), so it can never end the next one.
+                self._background_releases.append(
+                    asyncio.create_task(self._release(inp, grant, short=True))
+                )
+            else:
+                await self._release(inp, grant, short=short)
 
     async def _advance(
         self, inp: m.PayoutInput, grant: m.AcquireResult, view: m.PayoutView
@@ -593,6 +614,11 @@ class PayoutWorkflow:
             # A lost release only delays the next holder until the lease expires; safety never
             # depends on it (the next grant has a higher token).
             workflow.logger.info("release of token %s failed: %s", grant.token, _cause(err))
+
+    async def _background_releases_done(self) -> None:
+        releases, self._background_releases = self._background_releases, []
+        for release in releases:
+            await release  # `_release` never raises: a failed release is only logged
 
     # ------------------------------------------------------------------ ambiguity (UC-05)
 

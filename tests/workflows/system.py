@@ -237,6 +237,11 @@ async def in_process_workers(
                 )
                 name = f"w{i}-{uuid.uuid4().hex[:6]}"
                 holder_queue = f"{shared_queue}-holder-{name}"
+                # One client per simulated worker process: Temporal allows one worker per task
+                # queue per client, as it would per process.
+                own = await Client.connect(
+                    client.service_client.config.target_host, namespace=client.namespace
+                )
                 acts = PayoutActivities(
                     locks=locks,
                     store=store,
@@ -245,11 +250,7 @@ async def in_process_workers(
                     worker_id=name,
                     lock_url=system.lock_url,
                     token=token("worker"),
-                )
-                # One client per simulated worker process: Temporal allows one worker per task
-                # queue per client, as it would per process.
-                own = await Client.connect(
-                    client.service_client.config.target_host, namespace=client.namespace
+                    temporal=own,  # as worker_main: grants are handed over by the activities
                 )
                 await stack.enter_async_context(
                     Worker(

@@ -16,7 +16,11 @@ from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 
 from activities import models as m
-from workflows.payout import PATCH_CONTINUE_AS_NEW, PayoutWorkflow
+from workflows.payout import (
+    PATCH_CONTINUE_AS_NEW,
+    PATCH_RELEASE_BESIDE_REACQUIRE,
+    PayoutWorkflow,
+)
 
 HISTORIES = Path(__file__).parent / "histories"
 REQUIRED = {
@@ -25,6 +29,9 @@ REQUIRED = {
     "ambiguous_resolved",
     "ambiguous_abandoned",
     "worker_killed_recovered",
+    # The same scenario recorded after the release-beside-reacquire patch (issue 16, takeover):
+    # the killed holder's release is scheduled beside the next acquire, not before it.
+    "worker_killed_release_beside_reacquire",
     "revoke",
     "continued_as_new",  # the first run of an ambiguous payout, ending in ContinueAsNew
     # test_operator_assertions.py: signals carrying refused operator assertions (recorded
@@ -97,3 +104,42 @@ def test_the_continue_as_new_history_hands_its_state_to_the_next_run() -> None:
     carried = json.loads(base64.b64decode(attrs["input"]["payloads"][0]["data"]))["carried"]
     assert carried["state"] == "RAIL_AMBIGUOUS" and carried["escalated"] is True
     assert carried["ambiguous_since"] and carried["runs"] == 1
+
+
+def _patch_ids(events: list[dict[str, object]]) -> list[str]:
+    return [
+        json.loads(
+            base64.b64decode(
+                e["markerRecordedEventAttributes"]["details"]["patch-data"]["payloads"][0]["data"]
+            )
+        )["id"]  # type: ignore[index]
+        for e in events
+        if e["eventType"] == "EVENT_TYPE_MARKER_RECORDED"
+    ]
+
+
+def test_the_release_beside_reacquire_history_schedules_both_in_one_task() -> None:
+    """The corpus covers the new path: after the killed holder's step timed out, the next
+    acquire and the old grant's release are scheduled by the same workflow task, and the
+    history without the patch (worker_killed_recovered) releases first."""
+
+    def after_timeout(name: str) -> list[str]:
+        events = json.loads((HISTORIES / f"{name}.json").read_text())["events"]
+        first = next(
+            i
+            for i, e in enumerate(events)
+            if e["eventType"] == "EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT"
+        )
+        return [
+            e["activityTaskScheduledEventAttributes"]["activityType"]["name"]
+            for e in events[first:]
+            if e["eventType"] == "EVENT_TYPE_ACTIVITY_TASK_SCHEDULED"
+        ][:2]
+
+    new = json.loads((HISTORIES / "worker_killed_release_beside_reacquire.json").read_text())
+    assert PATCH_RELEASE_BESIDE_REACQUIRE in _patch_ids(new["events"])
+    assert after_timeout("worker_killed_release_beside_reacquire") == [
+        m.ACQUIRE_LOCK,
+        m.RELEASE_LOCK,
+    ]
+    assert after_timeout("worker_killed_recovered")[0] == m.RELEASE_LOCK

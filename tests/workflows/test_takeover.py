@@ -4,12 +4,26 @@ another worker after the holder heartbeat timeout, not after the step's whole st
 and the payout is executed by the next grant. The deadlines below are far shorter than the old
 timeouts (acquire_wait_s + 5 s; two 10 s releases), so the old behaviour fails them; they are
 deadlines for a recorded fact, not measured timings. Fencing, which keeps the frozen holder's
-late writes out, is covered with the real components by tests/experiments."""
+late writes out, is covered with the real components at the end of this file (and by
+tests/experiments), on both lock backends."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
 from temporalio.testing import WorkflowEnvironment
 
+from activities import models as m
+from common.pgutil import create_database, drop_database
+from lab.experiments import default_config, pause_experiment
+from stack.config import StackConfig
 from tests.workflows.test_payout_orchestration import new_world, running, start, wait_status
 
 #: Short holder timeouts, as the pause experiment uses; a long acquire wait, as production has.
@@ -42,3 +56,86 @@ async def test_a_frozen_holder_is_released_once_and_the_next_grant_executes(
     assert [t for n, t in world.calls if n == "submit"] == [1, 2]
     assert [t for n, t in world.calls if n == "release"] == [1, 2]
     assert status.token == 2
+
+
+async def test_the_next_acquire_does_not_wait_for_a_frozen_holders_release(
+    temporal_env: WorkflowEnvironment,
+) -> None:
+    world = new_world(submit_script=["frozen", "ack"], release_script=["frozen"])
+    async with running(temporal_env, world) as q:
+        handle = await start(temporal_env, q, **TAKEOVER)
+        await wait_status(handle, lambda s: s.state == "POSTED", timeout_s=30)
+        status = await handle.result()  # the run waits for the background release to end
+        history = await handle.fetch_history()
+    scheduled: dict[int, str] = {}
+    order: list[str] = []
+    for e in history.events:
+        if e.HasField("activity_task_scheduled_event_attributes"):
+            name = e.activity_task_scheduled_event_attributes.activity_type.name
+            scheduled[e.event_id] = name
+            order.append(f"scheduled:{name}")
+        elif e.HasField("activity_task_timed_out_event_attributes"):
+            sid = e.activity_task_timed_out_event_attributes.scheduled_event_id
+            order.append(f"timed_out:{scheduled[sid]}")
+    # The frozen holder's release (token 1) is scheduled beside the second acquire, and that
+    # acquire is scheduled before the release has ended: the takeover no longer waits out the
+    # release's timeout on the frozen holder's queue.
+    first_release = order.index(f"scheduled:{m.RELEASE_LOCK}")
+    second_acquire = [i for i, o in enumerate(order) if o == f"scheduled:{m.ACQUIRE_LOCK}"][1]
+    assert abs(first_release - second_acquire) == 1
+    assert order.index(f"timed_out:{m.RELEASE_LOCK}") > second_acquire
+    assert [t for n, t in world.calls if n == "release"] == [1, 2]
+    assert status.token == 2
+
+
+# --------------------------------------------------------------------------- the real stack
+
+
+@pytest.fixture
+def stack_config(run_dir: Path, request: pytest.FixtureRequest) -> Iterator[StackConfig]:
+    cfg = default_config(request.param, run_dir / f"takeover-{uuid.uuid4().hex[:6]}")
+    if os.environ.get("DATABASE_URL"):  # an external server: a database of the run's own
+        url = asyncio.run(create_database(os.environ["DATABASE_URL"]))
+        yield replace(cfg, database_url=url)
+        asyncio.run(drop_database(os.environ["DATABASE_URL"], url))
+    else:
+        yield cfg
+
+
+def _after_holder_timeout(timeline: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The history from the frozen holder's timed-out step on."""
+    scheduled = {e["id"]: e for e in timeline if e["event"] == "activity_task_scheduled"}
+    first = next(
+        i
+        for i, e in enumerate(timeline)
+        if e["event"] == "activity_task_timed_out"
+        and scheduled[e["scheduled_event_id"]]["task_queue"].endswith("-worker-W1")
+    )
+    return timeline[first:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stack_config", ["postgres", "etcd"], indirect=True)
+async def test_the_next_holder_gets_the_lock_and_the_frozen_one_is_fenced(
+    stack_config: StackConfig, run_dir: Path
+) -> None:
+    """UC-03 with real processes (the pause experiment: W1 SIGSTOPped between its grant check
+    and its rail call, W2 started): W2's grant is higher, W1's late writes are refused by the
+    proxy and the payment database (one rail movement, one fenced-out event); and the takeover
+    took the short path: the next acquire was scheduled beside W1's release, and granted
+    before that release (taken by W1's frozen long-poll) ended."""
+    result = await pause_experiment(stack_config, fencing=True, evidence_dir=run_dir / "ev")
+    assert result["ok"], result["checks"]
+    assert result["t2"] > result["t1"]
+    assert result["rail_movements"] == 1 and result["fenced_out_events"] == 1
+    after = _after_holder_timeout(result["timeline"])
+    scheduled = [e for e in after if e["event"] == "activity_task_scheduled"]
+    acquire, release = scheduled[0], scheduled[1]
+    assert (acquire["activity_type"], release["activity_type"]) == (m.ACQUIRE_LOCK, m.RELEASE_LOCK)
+    assert release["task_queue"].endswith("-worker-W1")
+    ended = {
+        e["scheduled_event_id"]: e["id"]
+        for e in after
+        if e["event"] in ("activity_task_completed", "activity_task_timed_out")
+    }
+    assert ended[acquire["id"]] < ended.get(release["id"], float("inf"))
