@@ -37,7 +37,7 @@ from railstub import StubSettings
 from railstub import create_app as create_stub
 from tests.conftest import as_role
 from tests.grants import account_grant, public_keys
-from tests.rail.conftest import ServerThread, Stub
+from tests.railproxy.conftest import ServerThread, Stub
 
 DECLINE = 1013  # amounts ending in 13: the rail declines
 AMBIGUOUS = 1077  # amounts ending in 77: the rail records the movement, then answers 500

@@ -34,7 +34,7 @@ async def row_counts(conn: asyncpg.Connection) -> dict[str, int]:
 async def test_checker_runs_under_its_select_only_role(world: World) -> None:
     """As payouts_checker (the migrations' role: USAGE and SELECT on the three schemas), a run
     that finds a violation succeeds, every table keeps its row count, and the same role fails
-    to write (tests/test_db_roles.py covers every table and statement)."""
+    to write (tests/common/test_db_roles.py covers every table and statement)."""
     a = await world.account()
     payout_id = await world.pay(a, 1000)
     await world.stub_payment(payout_id, a)  # a violation, so every rule sees data

@@ -31,7 +31,7 @@ from reconcile.reconciler import (
 )
 from tests.conftest import as_role
 from tests.grants import account_grant, public_keys
-from tests.rail.conftest import ServerThread, Stub
+from tests.railproxy.conftest import ServerThread, Stub
 
 DECLINE_SUFFIX = "13"  # amounts ending in 13: the rail declines
 AMBIGUOUS_SUFFIX = "77"  # amounts ending in 77: the rail records the movement, then answers 500

@@ -32,7 +32,7 @@ async def snapshot(conn: asyncpg.Connection) -> dict[str, int]:
 
 async def test_reconciler_runs_under_its_select_only_role(world: World) -> None:
     """As payouts_reconciler (the migrations' role: USAGE and SELECT only), a full run with
-    breaks succeeds and changes nothing; the same role cannot write (tests/test_db_roles.py
+    breaks succeeds and changes nothing; the same role cannot write (tests/common/test_db_roles.py
     covers every table and statement)."""
     start = await world.db_now() - timedelta(milliseconds=1)
     await world.pay(1000)

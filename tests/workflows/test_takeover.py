@@ -4,7 +4,7 @@ another worker after the holder heartbeat timeout, not after the step's whole st
 and the payout is executed by the next grant. The deadlines below are far shorter than the old
 timeouts (acquire_wait_s + 5 s; two 10 s releases), so the old behaviour fails them; they are
 deadlines for a recorded fact, not measured timings. Fencing, which keeps the frozen holder's
-late writes out, is covered with the real components by tests/experiments."""
+late writes out, is covered with the real components by tests/lab/test_experiments.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Fixtures of the chaos tests: a private, world-traversable run directory per run.
+"""Fixtures of the lab tests: a private, world-traversable run directory per chaos run, and the
+stack tests' private ports and run folders for the game day.
 
 The chaos runner starts its own stack on free ports (lab.experiments.isolated_ports), so it
 never collides with a developer's `payouts up` or another test's stack.
@@ -10,6 +11,10 @@ import uuid
 from pathlib import Path
 
 import pytest
+
+from tests.stack.conftest import stack_dir, stack_env
+
+__all__ = ["chaos_dir", "stack_dir", "stack_env"]
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ import httpx
 from railstub import create_app as create_stub
 from stack.embedded import free_port
 from tests.credentials import headers, server_env
-from tests.rail.conftest import STUB_SETTINGS, Stub, wait_for
+from tests.railproxy.conftest import STUB_SETTINGS, Stub, wait_for
 from tests.servers import ServerThread
 
 PAY = {"account_id": "a", "amount": 5}

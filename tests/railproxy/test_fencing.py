@@ -8,7 +8,7 @@ import uuid
 import structlog
 
 from railproxy import HandoffCertainty, Outcome, create_app
-from tests.rail.conftest import (
+from tests.railproxy.conftest import (
     MakeProxy,
     Proxy,
     Stub,

@@ -10,7 +10,7 @@ import httpx
 import structlog
 
 from railproxy import HandoffCertainty, Outcome
-from tests.rail.conftest import MakeProxy, Proxy, Stub, submit_request, wait_for
+from tests.railproxy.conftest import MakeProxy, Proxy, Stub, submit_request, wait_for
 
 
 async def test_business_decline_is_final(proxy: Proxy, stub: Stub) -> None:
