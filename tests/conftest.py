@@ -10,11 +10,15 @@ superuser) and hand each component a DSN of its own role (`as_role`), so the com
 with exactly the privileges the migrations grant. The test servers use trust authentication
 (embedded: `--auth=trust`; the machine's 127.0.0.1:5432 likewise), so role DSNs carry no password.
 Setup, inspection and the negative controls that break what the code would not keep the admin DSN.
+
+Fixtures and helpers that several test packages use live here or in the modules tests/README.md
+lists (tests/rail.py is registered below as a plugin, so its fixtures serve every folder).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import tempfile
 import uuid
@@ -27,13 +31,24 @@ from temporalio.testing import WorkflowEnvironment
 from common.db_roles import LOCKSERVICE, role_url
 from common.migrate import migrate
 from common.pgutil import create_database, drop_database
+from ledger import WorkContext
 from stack.embedded import EmbeddedEtcd, EmbeddedPostgres, temporal_binary
 from workflows.search_attributes import SEARCH_ATTRIBUTES
+
+#: Fixtures shared by several test packages, defined once (tests/README.md).
+pytest_plugins = ["tests.rail"]
 
 
 def as_role(url: str, role: str) -> str:
     """The same database as one component's role (common.db_roles), e.g. PAYDB."""
     return role_url(url, role)
+
+
+def last_json_line(capsys: pytest.CaptureFixture[str]) -> dict[str, object]:
+    """The JSON report a command printed last on stdout (the reconciler's, the checker's)."""
+    # Without configure_logging, structlog's default prints events to stdout before the report.
+    out: dict[str, object] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    return out
 
 
 @pytest.fixture(scope="session")
@@ -120,3 +135,9 @@ def db(pg_server_url: str) -> Iterator[str]:
     asyncio.run(migrate(url, schemas={"paydb"}))
     yield url
     asyncio.run(drop_database(pg_server_url, url))
+
+
+@pytest.fixture
+def ctx() -> WorkContext:
+    """The work context of a payment-store call (the payment database's and the outbox tests)."""
+    return WorkContext(correlation_id=f"corr-{uuid.uuid4().hex[:8]}", actor="test-worker")

@@ -1,6 +1,6 @@
 """UNIT tests of the claim step's decisions (`reread_and_claim`), with a MOCK store and a MOCK
 proxy: what is under test is which fenced write the step makes in each payout state. The store's
-statements themselves are tested against real PostgreSQL (tests/rail/test_fence_before_gates.py,
+statements themselves are tested against real PostgreSQL (tests/railproxy/test_fence_before_gates.py,
 tests/ledger/). The lock server runs in-process over the FAKE backend, for a real grant.
 """
 

@@ -3,7 +3,7 @@ first-start script (deploy/compose/postgres-init.sh), then the migrate job's own
 (`payouts db migrate` with the superuser's DSN and DB_ROLE_PASSWORDS_DIR holding the files
 deploy/gen_env.py writes), then each compose service's DSN, read from docker-compose.yml, does
 its own work and is refused the others' (negative control: the admin runs every refused
-statement, so the refusals are privileges, not missing tables). tests/test_db_roles.py covers
+statement, so the refusals are privileges, not missing tables). tests/common/test_db_roles.py covers
 the role table itself on every table; this file covers what compose wires to it."""
 
 from __future__ import annotations

@@ -1,22 +1,21 @@
 """Fixtures for the invariant checker: per test, a fresh database (paydb, railproxy and the
 PostgreSQL lock backend's lockservice schema), a real rail proxy on it, a real lock backend issuing
-real grants, and a session rail stub with an empty movement log. Payouts are driven the way the
-workflow drives them: acquire a grant, claim, record the attempt, submit through the proxy, record
-the outcome, post, release."""
+real grants, and the session's rail stub (tests/rail.py, its amounts deciding) with an empty
+movement log. Payouts are driven the way the workflow drives them: acquire a grant, claim, record
+the attempt, submit through the proxy, record the outcome, post, release."""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
 import httpx
 import pytest
 
-from common.db_roles import CHECKER, LOCKSERVICE, PAYDB, RAILPROXY
+from common.db_roles import CHECKER, LOCKSERVICE, PAYDB
 from common.migrate import migrate
 from common.pgutil import create_database, drop_database
 from invariants.checker import (
@@ -30,32 +29,13 @@ from invariants.checker import (
 from ledger import Payout, PayoutStore, WorkContext
 from lockservice.api import Grant, LockBackend
 from lockservice.backends import create_backend
-from railproxy import ProxySettings, RailProxyClient, SubmitContext, SubmitRequest
-from railproxy import create_app as create_proxy
-from railproxy.models import GrantIn
-from railstub import StubSettings
-from railstub import create_app as create_stub
+from railproxy import RailProxyClient
 from tests.conftest import as_role
-from tests.grants import account_grant, public_keys
-from tests.rail.conftest import ServerThread, Stub
+from tests.rail import AMBIGUOUS_SUFFIX, DECLINE_SUFFIX, Stub, signed_submit, start_proxy
+from tests.servers import ServerThread
 
-DECLINE = 1013  # amounts ending in 13: the rail declines
-AMBIGUOUS = 1077  # amounts ending in 77: the rail records the movement, then answers 500
-RULES: list[Any] = [  # validated into railstub Rules by StubSettings
-    {"amount_suffix": "13", "action": "decline"},
-    {"amount_suffix": "77", "action": "ambiguous"},
-]
-
-
-@pytest.fixture(scope="session")
-def inv_stub_server() -> Iterator[ServerThread]:
-    settings = StubSettings(
-        seed=3, latency_mode="fixed", latency_fixed_ms=2, ambiguity_rate=0.0, rules=RULES
-    )
-    server = ServerThread(create_stub(settings))
-    server.start()
-    yield server
-    server.stop()
+DECLINE = int(f"10{DECLINE_SUFFIX}")  # the rail declines (tests/rail.py, AMOUNT_RULES)
+AMBIGUOUS = int(f"10{AMBIGUOUS_SUFFIX}")  # the rail records the movement, then answers 500
 
 
 def lock_key(account_id: str) -> str:
@@ -127,22 +107,7 @@ class World:
         proxy: RailProxyClient | None = None,
     ) -> str:
         """A real proxy submission; returns the recorded outcome."""
-        result = await (proxy or self.proxy).submit(
-            SubmitRequest(
-                payout_id=payout_id,
-                account_id=account_id,
-                amount=amount,
-                client_reference=payout_id,
-                token=token,
-                grant=GrantIn(**account_grant(account_id, token).to_json()),
-                context=SubmitContext(
-                    correlation_id=f"corr-{payout_id}",
-                    causation_id=f"cause-{payout_id}",
-                    deadline_at=datetime.now(UTC) + timedelta(seconds=5),
-                ),
-            )
-        )
-        return str(result.outcome)
+        return await signed_submit(proxy or self.proxy, payout_id, account_id, amount, token)
 
     async def pay(self, account_id: str, amount: int) -> str:
         """UC-01 under one real grant: claim, submit, record the outcome, post, release."""
@@ -167,18 +132,9 @@ class World:
 
     def start_proxy(self, **overrides: Any) -> RailProxyClient:
         """Another real proxy on the same database (e.g. an experiment switch turned off)."""
-        base: dict[str, Any] = {
-            "database_url": as_role(self.url, RAILPROXY),
-            "rail_url": self.stub.url,
-            "rail_timeout_s": 2.0,
-            "db_pool_max": 2,
-            "grant_public_keys": public_keys(),
-            # The negative controls turn experiment switches off: allowed only against the stub.
-            "experiment_mode": True,
-        }
-        settings = ProxySettings(**(base | overrides))
-        server = ServerThread(create_proxy(settings))
-        server.start()
+        # The negative controls turn experiment switches off: allowed only against the stub.
+        base: dict[str, Any] = {"db_pool_max": 2, "experiment_mode": True}
+        server = start_proxy(self.url, self.stub.url, **(base | overrides))
         self.extra_servers.append(server)
         return RailProxyClient(server.url)
 
@@ -199,22 +155,14 @@ class World:
 
 
 @pytest.fixture
-async def world(pg_server_url: str, inv_stub_server: ServerThread) -> AsyncIterator[World]:
+async def world(pg_server_url: str, ruled_stub_server: ServerThread) -> AsyncIterator[World]:
     url = await create_database(pg_server_url, prefix="invariants_t")
     await migrate(url)  # admin DSN: every schema, the roles and their grants
     locks = await create_backend("postgres", database_url=as_role(url, LOCKSERVICE))
     session = await locks.open_session(ttl_s=60)
-    stub = Stub(inv_stub_server.url)
+    stub = Stub(ruled_stub_server.url)
     await stub.reset()
-    settings = ProxySettings(
-        database_url=as_role(url, RAILPROXY),
-        rail_url=inv_stub_server.url,
-        rail_timeout_s=2.0,
-        db_pool_max=3,
-        grant_public_keys=public_keys(),
-    )
-    proxy_server = ServerThread(create_proxy(settings))
-    proxy_server.start()
+    proxy_server = start_proxy(url, ruled_stub_server.url)
     pool = await asyncpg.create_pool(url, min_size=1, max_size=4)  # admin: negative controls
     paydb_pool = await asyncpg.create_pool(as_role(url, PAYDB), min_size=1, max_size=4)
     w = World(

@@ -4,7 +4,6 @@ JSON report and the exit status (0 clean, 1 violations, 2 a source could not be 
 from __future__ import annotations
 
 import asyncio
-import json
 
 import pytest
 from temporalio.testing import WorkflowEnvironment
@@ -14,7 +13,7 @@ from lockservice.server import create_app
 from payouts import invariants_cli
 from payouts.cli import main
 from stack.embedded import free_port
-from tests.conftest import as_role
+from tests.conftest import as_role, last_json_line
 from tests.invariants.conftest import World
 from tests.lockservice.server_fixtures import serve_app
 
@@ -24,12 +23,6 @@ def _keep_test_logging(monkeypatch: pytest.MonkeyPatch) -> None:
     # configure_logging binds structlog to the stderr of the moment (pytest's capture stream);
     # later tests would then log to a closed file. The CLI's output under test is stdout.
     monkeypatch.setattr(invariants_cli, "configure_logging", lambda component: None)
-
-
-def last_json_line(capsys: pytest.CaptureFixture[str]) -> dict[str, object]:
-    # Without configure_logging, structlog's default prints events to stdout before the report.
-    out: dict[str, object] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    return out
 
 
 async def test_check_prints_json_and_exit_status(

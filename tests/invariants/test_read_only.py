@@ -10,36 +10,20 @@ from common.db_roles import CHECKER
 from invariants.checker import check_invariants, postgres_grant_source, stub_movement_source
 from tests.conftest import as_role
 from tests.invariants.conftest import World, violated
+from tests.readonly import LOCKSERVICE, PAYDB_AND_RAILPROXY, RecordingConnection, row_counts
 
-COUNTED = (
-    "paydb.accounts",
-    "paydb.balances",
-    "paydb.payouts",
-    "paydb.ledger_groups",
-    "paydb.ledger_entries",
-    "paydb.audit_log",
-    "paydb.outbox",
-    "railproxy.attempts",
-    "railproxy.account_fences",
-    "lockservice.grant_history",
-    "lockservice.sessions",
-    "lockservice.holders",
-)
-
-
-async def row_counts(conn: asyncpg.Connection) -> dict[str, int]:
-    return {t: int(await conn.fetchval(f"SELECT count(*) FROM {t}")) for t in COUNTED}
+COUNTED = PAYDB_AND_RAILPROXY + LOCKSERVICE
 
 
 async def test_checker_runs_under_its_select_only_role(world: World) -> None:
     """As payouts_checker (the migrations' role: USAGE and SELECT on the three schemas), a run
     that finds a violation succeeds, every table keeps its row count, and the same role fails
-    to write (tests/test_db_roles.py covers every table and statement)."""
+    to write (tests/common/test_db_roles.py covers every table and statement)."""
     a = await world.account()
     payout_id = await world.pay(a, 1000)
     await world.stub_payment(payout_id, a)  # a violation, so every rule sees data
     async with world.pool.acquire() as admin:
-        before = await row_counts(admin)
+        before = await row_counts(admin, COUNTED)
     url = as_role(world.url, CHECKER)
     conn = await asyncpg.connect(url)
     try:
@@ -53,17 +37,7 @@ async def test_checker_runs_under_its_select_only_role(world: World) -> None:
         await conn.close()
     assert violated(report) == {"INV-02", "INV-09"}  # POSTED once, paid twice
     async with world.pool.acquire() as admin:
-        assert await row_counts(admin) == before
-
-
-class RecordingConnection(asyncpg.Connection):  # type: ignore[misc]  # asyncpg is untyped
-    """Records, for every query issued through it, whether its transaction is read only."""
-
-    read_only: list[str]
-
-    async def fetch(self, query: str, *args: object, **kw: object) -> list[asyncpg.Record]:
-        self.read_only.append(await super().fetchval("SHOW transaction_read_only"))
-        return await super().fetch(query, *args, **kw)  # type: ignore[no-any-return]
+        assert await row_counts(admin, COUNTED) == before
 
 
 async def test_every_checker_query_runs_in_a_read_only_transaction(world: World) -> None:

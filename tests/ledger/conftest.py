@@ -64,11 +64,6 @@ def store(role_pool: asyncpg.Pool) -> PayoutStore:
     return PayoutStore(role_pool)
 
 
-@pytest.fixture
-def ctx() -> WorkContext:
-    return WorkContext(correlation_id=f"corr-{uuid.uuid4().hex[:8]}", actor="test-worker")
-
-
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
 

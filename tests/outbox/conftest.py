@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -153,11 +152,6 @@ async def make_publisher(
         await p.aclose()
 
 
-@pytest.fixture
-def ctx() -> WorkContext:
-    return WorkContext(correlation_id=f"corr-{uuid.uuid4().hex[:8]}", actor="test-worker")
-
-
 async def new_account(store: PayoutStore, ctx: WorkContext, amount: int = 1_000_000) -> str:
     account_id = f"acct-{uuid.uuid4().hex[:10]}"
     await store.create_account(account_id, ctx)
@@ -194,15 +188,6 @@ async def posting_keys(pool: asyncpg.Pool) -> set[str]:
     """Delivery keys of every ledger posting (funding and payout groups) in the outbox."""
     rows = await outbox_rows(pool, "event_type = 'ledger.posted'")
     return {r["delivery_key"] for r in rows}
-
-
-async def wait_for(predicate: Callable[[], Awaitable[bool]], timeout_s: float = 30.0) -> None:
-    """Poll a condition (a bound on how long we wait, never a timing assertion)."""
-    deadline = time.monotonic() + timeout_s
-    while not await predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.02)
 
 
 Running = Callable[[Publisher], Awaitable[Callable[[], Awaitable[None]]]]

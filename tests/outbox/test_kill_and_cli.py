@@ -25,8 +25,8 @@ from tests.outbox.conftest import (
     new_account,
     outbox_rows,
     post_payout,
-    wait_for,
 )
+from tests.waiting import wait_for
 
 PAYOUTS = [str(Path(sys.executable).parent / "payouts")]
 

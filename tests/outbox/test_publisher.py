@@ -25,8 +25,8 @@ from tests.outbox.conftest import (
     outbox_rows,
     post_payout,
     posting_keys,
-    wait_for,
 )
+from tests.waiting import wait_for
 
 
 async def ledger_key(pool: asyncpg.Pool, payout_id: str) -> str:

@@ -1,27 +1,23 @@
 """Fixtures for the reconciler: per test, a fresh database (paydb + railproxy), a real rail proxy
-on it, and the session's real rail stub with an empty movement log; payouts are driven through
-the real PayoutStore and real proxy submissions."""
+on it, and the session's real rail stub (tests/rail.py, its amounts deciding) with an empty
+movement log; payouts are driven through the real PayoutStore and real proxy submissions."""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 
 import asyncpg
 import httpx
 import pytest
 
-from common.db_roles import PAYDB, RAILPROXY, RECONCILER
+from common.db_roles import PAYDB, RECONCILER
 from common.migrate import migrate
 from common.pgutil import create_database, drop_database
 from ledger import Payout, PayoutStore, WorkContext
-from railproxy import ProxySettings, RailProxyClient, SubmitContext, SubmitRequest
-from railproxy import create_app as create_proxy
-from railproxy.models import GrantIn
-from railstub import StubSettings
-from railstub import create_app as create_stub
+from railproxy import RailProxyClient
 from reconcile.reconciler import (
     MovementSource,
     ReconcileReport,
@@ -30,26 +26,8 @@ from reconcile.reconciler import (
     stub_movement_source,
 )
 from tests.conftest import as_role
-from tests.grants import account_grant, public_keys
-from tests.rail.conftest import ServerThread, Stub
-
-DECLINE_SUFFIX = "13"  # amounts ending in 13: the rail declines
-AMBIGUOUS_SUFFIX = "77"  # amounts ending in 77: the rail records the movement, then answers 500
-RULES = [
-    {"amount_suffix": DECLINE_SUFFIX, "action": "decline"},
-    {"amount_suffix": AMBIGUOUS_SUFFIX, "action": "ambiguous"},
-]
-
-
-@pytest.fixture(scope="session")
-def rec_stub_server() -> Iterator[ServerThread]:
-    settings = StubSettings(
-        seed=11, latency_mode="fixed", latency_fixed_ms=2, ambiguity_rate=0.0, rules=RULES
-    )
-    server = ServerThread(create_stub(settings))
-    server.start()
-    yield server
-    server.stop()
+from tests.rail import Stub, signed_submit, start_proxy
+from tests.servers import ServerThread
 
 
 @dataclass
@@ -92,22 +70,7 @@ class World:
 
     async def submit(self, payout_id: str, amount: int, token: int) -> str:
         """A real proxy submission; returns the recorded outcome."""
-        result = await self.proxy.submit(
-            SubmitRequest(
-                payout_id=payout_id,
-                account_id=self.account_id,
-                amount=amount,
-                client_reference=payout_id,
-                token=token,
-                grant=GrantIn(**account_grant(self.account_id, token).to_json()),
-                context=SubmitContext(
-                    correlation_id=f"corr-{payout_id}",
-                    causation_id=f"cause-{payout_id}",
-                    deadline_at=datetime.now(UTC) + timedelta(seconds=5),
-                ),
-            )
-        )
-        return str(result.outcome)
+        return await signed_submit(self.proxy, payout_id, self.account_id, amount, token)
 
     async def pay(self, amount: int, *, post: bool = True) -> str:
         """UC-01 as the workflow does it: claim, submit through the proxy, record the outcome."""
@@ -144,20 +107,12 @@ class World:
 
 
 @pytest.fixture
-async def world(pg_server_url: str, rec_stub_server: ServerThread) -> AsyncIterator[World]:
+async def world(pg_server_url: str, ruled_stub_server: ServerThread) -> AsyncIterator[World]:
     url = await create_database(pg_server_url, prefix="reconcile_t")
     await migrate(url, schemas={"paydb", "railproxy"})  # admin DSN: roles and grants too
-    stub = Stub(rec_stub_server.url)
+    stub = Stub(ruled_stub_server.url)
     await stub.reset()
-    settings = ProxySettings(
-        database_url=as_role(url, RAILPROXY),
-        rail_url=rec_stub_server.url,
-        rail_timeout_s=2.0,
-        db_pool_max=3,
-        grant_public_keys=public_keys(),
-    )
-    proxy_server = ServerThread(create_proxy(settings))
-    proxy_server.start()
+    proxy_server = start_proxy(url, ruled_stub_server.url)
     pool = await asyncpg.create_pool(url, min_size=1, max_size=4)  # admin: inspection only
     paydb_pool = await asyncpg.create_pool(as_role(url, PAYDB), min_size=1, max_size=4)
     proxy = RailProxyClient(proxy_server.url)
@@ -167,7 +122,7 @@ async def world(pg_server_url: str, rec_stub_server: ServerThread) -> AsyncItera
         store=PayoutStore(paydb_pool),
         proxy=proxy,
         stub=stub,
-        movements=stub_movement_source(rec_stub_server.url),
+        movements=stub_movement_source(ruled_stub_server.url),
     )
     w.account_id = f"acct-{uuid.uuid4().hex[:10]}"
     await w.store.create_account(w.account_id, w.ctx)

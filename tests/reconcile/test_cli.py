@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 from datetime import timedelta
 
 import pytest
@@ -14,7 +13,7 @@ from common.db_roles import RECONCILER
 from payouts import reconcile_cli
 from payouts.cli import main
 from reconcile.rules import CLASSES
-from tests.conftest import as_role
+from tests.conftest import as_role, last_json_line
 from tests.reconcile.conftest import World
 
 
@@ -23,12 +22,6 @@ def _keep_test_logging(monkeypatch: pytest.MonkeyPatch) -> None:
     # configure_logging binds structlog to the stderr of the moment (pytest's capture stream);
     # later tests would then log to a closed file. The CLI's output under test is stdout.
     monkeypatch.setattr(reconcile_cli, "configure_logging", lambda component: None)
-
-
-def last_json_line(capsys: pytest.CaptureFixture[str]) -> dict[str, object]:
-    # Without configure_logging, structlog's default prints events to stdout before the report.
-    out: dict[str, object] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    return out
 
 
 async def test_run_prints_json_report_and_exit_status(

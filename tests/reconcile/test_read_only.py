@@ -11,28 +11,13 @@ import pytest
 from common.db_roles import RECONCILER
 from reconcile.reconciler import reconcile
 from tests.conftest import as_role
+from tests.readonly import PAYDB_AND_RAILPROXY, RecordingConnection, row_counts
 from tests.reconcile.conftest import World, window_until_now
-
-COUNTED = (
-    "paydb.accounts",
-    "paydb.balances",
-    "paydb.payouts",
-    "paydb.ledger_groups",
-    "paydb.ledger_entries",
-    "paydb.audit_log",
-    "paydb.outbox",
-    "railproxy.attempts",
-    "railproxy.account_fences",
-)
-
-
-async def snapshot(conn: asyncpg.Connection) -> dict[str, int]:
-    return {t: int(await conn.fetchval(f"SELECT count(*) FROM {t}")) for t in COUNTED}
 
 
 async def test_reconciler_runs_under_its_select_only_role(world: World) -> None:
     """As payouts_reconciler (the migrations' role: USAGE and SELECT only), a full run with
-    breaks succeeds and changes nothing; the same role cannot write (tests/test_db_roles.py
+    breaks succeeds and changes nothing; the same role cannot write (tests/common/test_db_roles.py
     covers every table and statement)."""
     start = await world.db_now() - timedelta(milliseconds=1)
     await world.pay(1000)
@@ -40,7 +25,7 @@ async def test_reconciler_runs_under_its_select_only_role(world: World) -> None:
     await world.stub_payment("stray-ro")
     window = await window_until_now(world, start)
     async with world.pool.acquire() as admin:
-        before = await snapshot(admin)
+        before = await row_counts(admin, PAYDB_AND_RAILPROXY)
     conn = await asyncpg.connect(as_role(world.url, RECONCILER))
     try:
         report = await reconcile(conn, world.movements, window)
@@ -52,22 +37,7 @@ async def test_reconciler_runs_under_its_select_only_role(world: World) -> None:
     assert report.counts["submission_without_ledger"] == 1
     assert report.counts["movement_without_attempt"] == 1
     async with world.pool.acquire() as admin:
-        assert await snapshot(admin) == before
-
-
-class RecordingConnection(asyncpg.Connection):  # type: ignore[misc]  # asyncpg is untyped
-    """Records, for every query the reconciler issues, whether its transaction is read only."""
-
-    read_only: list[str]
-
-    async def fetch(self, query: str, *args: object, **kw: object) -> list[asyncpg.Record]:
-        self.read_only.append(await super().fetchval("SHOW transaction_read_only"))
-        return await super().fetch(query, *args, **kw)  # type: ignore[no-any-return]
-
-    async def fetchval(self, query: str, *args: object, **kw: object) -> object:
-        if query != "SHOW transaction_read_only":
-            self.read_only.append(await super().fetchval("SHOW transaction_read_only"))
-        return await super().fetchval(query, *args, **kw)
+        assert await row_counts(admin, PAYDB_AND_RAILPROXY) == before
 
 
 async def test_every_reconciler_query_runs_in_a_read_only_transaction(world: World) -> None:

@@ -19,16 +19,13 @@ import asyncio
 import json
 import subprocess
 import uuid
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from temporalio.client import WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
 from activities import models as m
-from common.migrate import migrate
 from lockservice.client import LockClient
 from stack.embedded import temporal_binary
 from tests.credentials import OPERATOR, token
@@ -49,21 +46,6 @@ from tests.workflows.test_payout_integration import RULES, ids, record, start
 from workflows.payout import PayoutWorkflow
 
 Handle = WorkflowHandle[PayoutWorkflow, m.PayoutStatus]
-
-
-@pytest.fixture(scope="module")
-def system(database_url: str, run_dir: Path) -> Iterator[System]:
-    asyncio.run(migrate(database_url))
-    with running_system(database_url, run_dir / f"oa-{uuid.uuid4().hex[:6]}") as sys_:
-        sys_.stub_set(rules=RULES)
-        yield sys_
-
-
-@pytest.fixture
-async def workers(temporal_env: WorkflowEnvironment, system: System) -> AsyncIterator[str]:
-    queue = f"payouts-{uuid.uuid4()}"
-    async with in_process_workers(temporal_env.client, system, queue, count=1):
-        yield queue
 
 
 def _bad_assertions(system: System, action: str, payout_id: str) -> dict[str, dict[str, Any]]:

@@ -14,18 +14,15 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 import httpx
-import pytest
 from temporalio.client import Client, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
 from activities import models as m
-from common.migrate import migrate
 from ledger.queries import ledger_discrepancies
 from lockservice.client import LockClient
 from stack.embedded import temporal_binary
@@ -38,7 +35,6 @@ from tests.workflows.system import (
     fund,
     in_process_workers,
     lock_token,
-    running_system,
     signed_command,
     spawn,
     stop,
@@ -56,27 +52,13 @@ FAST = {
     "holder_pickup_s": 3.0,
     "holder_heartbeat_timeout_s": 3.0,
 }
+WORKERS = 2  # the `workers` fixture's (tests/workflows/conftest.py)
 RULES = [
     {"reference_prefix": "dcl-", "action": "decline"},
     {"reference_prefix": "amb-", "action": "ambiguous"},
     {"reference_prefix": "tb-", "action": "timeout_before"},
     {"reference_prefix": "slow-", "action": "settle", "latency_ms": 2500},
 ]
-
-
-@pytest.fixture(scope="module")
-def system(database_url: str, run_dir: Path) -> Iterator[System]:
-    asyncio.run(migrate(database_url))
-    with running_system(database_url, run_dir / f"wf-{uuid.uuid4().hex[:6]}") as sys_:
-        sys_.stub_set(rules=RULES)
-        yield sys_
-
-
-@pytest.fixture
-async def workers(temporal_env: WorkflowEnvironment, system: System) -> AsyncIterator[str]:
-    queue = f"payouts-{uuid.uuid4()}"
-    async with in_process_workers(temporal_env.client, system, queue, count=2):
-        yield queue
 
 
 def ids(prefix: str = "po-") -> tuple[str, str]:

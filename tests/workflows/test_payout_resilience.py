@@ -10,21 +10,17 @@ Set RECORD_HISTORIES=1 to (re)write the continue-as-new replay history.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import asyncpg
-import pytest
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
 from activities import models as m
-from common.migrate import migrate
 from stack.embedded import free_port
 from tests.credentials import OPERATOR
 from tests.workflows.system import (
@@ -33,7 +29,6 @@ from tests.workflows.system import (
     create_payout,
     fund,
     in_process_workers,
-    running_system,
     signed_command,
     wait_for,
 )
@@ -55,14 +50,6 @@ FAST = {
 }
 RULES = [{"reference_prefix": "amb-", "action": "ambiguous"}]
 Handle = WorkflowHandle[PayoutWorkflow, m.PayoutStatus]
-
-
-@pytest.fixture(scope="module")
-def system(database_url: str, run_dir: Path) -> Iterator[System]:
-    asyncio.run(migrate(database_url))
-    with running_system(database_url, run_dir / f"wfr-{uuid.uuid4().hex[:6]}") as sys_:
-        sys_.stub_set(rules=RULES)
-        yield sys_
 
 
 async def ambiguous_payout(

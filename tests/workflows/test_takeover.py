@@ -5,7 +5,7 @@ and the payout is executed by the next grant. The deadlines below are far shorte
 timeouts (acquire_wait_s + 5 s; two 10 s releases), so the old behaviour fails them; they are
 deadlines for a recorded fact, not measured timings. Fencing, which keeps the frozen holder's
 late writes out, is covered with the real components at the end of this file (and by
-tests/experiments), on both lock backends."""
+tests/lab/test_experiments.py), on both lock backends."""
 
 from __future__ import annotations
 

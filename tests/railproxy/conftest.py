@@ -1,4 +1,5 @@
-"""Fixtures: a real rail stub and real rail proxies as uvicorn servers, on real PostgreSQL.
+"""Fixtures: real rail proxies as uvicorn servers, on real PostgreSQL, in front of the session's
+rail stub (`stub_server` and `stub`, from tests/rail.py, which the rail stub's tests share).
 
 Each server runs in its own thread with its own event loop, so a synchronous test (schemathesis)
 can call it without blocking the loop the server runs on.
@@ -6,17 +7,14 @@ can call it without blocking the loop the server runs on.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import socket
-import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-import httpx
 import pytest
 
 from common.db_roles import RAILPROXY
@@ -25,47 +23,10 @@ from common.pgutil import create_database, drop_database
 from railproxy import ProxySettings, RailProxyClient, SubmitContext, SubmitRequest
 from railproxy import create_app as create_proxy
 from railproxy.models import GrantIn
-from railstub import StubSettings
-from railstub import create_app as create_stub
 from stack.embedded import free_port
 from tests.conftest import as_role
 from tests.grants import account_grant, public_keys
 from tests.servers import ServerThread
-
-
-@dataclass
-class Stub:
-    """The rail stub's admin surface: behaviour, reset and the movement log (the evidence)."""
-
-    url: str
-
-    async def _call(self, method: str, path: str, **kw: Any) -> Any:
-        async with httpx.AsyncClient(base_url=self.url, timeout=10) as c:
-            r = await c.request(method, path, **kw)
-            r.raise_for_status()
-            return r.json()
-
-    async def reset(self) -> None:
-        await self._call("POST", "/admin/reset")
-
-    async def set(self, **behaviour: Any) -> None:
-        await self._call("POST", "/admin/behaviour", json=behaviour)
-
-    async def movements(self, client_reference: str | None = None) -> list[dict[str, Any]]:
-        params = {"client_reference": client_reference} if client_reference else {}
-        data = await self._call("GET", "/admin/movements", params=params)
-        return list(data["movements"])
-
-    async def counts(self) -> dict[str, int]:
-        return dict((await self._call("GET", "/admin/movements"))["counts"])
-
-    async def lookups(self) -> int:
-        return int((await self._call("GET", "/admin/movements"))["lookups"])
-
-    async def assert_no_duplicates(self) -> None:
-        """The invariant: no client reference reached the rail twice."""
-        counts = await self.counts()
-        assert all(n == 1 for n in counts.values()), f"duplicate movements: {counts}"
 
 
 @dataclass
@@ -78,17 +39,6 @@ class Proxy:
         return await self.client.health()
 
 
-STUB_SETTINGS = StubSettings(
-    seed=7,
-    latency_mode="fixed",
-    latency_fixed_ms=5,
-    ambiguity_rate=0.0,
-    stall_s=30.0,
-    visibility_delay_s=0.0,
-    completion_delay_s=0.3,
-)
-
-
 @pytest.fixture(scope="session")
 async def rail_db(pg_server_url: str) -> AsyncIterator[str]:
     """A fresh database with the railproxy schema migrated."""
@@ -96,22 +46,6 @@ async def rail_db(pg_server_url: str) -> AsyncIterator[str]:
     await migrate(url, schemas={"railproxy"})
     yield url
     await drop_database(pg_server_url, url)
-
-
-@pytest.fixture(scope="session")
-def stub_server() -> Iterator[ServerThread]:
-    server = ServerThread(create_stub(STUB_SETTINGS))
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-async def stub(stub_server: ServerThread) -> Stub:
-    """The session's stub, reset to its start-up behaviour with an empty movement log."""
-    s = Stub(stub_server.url)
-    await s.reset()
-    return s
 
 
 def proxy_settings(rail_db: str, rail_url: str, **overrides: Any) -> ProxySettings:
@@ -216,15 +150,6 @@ def full_backlog_port() -> Iterator[int]:
     for s in fillers:
         s.close()
     listener.close()
-
-
-async def wait_for(predicate: Callable[[], Awaitable[bool]], timeout_s: float = 10.0) -> None:
-    """Poll a condition (never a timing assertion: only a bound on how long we wait for it)."""
-    deadline = time.monotonic() + timeout_s
-    while not await predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.02)
 
 
 def with_token(req: SubmitRequest, token: int) -> SubmitRequest:

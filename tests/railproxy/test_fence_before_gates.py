@@ -32,7 +32,9 @@ from railproxy.metrics import ProxyMetrics
 from railproxy.service import RailProxy
 from railproxy.startup import load_verifier
 from tests.conftest import as_role
-from tests.rail.conftest import MakeProxy, Stub, proxy_settings, submit_request, wait_for
+from tests.rail import Stub
+from tests.railproxy.conftest import MakeProxy, proxy_settings, submit_request
+from tests.waiting import wait_for
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,9 @@ import httpx
 import structlog
 
 from railproxy import HandoffCertainty, Outcome
-from tests.rail.conftest import MakeProxy, Proxy, Stub, submit_request, wait_for
+from tests.rail import Stub
+from tests.railproxy.conftest import MakeProxy, Proxy, submit_request
+from tests.waiting import wait_for
 
 
 async def test_business_decline_is_final(proxy: Proxy, stub: Stub) -> None:

@@ -49,7 +49,7 @@ def test_create_and_start_exits_zero_every_time(db: str, temporal_env: WorkflowE
 def test_worker_help_prints_settings_without_connecting() -> None:
     """`python worker_main.py --help` explains the worker and its settings and exits 0 at once,
     although nothing it would connect to is running."""
-    worker = Path(__file__).resolve().parents[1] / "worker_main.py"
+    worker = Path(__file__).resolve().parents[2] / "worker_main.py"
     done = subprocess.run(
         [sys.executable, str(worker), "--help"],
         check=False,

@@ -20,8 +20,9 @@ import httpx
 from railstub import create_app as create_stub
 from stack.embedded import free_port
 from tests.credentials import headers, server_env
-from tests.rail.conftest import STUB_SETTINGS, Stub, wait_for
+from tests.rail import STUB_SETTINGS, Stub
 from tests.servers import ServerThread
+from tests.waiting import wait_for
 
 PAY = {"account_id": "a", "amount": 5}
 

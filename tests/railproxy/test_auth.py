@@ -23,7 +23,8 @@ from common.credentials import Kind, issue_tokens, read_token, write_credentials
 from railproxy import HandoffCertainty, Outcome, RailProxyClient
 from railproxy import create_app as create_proxy
 from railstub import create_app as create_stub
-from tests.rail.conftest import STUB_SETTINGS, proxy_settings, submit_request
+from tests.rail import STUB_SETTINGS
+from tests.railproxy.conftest import proxy_settings, submit_request
 from tests.servers import ServerThread
 
 IDENTITIES: dict[str, Kind] = {

@@ -12,7 +12,9 @@ import httpx
 from railproxy import Outcome
 from railproxy.absence import judge
 from railproxy.models import AttemptRecord, LookupResponse
-from tests.rail.conftest import MakeProxy, Stub, submit_request, wait_for
+from tests.rail import Stub
+from tests.railproxy.conftest import MakeProxy, submit_request
+from tests.waiting import wait_for
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 

@@ -32,10 +32,10 @@ def _assert_ran_every_fault(summary: dict[str, object]) -> None:
     assert not missing, f"faults never fired: {missing}"
 
 
-async def test_postgres_run_with_fencing_on_keeps_every_invariant(chaos_dir: Path) -> None:
+async def test_postgres_run_with_fencing_on_keeps_every_invariant(stack_dir: Path) -> None:
     """Under every fault kind on the PostgreSQL backend (Temporal and rail stub crashes, a rail
     slower than the submit deadline and rail clock skew included), INV-01..INV-10 count zero."""
-    summary = await run_chaos(ChaosOptions(**SMALL, seed=11, backend="postgres", run_dir=chaos_dir))
+    summary = await run_chaos(ChaosOptions(**SMALL, seed=11, backend="postgres", run_dir=stack_dir))
     _assert_ran_every_fault(summary)
     assert summary["violations"] == {f"INV-{i:02d}": 0 for i in range(1, 11)}, summary[
         "violation_samples"
@@ -46,10 +46,10 @@ async def test_postgres_run_with_fencing_on_keeps_every_invariant(chaos_dir: Pat
     assert summary["faults_fired"][0]["triggered"] is True  # the armed pause hit the gap
 
 
-async def test_etcd_run_with_fencing_on_keeps_every_invariant(chaos_dir: Path) -> None:
+async def test_etcd_run_with_fencing_on_keeps_every_invariant(stack_dir: Path) -> None:
     """On the etcd backend (3 members, leader killed), INV-01..INV-10 all count zero and each
     leader change has a measured unavailability window."""
-    summary = await run_chaos(ChaosOptions(**SMALL, seed=11, backend="etcd", run_dir=chaos_dir))
+    summary = await run_chaos(ChaosOptions(**SMALL, seed=11, backend="etcd", run_dir=stack_dir))
     _assert_ran_every_fault(summary)
     assert summary["violations"] == {f"INV-{i:02d}": 0 for i in range(1, 11)}, summary[
         "violation_samples"
@@ -60,12 +60,12 @@ async def test_etcd_run_with_fencing_on_keeps_every_invariant(chaos_dir: Path) -
     assert all(c["new_leader"] not in (None, c["old_leader"]) for c in changes)
 
 
-def test_fencing_off_run_shows_violations_through_the_cli(chaos_dir: Path) -> None:
+def test_fencing_off_run_shows_violations_through_the_cli(stack_dir: Path) -> None:
     """The negative control: the same kind of seeded run with fencing off reports duplicate
     movements (INV-02), exits 0 for "violations found as expected", and prints JSON last."""
     argv = [sys.executable, "-m", "payouts.cli", "chaos", "--seed", "11", "--fencing", "off"]
     argv += ["--payouts", "25", "--accounts", "5", "--workers", "2", "--json"]
-    argv += ["--run-dir", str(chaos_dir)]
+    argv += ["--run-dir", str(stack_dir)]
     proc = subprocess.run(
         argv, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=280, check=False
     )

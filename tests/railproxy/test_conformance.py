@@ -17,7 +17,8 @@ from railproxy.client import SubmitResult
 from railproxy.conformance import CHECKS, Harness, RailConnection
 from railproxy.models import GrantIn, LookupResponse, SubmitRequest
 from tests.grants import account_grant
-from tests.rail.conftest import MakeProxy, Stub
+from tests.rail import Stub
+from tests.railproxy.conftest import MakeProxy
 
 
 class _Granted:

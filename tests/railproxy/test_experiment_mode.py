@@ -30,7 +30,8 @@ from stack.embedded import free_port
 from tests.conftest import as_role
 from tests.credentials import server_env, token_file
 from tests.grants import lock_server_env, public_keys
-from tests.rail.conftest import MakeProxy, Stub, proxy_settings
+from tests.rail import Stub
+from tests.railproxy.conftest import MakeProxy, proxy_settings
 from tests.servers import ServerThread
 from tests.workflows.system import spawn, stop, wait_healthy
 

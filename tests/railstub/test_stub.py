@@ -9,7 +9,8 @@ import httpx
 
 from railstub import Action, Behaviour, Rule
 from railstub.behaviour import decide
-from tests.rail.conftest import Stub, wait_for
+from tests.rail import Stub
+from tests.waiting import wait_for
 
 
 def test_unit_rules_decide_deterministically() -> None:

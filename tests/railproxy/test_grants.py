@@ -19,7 +19,8 @@ import pytest
 from lockservice.grants import GrantSigner, generate_keypair
 from railproxy import HandoffCertainty, Outcome
 from tests.grants import account_grant, forged, grant_keys, sign
-from tests.rail.conftest import MakeProxy, Proxy, Stub, submit_request
+from tests.rail import Stub
+from tests.railproxy.conftest import MakeProxy, Proxy, submit_request
 
 # What an attacker picks: far above anything the lock service can issue (bump-epoch tops out
 # near 2**62), so a mark raised to it would fence every real payout of the account out for good.

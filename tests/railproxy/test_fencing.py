@@ -8,14 +8,8 @@ import uuid
 import structlog
 
 from railproxy import HandoffCertainty, Outcome, create_app
-from tests.rail.conftest import (
-    MakeProxy,
-    Proxy,
-    Stub,
-    proxy_settings,
-    submit_request,
-    with_token,
-)
+from tests.rail import Stub
+from tests.railproxy.conftest import MakeProxy, Proxy, proxy_settings, submit_request, with_token
 
 
 async def test_success_records_attempt_with_lineage(proxy: Proxy, stub: Stub) -> None:

@@ -13,7 +13,8 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 
-from tests.rail.conftest import ServerThread, proxy_settings
+from tests.railproxy.conftest import proxy_settings
+from tests.servers import ServerThread
 
 # 5xx answers that are documented rejections (nothing forwarded), not crashes.
 _DOCUMENTED_5XX = {"DEADLINE_EXCEEDED", "CIRCUIT_OPEN", "ADMISSION_FULL", "RAIL_UNAVAILABLE"}

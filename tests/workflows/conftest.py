@@ -1,0 +1,40 @@
+"""Fixtures of the workflow tests that run the real system: per test module, the lock server,
+rail stub and rail proxy as real processes on the session database (tests/workflows/system.py),
+and per test, in-process workers on a task queue of their own.
+
+A module using them sets RULES (its rail stub's behaviour rules) and may set WORKERS (how many
+workers `workers` starts; 1 unless set)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from temporalio.testing import WorkflowEnvironment
+
+from common.migrate import migrate
+from tests.workflows.system import System, in_process_workers, running_system
+
+
+@pytest.fixture(scope="module")
+def system(request: pytest.FixtureRequest, database_url: str, run_dir: Path) -> Iterator[System]:
+    """The real system, every schema migrated, its rail stub given the module's RULES."""
+    asyncio.run(migrate(database_url))
+    name = request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_")
+    with running_system(database_url, run_dir / f"{name}-{uuid.uuid4().hex[:6]}") as sys_:
+        sys_.stub_set(rules=request.module.RULES)
+        yield sys_
+
+
+@pytest.fixture
+async def workers(
+    request: pytest.FixtureRequest, temporal_env: WorkflowEnvironment, system: System
+) -> AsyncIterator[str]:
+    """The module's WORKERS in-process workers on a fresh task queue, which this returns."""
+    queue = f"payouts-{uuid.uuid4()}"
+    count = getattr(request.module, "WORKERS", 1)
+    async with in_process_workers(temporal_env.client, system, queue, count=count):
+        yield queue
