@@ -31,6 +31,7 @@ def _lint(tree: Path) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         timeout=120,
+        check=False,  # the caller reads the return code
     )
 
 
