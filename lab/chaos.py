@@ -257,7 +257,8 @@ async def run_chaos(
     started = time.monotonic()
     config = stack_config(opts)
     async with Stack(config, progress=lambda line: progress(f"stack: {line}")) as stack:
-        from payouts.commands import create_payouts, generate, seed_accounts, start_workflows
+        from payouts.batch import generate
+        from payouts.workload import create_payouts, seed_accounts, start_workflows
 
         url, run_dir = stack.database_url, stack.run_dir
         window_start = await _db_now(url)

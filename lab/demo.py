@@ -23,13 +23,9 @@ import asyncpg
 import httpx
 
 from lab.experiments import isolated_ports, json_events, pause_experiment
-from payouts.commands import (
-    create_payouts,
-    generate,
-    payout_state_counts,
-    seed_accounts,
-    start_workflows,
-)
+from payouts.batch import generate
+from payouts.follow import payout_state_counts
+from payouts.workload import create_payouts, seed_accounts, start_workflows
 from stack.config import StackConfig
 from stack.system import Stack
 

@@ -173,7 +173,8 @@ async def _payout_row(database_url: str, payout_id: str) -> asyncpg.Record:
 
 
 async def _prepare(stack: Stack, amount: int, balance: int) -> tuple[str, str]:
-    from payouts.commands import PayoutSpec, create_payouts, seed_accounts
+    from payouts.batch import PayoutSpec
+    from payouts.workload import create_payouts, seed_accounts
 
     run = uuid.uuid4().hex[:8]
     prefix = f"x{run}-"
@@ -186,7 +187,8 @@ async def _prepare(stack: Stack, amount: int, balance: int) -> tuple[str, str]:
 
 
 async def _start_workflow(stack: Stack, payout_id: str, account_id: str) -> None:
-    from payouts.commands import PayoutSpec, start_workflows
+    from payouts.batch import PayoutSpec
+    from payouts.workload import start_workflows
 
     await start_workflows(
         stack.temporal_address,

@@ -29,7 +29,8 @@ from lab.experiments import FAST_WORKFLOW, LOCK_TTL_S, WORKER_ENV, json_events
 from lab.gameday_prom import GamedayPrometheus
 from lab.gameday_scratch import ScratchReconciler
 from ledger.states import TERMINAL_STATES
-from payouts.commands import PayoutSpec, create_payouts, seed_accounts, start_workflows
+from payouts.batch import PayoutSpec
+from payouts.workload import create_payouts, seed_accounts, start_workflows
 from stack.cli import export_env
 from stack.system import Stack
 

@@ -1,6 +1,9 @@
-"""Shared foundation of the payout executor: settings, logging, metrics helpers, the embedded
-real servers (PostgreSQL, etcd, Temporal) and the `payouts` command line.
+"""The operator's command line, `payouts ...`: `payouts.cli` routes each subcommand to the module
+that registers it (COMMAND_MODULES).
 
-Owns: process plumbing that every component needs. Must never: hold domain logic of a component
-(locks, payouts, ledger, rail), or import a component package at module import time.
+Owns: the workload and operator commands (`payouts.commands` fans out to `seed_cli`,
+`payout_cli`, `operator_cli`), the component commands (`outbox_cli`, `reconcile_cli`,
+`invariants_cli`), `payouts db migrate`, and the look-ups they share (`payouts.settings`).
+Must never: be imported by a component or the worker (it sits at the top, with `stack/` and
+`lab/`), or move money except by starting the payout's own workflow.
 """
