@@ -23,18 +23,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import asyncpg
 import httpx
 
 from common.logs import get_logger
 from lab.chaos_faults import RAIL_BASELINE, ChaosError, FaultInjector
-from lab.chaos_schedule import make_schedule
+from lab.chaos_schedule import Fault, make_schedule
 from lab.chaos_summary import TERMINAL, Evidence, summarize
 from lab.experiments import FAST_WORKFLOW, LOCK_TTL_S, WORKER_ENV, isolated_ports, json_events
 from stack.config import StackConfig
 from stack.system import Stack
+
+if TYPE_CHECKING:
+    from payouts.batch import PayoutSpec
 
 log = get_logger("lab.chaos")
 
@@ -257,21 +260,9 @@ async def run_chaos(
     started = time.monotonic()
     config = stack_config(opts)
     async with Stack(config, progress=lambda line: progress(f"stack: {line}")) as stack:
-        from payouts.commands import create_payouts, generate, seed_accounts, start_workflows
-
         url, run_dir = stack.database_url, stack.run_dir
         window_start = await _db_now(url)
-        prefix = f"c{opts.seed}-{uuid.uuid4().hex[:6]}-"
-        await seed_accounts(url, opts.accounts, ACCOUNT_BALANCE, prefix)
-        specs = generate(
-            opts.payouts,
-            opts.accounts,
-            seed=opts.seed,
-            min_amount=MIN_AMOUNT,
-            max_amount=MAX_AMOUNT,
-            account_prefix=prefix,
-        )
-        await create_payouts(url, specs)
+        prefix, specs = await _create_workload(url, opts)
         done = [False]
         injector = FaultInjector(
             stack,
@@ -281,29 +272,9 @@ async def run_chaos(
             workload_done=lambda: done[0],
             submit_deadline_s=CHAOS_WORKFLOW["submit_deadline_s"],
         )
-        await injector.rail(RAIL_BASELINE)
-        await injector.start_fleet(opts.workers)
-        # Fault #0 is always an armed pause: arm it before the workload starts, so that the
-        # armed worker is polling when the first submissions happen (the guaranteed gap).
-        armed = await injector.arm(schedule[0])
-        # The absence rule proves nothing about times before the rail's records begin (minus
-        # its skew margin): a workload started sooner would leave lost instructions ambiguous.
-        await stack.wait_for_rail_history()
-        progress(f"starting {opts.payouts} payout workflows on {opts.accounts} accounts")
-        t0 = time.monotonic()
-        await start_workflows(stack.temporal_address, config.task_queue, specs, **CHAOS_WORKFLOW)
-        monitor = asyncio.create_task(_monitor(url, prefix, opts.payouts, done, progress))
-        try:
-            await injector.fire(schedule[0], t0, armed=armed)
-            await injector.run(schedule[1:], t0)
-            progress("all faults fired; restoring normal behaviour and letting the system settle")
-            await injector.restore()
-            settled = await _settle(url, prefix, opts, progress)
-        finally:
-            monitor.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await monitor
-            await injector.close()
+        settled = await _start_under_faults(
+            stack, injector, opts, schedule, specs, prefix=prefix, done=done, progress=progress
+        )
         await _wait_for_rail_answers(injector, progress)
         states = await _states(url, prefix)
         progress("running reconciliation and the invariant checker")
@@ -344,3 +315,62 @@ async def run_chaos(
         exit_code=summary["exit_code"],
     )
     return summary
+
+
+async def _create_workload(url: str, opts: ChaosOptions) -> tuple[str, list[PayoutSpec]]:
+    """Funded accounts under a fresh prefix and the run's seeded payout rows (no workflows yet)."""
+    from payouts.batch import generate
+    from payouts.workload import create_payouts, seed_accounts
+
+    prefix = f"c{opts.seed}-{uuid.uuid4().hex[:6]}-"
+    await seed_accounts(url, opts.accounts, ACCOUNT_BALANCE, prefix)
+    specs = generate(
+        opts.payouts,
+        opts.accounts,
+        seed=opts.seed,
+        min_amount=MIN_AMOUNT,
+        max_amount=MAX_AMOUNT,
+        account_prefix=prefix,
+    )
+    await create_payouts(url, specs)
+    return prefix, specs
+
+
+async def _start_under_faults(
+    stack: Stack,
+    injector: FaultInjector,
+    opts: ChaosOptions,
+    schedule: list[Fault],
+    specs: list[PayoutSpec],
+    *,
+    prefix: str,
+    done: list[bool],
+    progress: Callable[[str], None],
+) -> bool:
+    """Start the fleet and the workflows, fire every fault, restore, settle; True if settled."""
+    from payouts.workload import start_workflows
+
+    await injector.rail(RAIL_BASELINE)
+    await injector.start_fleet(opts.workers)
+    # Fault #0 is always an armed pause: arm it before the workload starts, so that the
+    # armed worker is polling when the first submissions happen (the guaranteed gap).
+    armed = await injector.arm(schedule[0])
+    # The absence rule proves nothing about times before the rail's records begin (minus
+    # its skew margin): a workload started sooner would leave lost instructions ambiguous.
+    await stack.wait_for_rail_history()
+    progress(f"starting {opts.payouts} payout workflows on {opts.accounts} accounts")
+    t0 = time.monotonic()
+    await start_workflows(stack.temporal_address, stack.config.task_queue, specs, **CHAOS_WORKFLOW)
+    url = stack.database_url
+    monitor = asyncio.create_task(_monitor(url, prefix, opts.payouts, done, progress))
+    try:
+        await injector.fire(schedule[0], t0, armed=armed)
+        await injector.run(schedule[1:], t0)
+        progress("all faults fired; restoring normal behaviour and letting the system settle")
+        await injector.restore()
+        return await _settle(url, prefix, opts, progress)
+    finally:
+        monitor.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await monitor
+        await injector.close()

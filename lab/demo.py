@@ -23,13 +23,9 @@ import asyncpg
 import httpx
 
 from lab.experiments import isolated_ports, json_events, pause_experiment
-from payouts.commands import (
-    create_payouts,
-    generate,
-    payout_state_counts,
-    seed_accounts,
-    start_workflows,
-)
+from payouts.batch import generate
+from payouts.follow import payout_state_counts
+from payouts.workload import create_payouts, seed_accounts, start_workflows
 from stack.config import StackConfig
 from stack.system import Stack
 
@@ -100,28 +96,19 @@ async def _movement_counts(railstub_url: str, headers: dict[str, str]) -> dict[s
         return counts
 
 
-async def run_demo(options: DemoOptions, progress: Callable[[str], None]) -> dict[str, Any]:
-    from invariants.checker import (
-        check_invariants,
-        postgres_grant_source,
-        temporal_workflow_source,
-    )
-    from reconcile.reconciler import reconcile, stub_movement_source
-    from reconcile.rules import Window
+PAUSE_FIGURES = (
+    "t1",
+    "t2",
+    "rail_movements",
+    "ledger_balanced",
+    "fenced_out_events",
+    "final_state",
+    "ok",
+)
 
-    service_env = {
-        "railstub": {
-            "RAILSTUB_AMBIGUITY_RATE": str(options.ambiguity_rate),
-            "RAILSTUB_DECLINE_RATE": str(options.decline_rate),
-            "RAILSTUB_SEED": str(options.seed),
-        },
-    }
-    config = StackConfig.from_env(
-        run_dir=options.run_dir / f"stack-{uuid.uuid4().hex[:6]}",
-        workers=options.workers,
-        backend=options.backend,
-        service_env=service_env,
-    )
+
+async def run_demo(options: DemoOptions, progress: Callable[[str], None]) -> dict[str, Any]:
+    config = _stack_config(options)
     report: dict[str, Any] = {"options": {k: str(v) for k, v in vars(options).items()}}
     started = time.monotonic()
     async with Stack(config, progress=progress) as stack:
@@ -130,80 +117,112 @@ async def run_demo(options: DemoOptions, progress: Callable[[str], None]) -> dic
         ids, window_start, states = await _workload(stack, config, options, progress)
         report["workload_s"] = round(time.monotonic() - started, 1)
         report["states"] = dict(states)
-        e2e, execution = await _latencies(stack.database_url, ids)
-        report["latency_s"] = {
-            "p50": round(_pct(e2e, 50), 3),
-            "p99": round(_pct(e2e, 99), 3),
-            "exec_p50": round(_pct(execution, 50), 3),
-            "exec_p99": round(_pct(execution, 99), 3),
-            "n": len(e2e),
-        }
+        report["latency_s"] = await _latency_report(stack.database_url, ids)
         counts = await _movement_counts(stack.railstub_url, stack.operator_headers())
         per_payout = Counter(counts.get(pid, 0) for pid in ids)
         report["rail_movements_per_payout"] = {str(k): v for k, v in sorted(per_payout.items())}
         await asyncio.sleep(2.0)  # let the reconciliation window close past the last write
-        # Reconciler and checker read only, as the checker's read-only role.
-        conn = await asyncpg.connect(stack.role_dsn("CHECKER_DATABASE_URL"))
-        try:
-            window = Window(start=window_start, end=datetime.now(UTC) - timedelta(seconds=1))
-            rec = await reconcile(
-                conn,
-                stub_movement_source(stack.railstub_url, token=stack.token("reconciler")),
-                window,
-            )
-            report["reconcile"] = dict(rec.counts)
-            inv = await check_invariants(
-                conn,
-                stub_movement_source(stack.railstub_url, token=stack.token("invariants")),
-                postgres_grant_source(stack.role_dsn("CHECKER_DATABASE_URL")),
-                workflow_source=temporal_workflow_source(stack.temporal_address),
-                # Settled only when the workload drained: then INV-10 also demands that every
-                # payout be terminal or escalated (the "every payout terminal" check is stricter).
-                settled=sum(states.get(s, 0) for s in TERMINAL) == len(ids),
-            )
-            report["invariants"] = inv.counts()
-            report["invariants_not_checked"] = list(inv.not_checked)
-        finally:
-            await conn.close()
-        fenced = sum(
+        settled = sum(states.get(s, 0) for s in TERMINAL) == len(ids)
+        report.update(await _reconcile_and_check(stack, window_start, settled=settled))
+        report["fenced_out_in_workload"] = sum(
             1
             for info in stack.processes.values()
             for e in json_events(info.log_path)
             if e.get("event") == "lock.fenced_out"
         )
-        report["fenced_out_in_workload"] = fenced
         report["outbox"] = await _outbox(stack)
     if options.pause_experiment:
-        progress("running the UC-03 pause experiment with fencing on (its own stack)")
-        exp_cfg = replace(
-            config,
-            run_dir=options.run_dir / f"pause-{uuid.uuid4().hex[:6]}",
-            ports=isolated_ports(),
-            workers=0,
-            service_env={},
-        )
-        pause = await pause_experiment(
-            exp_cfg,
-            fencing=True,
-            evidence_dir=options.run_dir / "evidence-pause",
-            progress=progress,
-        )
-        report["pause_experiment"] = {
-            k: pause[k]
-            for k in (
-                "t1",
-                "t2",
-                "rail_movements",
-                "ledger_balanced",
-                "fenced_out_events",
-                "final_state",
-                "ok",
-            )
-        }
+        report["pause_experiment"] = await _pause(options, config, progress)
     report["elapsed_s"] = round(time.monotonic() - started, 1)
     report["checks"] = [vars(c) for c in _checks(report, options, ids)]
     report["ok"] = all(c["ok"] for c in report["checks"])
     return report
+
+
+def _stack_config(options: DemoOptions) -> StackConfig:
+    service_env = {
+        "railstub": {
+            "RAILSTUB_AMBIGUITY_RATE": str(options.ambiguity_rate),
+            "RAILSTUB_DECLINE_RATE": str(options.decline_rate),
+            "RAILSTUB_SEED": str(options.seed),
+        },
+    }
+    return StackConfig.from_env(
+        run_dir=options.run_dir / f"stack-{uuid.uuid4().hex[:6]}",
+        workers=options.workers,
+        backend=options.backend,
+        service_env=service_env,
+    )
+
+
+async def _latency_report(database_url: str, ids: list[str]) -> dict[str, Any]:
+    e2e, execution = await _latencies(database_url, ids)
+    return {
+        "p50": round(_pct(e2e, 50), 3),
+        "p99": round(_pct(e2e, 99), 3),
+        "exec_p50": round(_pct(execution, 50), 3),
+        "exec_p99": round(_pct(execution, 99), 3),
+        "n": len(e2e),
+    }
+
+
+async def _reconcile_and_check(
+    stack: Stack, window_start: datetime, *, settled: bool
+) -> dict[str, Any]:
+    """The reconciler's and the invariant checker's counts over the workload's window."""
+    from invariants.checker import (
+        check_invariants,
+        postgres_grant_source,
+        temporal_workflow_source,
+    )
+    from reconcile.reconciler import reconcile, stub_movement_source
+    from reconcile.rules import Window
+
+    # Reconciler and checker read only, as the checker's read-only role.
+    conn = await asyncpg.connect(stack.role_dsn("CHECKER_DATABASE_URL"))
+    try:
+        window = Window(start=window_start, end=datetime.now(UTC) - timedelta(seconds=1))
+        rec = await reconcile(
+            conn,
+            stub_movement_source(stack.railstub_url, token=stack.token("reconciler")),
+            window,
+        )
+        inv = await check_invariants(
+            conn,
+            stub_movement_source(stack.railstub_url, token=stack.token("invariants")),
+            postgres_grant_source(stack.role_dsn("CHECKER_DATABASE_URL")),
+            workflow_source=temporal_workflow_source(stack.temporal_address),
+            # Settled only when the workload drained: then INV-10 also demands that every
+            # payout be terminal or escalated (the "every payout terminal" check is stricter).
+            settled=settled,
+        )
+    finally:
+        await conn.close()
+    return {
+        "reconcile": dict(rec.counts),
+        "invariants": inv.counts(),
+        "invariants_not_checked": list(inv.not_checked),
+    }
+
+
+async def _pause(
+    options: DemoOptions, config: StackConfig, progress: Callable[[str], None]
+) -> dict[str, Any]:
+    progress("running the UC-03 pause experiment with fencing on (its own stack)")
+    exp_cfg = replace(
+        config,
+        run_dir=options.run_dir / f"pause-{uuid.uuid4().hex[:6]}",
+        ports=isolated_ports(),
+        workers=0,
+        service_env={},
+    )
+    pause = await pause_experiment(
+        exp_cfg,
+        fencing=True,
+        evidence_dir=options.run_dir / "evidence-pause",
+        progress=progress,
+    )
+    return {k: pause[k] for k in PAUSE_FIGURES}
 
 
 async def _workload(

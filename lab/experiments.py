@@ -20,7 +20,7 @@ import signal
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -173,7 +173,8 @@ async def _payout_row(database_url: str, payout_id: str) -> asyncpg.Record:
 
 
 async def _prepare(stack: Stack, amount: int, balance: int) -> tuple[str, str]:
-    from payouts.commands import PayoutSpec, create_payouts, seed_accounts
+    from payouts.batch import PayoutSpec
+    from payouts.workload import create_payouts, seed_accounts
 
     run = uuid.uuid4().hex[:8]
     prefix = f"x{run}-"
@@ -186,7 +187,8 @@ async def _prepare(stack: Stack, amount: int, balance: int) -> tuple[str, str]:
 
 
 async def _start_workflow(stack: Stack, payout_id: str, account_id: str) -> None:
-    from payouts.commands import PayoutSpec, start_workflows
+    from payouts.batch import PayoutSpec
+    from payouts.workload import start_workflows
 
     await start_workflows(
         stack.temporal_address,
@@ -234,6 +236,27 @@ def _write_evidence(folder: Path, name: str, data: Any) -> None:
 # --------------------------------------------------------------------------- pause (UC-03)
 
 
+@dataclass(frozen=True)
+class _Takeover:
+    """What the pause experiment's timeline produced: W1's token, W2's, and the takeover time."""
+
+    payout_id: str
+    account_id: str
+    amount: int
+    t1: int
+    t2: int
+    takeover_s: float
+    #: When W2 was polling, seconds after the freeze: part of takeover_s, and on a loaded machine
+    #: most of it (the engine-side takeover cannot finish before a second worker polls).
+    w2_ready_s: float
+
+
+#: The events of each process written to the pause experiment's events.json.
+EVIDENCE_EVENTS = ("lock.", "rail.", "experiment.", "payout.", "fencing.", "submission_guard.")
+FENCED_OUT_FIELDS = ("component", "key", "presented_token", "highest_token", "stored_token")
+RAIL_SUBMIT_FIELDS = ("token", "code", "handoff_certainty", "outcome")
+
+
 async def pause_experiment(
     config: StackConfig,
     *,
@@ -242,131 +265,127 @@ async def pause_experiment(
     progress: Callable[[str], None] = lambda _s: None,
 ) -> dict[str, Any]:
     cfg = replace(config, workers=0, fencing=fencing)
-    amount, balance = 2_500, 10_000
     async with Stack(cfg, progress=progress) as stack:
-        payout_id, account_id = await _prepare(stack, amount, balance)
-        progress(f"payout {payout_id} of {amount} on {account_id}; starting W1 (will freeze)")
-        w1 = await stack.start_worker(
-            "worker-W1", {**WORKER_ENV, "WORKER_EXPERIMENT_PAUSE_BEFORE_SUBMIT": "true"}
-        )
-        assert w1.pid is not None
-        await _start_workflow(stack, payout_id, account_id)
-
-        async def w1_frozen() -> bool:
-            return process_state(w1.pid or 0) == "T"
-
-        await _until("W1 to claim and freeze itself (SIGSTOP)", w1_frozen)
-        frozen_at = time.monotonic()
-        t1 = int((await _payout_row(stack.database_url, payout_id))["fence"])
-        progress(
-            f"W1 frozen after claiming with T1={t1}; its lease expires in {LOCK_TTL_S:.0f}s "
-            "server-side; starting W2"
-        )
-        await stack.start_worker("worker-W2", WORKER_ENV)
-        # Part of takeover_s, and on a loaded machine most of it (11 s at loadavg 10): the
-        # engine-side takeover cannot finish before a second worker polls.
-        w2_ready_s = round(time.monotonic() - frozen_at, 1)
-
-        async def posted() -> bool:
-            return str((await _payout_row(stack.database_url, payout_id))["state"]) == "POSTED"
-
-        await _until("W2 to execute the payout to POSTED", posted)
-        takeover_s = round(time.monotonic() - frozen_at, 1)  # a figure, never asserted
-        t2 = int((await _payout_row(stack.database_url, payout_id))["fence"])
-        progress(f"W2 posted the payout with T2={t2} {takeover_s}s after W1 froze; resuming W1")
-        stack.kill("worker-W1", signal.SIGCONT)
-        w1_log = w1.log_path
-
-        async def w1_attempted() -> bool:
-            return resumed_then_submitted(json_events(w1_log))
-
-        await _until("W1 to attempt its next step (the rail submission)", w1_attempted)
-        # Let the proxy record W1's attempt's outcome (fencing off: the rail's answer).
-        await asyncio.sleep(1.0)
-        paydb_probe = await _paydb_probe(stack.database_url, payout_id, t1, fencing)
+        run = await _freeze_take_over_resume(stack, progress)
+        paydb_probe = await _paydb_probe(stack.database_url, run.payout_id, run.t1, fencing)
         logs = {
             name: json_events(info.log_path)
             for name, info in stack.processes.items()
             if name in ("worker-W1", "worker-W2", "railproxy", "lock-server")
         }
-        fenced = [e for evs in logs.values() for e in evs if e.get("event") == "lock.fenced_out"]
-        w1_events = logs.get("worker-W1", [])
-        resumed = next((e for e in w1_events if e.get("event") == "experiment.resumed"), {})
-        w1_submit = [e for e in w1_events if e.get("event") == "rail.submit"]
-        movements = await _movements(stack, payout_id)
-        extract = await _db_extract(stack.database_url, payout_id, account_id)
+        movements = await _movements(stack, run.payout_id)
+        extract = await _db_extract(stack.database_url, run.payout_id, run.account_id)
         balanced = await _ledger_balanced(stack.database_url)
-        rail_debited = sum(int(m["amount"]) for m in movements if m["status"] != "declined")
-        ledger_debited = -sum(
-            int(e["amount"]) for e in extract["ledger_entries"] if e["account_id"] == account_id
+        result = _pause_result(
+            cfg,
+            run,
+            logs=logs,
+            movements=movements,
+            extract=extract,
+            balanced=balanced,
+            paydb_probe=paydb_probe,
         )
-        result = {
-            "experiment": "pause",
-            "fencing": "on" if fencing else "off",
-            "backend": cfg.backend,
-            "payout_id": payout_id,
-            "account_id": account_id,
-            "amount": amount,
-            "t1": t1,
-            "t2": t2,
-            "takeover_s": takeover_s,
-            "w2_ready_s": w2_ready_s,
-            "final_state": extract["payout"][0]["state"],
-            "rail_movements": len(movements),
-            "rail_debited": rail_debited,
-            "ledger_debited": ledger_debited,
-            "ledger_balanced": balanced,
-            "fenced_out_events": len(fenced),
-            "fenced_out": [
-                {
-                    k: e.get(k)
-                    for k in (
-                        "component",
-                        "key",
-                        "presented_token",
-                        "highest_token",
-                        "stored_token",
-                    )
-                }
-                for e in fenced
-            ],
-            "w1_still_held_after_resume": resumed.get("still_held"),
-            "w1_rail_submit": [
-                {k: e.get(k) for k in ("token", "code", "handoff_certainty", "outcome")}
-                for e in w1_submit
-            ],
-            "paydb_probe": paydb_probe,
-            # Where the takeover's seconds went: the workflow's history, freeze onwards.
-            "timeline": await workflow_timeline(stack.temporal_address, f"payout-{payout_id}"),
+        # Where the takeover's seconds went: the workflow's history, freeze onwards.
+        result["timeline"] = await workflow_timeline(
+            stack.temporal_address, f"payout-{run.payout_id}"
+        )
+        _write_evidence(evidence_dir, "result.json", result)
+        _write_evidence(evidence_dir, "database.json", extract)
+        _write_evidence(evidence_dir, "rail_movements.json", movements)
+        events = {
+            name: [e for e in evs if str(e.get("event", "")).startswith(EVIDENCE_EVENTS)]
+            for name, evs in logs.items()
         }
-        result["checks"] = _pause_checks(result, fencing)
-        result["ok"] = all(result["checks"].values())
-        folder = evidence_dir
-        _write_evidence(folder, "result.json", result)
-        _write_evidence(folder, "database.json", extract)
-        _write_evidence(folder, "rail_movements.json", movements)
-        _write_evidence(
-            folder,
-            "events.json",
-            {
-                name: [
-                    e
-                    for e in evs
-                    if str(e.get("event", "")).startswith(
-                        (
-                            "lock.",
-                            "rail.",
-                            "experiment.",
-                            "payout.",
-                            "fencing.",
-                            "submission_guard.",
-                        )
-                    )
-                ]
-                for name, evs in logs.items()
-            },
-        )
+        _write_evidence(evidence_dir, "events.json", events)
         return result
+
+
+async def _freeze_take_over_resume(stack: Stack, progress: Callable[[str], None]) -> _Takeover:
+    """The timeline: W1 claims and freezes, W2 takes over and posts, W1 resumes and attempts."""
+    amount, balance = 2_500, 10_000
+    payout_id, account_id = await _prepare(stack, amount, balance)
+    progress(f"payout {payout_id} of {amount} on {account_id}; starting W1 (will freeze)")
+    w1 = await stack.start_worker(
+        "worker-W1", {**WORKER_ENV, "WORKER_EXPERIMENT_PAUSE_BEFORE_SUBMIT": "true"}
+    )
+    assert w1.pid is not None
+    await _start_workflow(stack, payout_id, account_id)
+
+    async def w1_frozen() -> bool:
+        return process_state(w1.pid or 0) == "T"
+
+    await _until("W1 to claim and freeze itself (SIGSTOP)", w1_frozen)
+    frozen_at = time.monotonic()
+    t1 = int((await _payout_row(stack.database_url, payout_id))["fence"])
+    progress(
+        f"W1 frozen after claiming with T1={t1}; its lease expires in {LOCK_TTL_S:.0f}s "
+        "server-side; starting W2"
+    )
+    await stack.start_worker("worker-W2", WORKER_ENV)
+    w2_ready_s = round(time.monotonic() - frozen_at, 1)
+
+    async def posted() -> bool:
+        return str((await _payout_row(stack.database_url, payout_id))["state"]) == "POSTED"
+
+    await _until("W2 to execute the payout to POSTED", posted)
+    takeover_s = round(time.monotonic() - frozen_at, 1)  # a figure, never asserted
+    t2 = int((await _payout_row(stack.database_url, payout_id))["fence"])
+    progress(f"W2 posted the payout with T2={t2} {takeover_s}s after W1 froze; resuming W1")
+    stack.kill("worker-W1", signal.SIGCONT)
+    w1_log = w1.log_path
+
+    async def w1_attempted() -> bool:
+        return resumed_then_submitted(json_events(w1_log))
+
+    await _until("W1 to attempt its next step (the rail submission)", w1_attempted)
+    # Let the proxy record W1's attempt's outcome (fencing off: the rail's answer).
+    await asyncio.sleep(1.0)
+    return _Takeover(payout_id, account_id, amount, t1, t2, takeover_s, w2_ready_s)
+
+
+def _pause_result(
+    cfg: StackConfig,
+    run: _Takeover,
+    *,
+    logs: dict[str, list[dict[str, Any]]],
+    movements: list[dict[str, Any]],
+    extract: dict[str, Any],
+    balanced: bool,
+    paydb_probe: dict[str, Any],
+) -> dict[str, Any]:
+    """The pause experiment's figures from its evidence, with its checks and verdict."""
+    fenced = [e for evs in logs.values() for e in evs if e.get("event") == "lock.fenced_out"]
+    w1_events = logs.get("worker-W1", [])
+    resumed = next((e for e in w1_events if e.get("event") == "experiment.resumed"), {})
+    w1_submit = [e for e in w1_events if e.get("event") == "rail.submit"]
+    ledger_debited = -sum(
+        int(e["amount"]) for e in extract["ledger_entries"] if e["account_id"] == run.account_id
+    )
+    result = {
+        "experiment": "pause",
+        "fencing": "on" if cfg.fencing else "off",
+        "backend": cfg.backend,
+        "payout_id": run.payout_id,
+        "account_id": run.account_id,
+        "amount": run.amount,
+        "t1": run.t1,
+        "t2": run.t2,
+        "takeover_s": run.takeover_s,
+        "w2_ready_s": run.w2_ready_s,
+        "final_state": extract["payout"][0]["state"],
+        "rail_movements": len(movements),
+        "rail_debited": sum(int(m["amount"]) for m in movements if m["status"] != "declined"),
+        "ledger_debited": ledger_debited,
+        "ledger_balanced": balanced,
+        "fenced_out_events": len(fenced),
+        "fenced_out": [{k: e.get(k) for k in FENCED_OUT_FIELDS} for e in fenced],
+        "w1_still_held_after_resume": resumed.get("still_held"),
+        "w1_rail_submit": [{k: e.get(k) for k in RAIL_SUBMIT_FIELDS} for e in w1_submit],
+        "paydb_probe": paydb_probe,
+    }
+    result["checks"] = _pause_checks(result, cfg.fencing)
+    result["ok"] = all(result["checks"].values())
+    return result
 
 
 async def _paydb_probe(database_url: str, payout_id: str, t1: int, fencing: bool) -> dict[str, Any]:
@@ -445,16 +464,13 @@ async def crash_experiment(
         if at == "RAIL_SUBMITTED":
             # The rail records the movement and never answers: the proxy's outcome is UNKNOWN,
             # so the payout is RAIL_SUBMITTED with no known outcome when W1 dies.
-            async with httpx.AsyncClient(
-                base_url=stack.railstub_url, timeout=5, headers=stack.operator_headers()
-            ) as http:
-                await http.post(
-                    "/admin/behaviour",
-                    json={
-                        "stall_s": 10.0,
-                        "rules": [{"reference_prefix": "po-", "action": "timeout_after"}],
-                    },
-                )
+            await _rail_rules(
+                stack,
+                {
+                    "stall_s": 10.0,
+                    "rules": [{"reference_prefix": "po-", "action": "timeout_after"}],
+                },
+            )
         payout_id, account_id = await _prepare(stack, amount, 10_000)
         w1 = await stack.start_worker("worker-W1", {**WORKER_ENV, "WORKER_EXPERIMENT_CRASH_AT": at})
         await _start_workflow(stack, payout_id, account_id)
@@ -467,10 +483,7 @@ async def crash_experiment(
         state_at_crash, t1 = str(at_crash["state"]), int(at_crash["fence"])
         progress(f"W1 killed at {state_at_crash} (T1={t1}); starting W2 to recover")
         if at == "RAIL_SUBMITTED":
-            async with httpx.AsyncClient(
-                base_url=stack.railstub_url, timeout=5, headers=stack.operator_headers()
-            ) as http:
-                await http.post("/admin/behaviour", json={"rules": []})
+            await _rail_rules(stack, {"rules": []})
         await stack.start_worker("worker-W2", WORKER_ENV)
 
         async def terminal() -> bool:
@@ -480,37 +493,69 @@ async def crash_experiment(
         await _until("W2 to recover the payout to a terminal state", terminal)
         extract = await _db_extract(stack.database_url, payout_id, account_id)
         movements = await _movements(stack, payout_id)
-        states = [a["to_state"] for a in extract["audit"] if a["to_state"]]
-        result = {
-            "experiment": "crash",
-            "at": at,
-            "backend": cfg.backend,
-            "payout_id": payout_id,
-            "state_at_crash": state_at_crash,
-            "t1": t1,
-            "t2": int(extract["payout"][0]["fence"]),
-            "final_state": extract["payout"][0]["state"],
-            "states": states,
-            "rail_movements": len(movements),
-            "proxy_attempts": len(extract["proxy_attempts"]),
-            "ledger_balanced": await _ledger_balanced(stack.database_url),
-        }
-        checks = {
-            "killed_at_state": state_at_crash == at,
-            "t2_above_t1": result["t2"] > t1,
-            "posted": result["final_state"] == "POSTED",
-            "exactly_one_rail_movement": result["rail_movements"] == 1,
-            "one_proxy_attempt": result["proxy_attempts"] == 1,
-            "ledger_balanced": result["ledger_balanced"],
-        }
-        if at == "RAIL_SUBMITTED":
-            checks["went_through_ambiguous"] = "RAIL_AMBIGUOUS" in states
-        result["checks"] = checks
-        result["ok"] = all(checks.values())
+        result = _crash_result(
+            cfg,
+            at,
+            payout_id,
+            state_at_crash=state_at_crash,
+            t1=t1,
+            extract=extract,
+            movements=movements,
+        )
+        result["ledger_balanced"] = await _ledger_balanced(stack.database_url)
+        result["checks"] = _crash_checks(result)
+        result["ok"] = all(result["checks"].values())
         _write_evidence(evidence_dir, "result.json", result)
         _write_evidence(evidence_dir, "database.json", extract)
         _write_evidence(evidence_dir, "rail_movements.json", movements)
         return result
+
+
+async def _rail_rules(stack: Stack, behaviour: dict[str, Any]) -> None:
+    """Set the rail stub's behaviour (its operator-only admin endpoint)."""
+    async with httpx.AsyncClient(
+        base_url=stack.railstub_url, timeout=5, headers=stack.operator_headers()
+    ) as http:
+        await http.post("/admin/behaviour", json=behaviour)
+
+
+def _crash_result(
+    cfg: StackConfig,
+    at: str,
+    payout_id: str,
+    *,
+    state_at_crash: str,
+    t1: int,
+    extract: dict[str, Any],
+    movements: list[dict[str, Any]],
+) -> dict[str, Any]:
+    return {
+        "experiment": "crash",
+        "at": at,
+        "backend": cfg.backend,
+        "payout_id": payout_id,
+        "state_at_crash": state_at_crash,
+        "t1": t1,
+        "t2": int(extract["payout"][0]["fence"]),
+        "final_state": extract["payout"][0]["state"],
+        "states": [a["to_state"] for a in extract["audit"] if a["to_state"]],
+        "rail_movements": len(movements),
+        "proxy_attempts": len(extract["proxy_attempts"]),
+    }
+
+
+def _crash_checks(r: dict[str, Any]) -> dict[str, bool]:
+    checks = {
+        "killed_at_state": r["state_at_crash"] == r["at"],
+        "t2_above_t1": r["t2"] > r["t1"],
+        "posted": r["final_state"] == "POSTED",
+        "exactly_one_rail_movement": r["rail_movements"] == 1,
+        "one_proxy_attempt": r["proxy_attempts"] == 1,
+        "ledger_balanced": r["ledger_balanced"],
+    }
+    if r["at"] == "RAIL_SUBMITTED":
+        checks["went_through_ambiguous"] = "RAIL_AMBIGUOUS" in r["states"]
+    return checks
 
 
 def isolated_ports() -> Ports:

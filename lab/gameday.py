@@ -23,9 +23,10 @@ import httpx
 
 from lab.chaos_faults import RAIL_BASELINE, FaultInjector
 from lab.experiments import isolated_ports
+from lab.gameday_ctx import Ctx, Scenario
 from lab.gameday_prom import GamedayPrometheus
 from lab.gameday_rules import runbook_of
-from lab.gameday_scenarios import SCENARIOS, Ctx, Scenario
+from lab.gameday_scenarios import SCENARIOS
 from stack.config import StackConfig
 from stack.system import Stack
 

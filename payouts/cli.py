@@ -13,6 +13,7 @@ import os
 import sys
 
 from common.exiting import exit_code, exit_now
+from payouts.settings import database_url
 
 #: Modules that define `register(subparsers: argparse._SubParsersAction) -> None`.
 COMMAND_MODULES: tuple[str, ...] = (
@@ -26,18 +27,6 @@ COMMAND_MODULES: tuple[str, ...] = (
     "lab.chaos_cli",
     "lab.gameday_cli",
 )
-
-
-def database_url(args: argparse.Namespace, *own_vars: str) -> str:
-    """--database-url, else the command's own role DSN variable(s) (e.g. $PAYDB_DATABASE_URL,
-    docs/database-roles.md), else $DATABASE_URL; a clear error when none is set."""
-    url = getattr(args, "database_url", None)
-    for var in (*own_vars, "DATABASE_URL"):
-        url = url or os.environ.get(var)
-    if not url:
-        names = " or ".join(f"${v}" for v in (*own_vars, "DATABASE_URL"))
-        raise SystemExit(f"error: {names} is not set (or pass --database-url)")
-    return str(url)
 
 
 def _cmd_db_migrate(args: argparse.Namespace) -> int:

@@ -31,8 +31,7 @@ from invariants.checker import (
     stub_movement_source,
     temporal_workflow_source,
 )
-from payouts.cli import database_url
-from payouts.commands import DEFAULT_TEMPORAL, temporal_address
+from payouts.settings import DEFAULT_TEMPORAL, database_url, temporal_address
 
 HISTORY_KINDS = ("postgres", "http")
 

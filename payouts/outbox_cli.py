@@ -28,7 +28,7 @@ from common.pgutil import create_pool
 from outbox.delivery import OPERABLE, OutboxError, OutboxSettings, Status
 from outbox.ops import list_rows, operator_action, outbox_summary
 from outbox.publisher import Publisher
-from payouts.cli import database_url
+from payouts.settings import database_url
 
 
 def _out(text: str) -> None:

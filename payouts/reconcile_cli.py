@@ -34,7 +34,7 @@ from temporalio.client import (
 
 from activities.reconcile_models import ReconcileInput
 from common.logs import configure_logging, get_logger
-from payouts.cli import database_url
+from payouts.settings import database_url
 from reconcile.reconciler import (
     ReconcileError,
     ReconcileReport,

@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.credentials import Kind, issue_tokens, write_credentials
 from lockservice.grants import KeyPairFiles, generate_keypair
 from stack.config import StackConfig
+from stack.credentials import StackCredentials, stack_credentials
 from stack.embedded import free_port, temporal_binary
 from stack.process import (
     HealthCheck,
@@ -39,53 +39,6 @@ TEMPORAL_SQLITE_PRAGMAS = (
     "--sqlite-pragma",
     "synchronous=normal",
 )
-
-
-#: The stack's operator (one bearer token; `payouts up` prints its export line).
-STACK_OPERATOR = "local-operator"
-#: Every identity of a local stack and its kind: one token each under `<run dir>/credentials/`.
-STACK_IDENTITIES: dict[str, Kind] = {
-    STACK_OPERATOR: "operator",
-    "worker": "component",
-    "railproxy": "component",
-    "outbox": "component",
-    "reconciler": "component",
-    "invariants": "component",
-}
-#: Which identities each server accepts (its credentials file lists only these; the endpoint
-#: policy in each service then decides what each may do).
-STACK_ACCEPTS: dict[str, tuple[str, ...]] = {
-    "lock-server": (STACK_OPERATOR, "worker", "invariants", "reconciler"),
-    "railstub": (STACK_OPERATOR, "railproxy", "reconciler", "invariants"),
-    "railproxy": (STACK_OPERATOR, "worker", "reconciler", "invariants"),
-    "finledger": (STACK_OPERATOR, "outbox", "invariants", "reconciler"),
-    "outbox-cli": (STACK_OPERATOR,),
-}
-
-
-@dataclass(frozen=True)
-class StackCredentials:
-    """Token files (one per identity) and credentials files (one per server), all 0600."""
-
-    tokens: dict[str, Path]
-    servers: dict[str, Path]
-
-    @property
-    def operator_token_file(self) -> Path:
-        return self.tokens[STACK_OPERATOR]
-
-
-def stack_credentials(run_dir: Path) -> StackCredentials:
-    """Generated on first start under `<run dir>/credentials/` and kept for the next."""
-    base = run_dir / "credentials"
-    tokens = issue_tokens(base / "tokens", STACK_IDENTITIES)
-    servers = {
-        server: write_credentials(
-            base / f"{server}.json", {n: STACK_IDENTITIES[n] for n in names}, tokens
-        )
-        for server, names in STACK_ACCEPTS.items()
-    }
-    return StackCredentials(tokens, servers)
 
 
 @dataclass(frozen=True)

@@ -35,13 +35,13 @@ from common.logs import get_logger
 from common.migrate import migrate
 from railproxy.settings import ProxySettings
 from stack.config import (
-    LeftoverProcessError,
     PortTakenError,
     StackConfig,
     StackError,
     UnknownProcessError,
     port_in_use,
 )
+from stack.credentials import STACK_OPERATOR, StackCredentials, stack_credentials
 from stack.embedded import (
     EmbeddedEtcd,
     EmbeddedPostgres,
@@ -49,15 +49,13 @@ from stack.embedded import (
     EtcdMember,
     free_port,
 )
-from stack.process import ManagedProcess, pid_alive, tcp_check
+from stack.preflight import check_ports, refuse_leftovers, safe_url
+from stack.process import ManagedProcess, tcp_check
 from stack.services import (
-    STACK_OPERATOR,
     Addresses,
     ServiceFactory,
-    StackCredentials,
     finledger_available,
     outbox_available,
-    stack_credentials,
     worker_available,
 )
 
@@ -65,20 +63,6 @@ log = get_logger("stack.system")
 T = TypeVar("T")
 #: The proxy setting whose value the workload waits out (see `Stack.wait_for_rail_history`).
 _SKEW_MARGIN_ENV = "RAILPROXY_ABSENCE_CLOCK_SKEW_MARGIN_S"
-
-_PORT_LABELS = {
-    "temporal": "Temporal",
-    "temporal_ui": "Temporal Web UI",
-    "temporal_http": "Temporal HTTP API",
-    "temporal_metrics": "Temporal metrics",
-    "outbox_metrics": "outbox publisher metrics",
-    "lock": "lock server",
-    "railstub": "rail stub",
-    "railproxy": "rail proxy",
-    "finledger": "finance ledger",
-    "postgres": "embedded PostgreSQL",
-    "etcd": "embedded etcd",
-}
 
 FENCING_OFF_WARNING = (
     "WARNING: FENCING IS OFF (FR-29, experiment only). The rail proxy accepts stale tokens and "
@@ -547,7 +531,7 @@ class Stack:
         try:
             applied = await migrate(url, passwords=roles.passwords)
         except (OSError, Exception) as exc:  # asyncpg raises many types; name the step
-            raise StackError(f"migrating {_safe_url(url)} failed: {exc}") from exc
+            raise StackError(f"migrating {safe_url(url)} failed: {exc}") from exc
         log.info("stack.migrated", applied=applied)
         self._write_state(stopped=False)
         return url, roles
@@ -583,55 +567,15 @@ class Stack:
         return tuple(etcd.endpoints)
 
     def _check_ports(self) -> None:
-        """Name every taken port with the variable that moves it, before anything starts."""
-        cfg, p = self.config, self.config.ports
-        needed = ["temporal", "temporal_ui", "temporal_http", "temporal_metrics"]
-        needed += ["lock", "railstub", "railproxy", "outbox_metrics"]
-        if finledger_available():
-            needed.append("finledger")
-        if not cfg.database_url:
-            needed.append("postgres")
-        if cfg.backend == "etcd" and not cfg.etcd_endpoints:
-            needed.append("etcd")
-        seen: dict[int, str] = {}
-        problems: list[str] = []
-        for key in needed:
-            port = getattr(p, key)
-            var = p.ENV_VARS[key]
-            if port in seen:
-                problems.append(
-                    f"port {port} is configured for both {_PORT_LABELS[seen[port]]} and "
-                    f"{_PORT_LABELS[key]}; set {var}"
-                )
-            elif port_in_use(port):
-                problems.append(f"port {port} ({_PORT_LABELS[key]}) is taken; set {var}")
-            seen[port] = key
-        if problems:
-            raise PortTakenError("; ".join(problems))
+        check_ports(self.config)
 
     def _refuse_leftovers(self) -> None:
-        """An earlier `payouts up` on this run directory that was killed may still have children."""
-        state = self.run_dir / "stack.json"
-        alive: list[str] = []
-        if state.exists():
-            try:
-                recorded = json.loads(state.read_text()).get("processes", {})
-            except ValueError:
-                recorded = {}
-            for name, info in recorded.items():
-                pid = int(info.get("pid", 0))
-                if pid > 0 and pid_alive(pid) and _cmdline_has(pid, str(info.get("cmd", ""))):
-                    alive.append(f"{name} pid {pid}")
-        if alive:
-            raise LeftoverProcessError(
-                f"processes of an earlier stack in {self.run_dir} are still running "
-                f"({', '.join(alive)}); stop them (kill -TERM -- -PID) or use another --run-dir"
-            )
+        refuse_leftovers(self.run_dir)
 
     def _write_state(self, *, stopped: bool) -> None:
         """stack.json: addresses and pids, so that a later run can detect leftovers."""
         addrs = asdict(self.addresses) if self.addresses else {}
-        addrs["database_url"] = _safe_url(addrs.get("database_url", ""))
+        addrs["database_url"] = safe_url(addrs.get("database_url", ""))
         procs: dict[str, Any] = {}
         for name, info in self.processes.items():
             managed = self._procs.get(name)
@@ -640,24 +584,6 @@ class Stack:
             procs[name] = {"pid": info.pid, "log": str(info.log_path), "cmd": cmd}
         body = {"stopped": stopped, "addresses": addrs, "processes": procs}
         (self.run_dir / "stack.json").write_text(json.dumps(body, indent=2, sort_keys=True))
-
-
-def _cmdline_has(pid: int, cmd: str) -> bool:
-    """Guards against pid reuse: the live pid must still run the recorded program."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-    except OSError:
-        return False
-    return bool(cmd) and cmd in cmdline
-
-
-def _safe_url(url: str) -> str:
-    """The URL without a password, for messages and files."""
-    if "@" not in url or "://" not in url:
-        return url
-    scheme, rest = url.split("://", 1)
-    creds, host = rest.rsplit("@", 1)
-    return f"{scheme}://{creds.split(':', 1)[0]}@{host}"
 
 
 async def _wait(check: Callable[[], Awaitable[bool]], within_s: float, what: str) -> None:

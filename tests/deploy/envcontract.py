@@ -5,8 +5,9 @@ settings classes and command modules of the code it runs, and the variable names
 Must never: list a variable by hand. Names come from the pydantic-settings classes (prefix +
 field name, or the field's validation aliases) and from literal `os.environ.get("X")`,
 `os.environ["X"]` and `os.getenv("X")` calls in the command modules, and from the commands' DSN
-look-ups `database_url(args, "X_DATABASE_URL")` (payouts.cli: X, then its DATABASE_URL fallback), so a variable added to the
-code (another role's DSN, a bearer credential) shows up here with no change to this file.
+look-ups `database_url(args, "X_DATABASE_URL")` (payouts.settings: X, then its DATABASE_URL
+fallback), so a variable added to the code (another role's DSN, a bearer credential) shows up
+here with no change to this file.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ COMPONENTS: tuple[Component, ...] = (
         "invariants",
         ("payouts", "check-invariants", "--json"),
         settings=("invariants.checker:InvariantSettings",),
-        modules=("payouts.cli", "payouts.invariants_cli", "payouts.commands"),
+        modules=("payouts.cli", "payouts.invariants_cli", "payouts.settings"),
         one_shot=True,
     ),
 )
@@ -106,7 +107,7 @@ def _is_environ(node: ast.expr) -> bool:
     return isinstance(node, ast.Attribute) and node.attr == "environ"
 
 
-#: payouts.cli.database_url(args, *own_vars): reads each of own_vars, then this fallback.
+#: payouts.settings.database_url(args, *own_vars): reads each of own_vars, then this fallback.
 DSN_HELPER = "database_url"
 DSN_FALLBACK = "DATABASE_URL"
 

@@ -24,7 +24,7 @@ import yaml
 
 from common.credentials import Credentials, CredentialsError, read_token
 from common.db_roles import ROLE_NAMES
-from stack.services import STACK_ACCEPTS, STACK_IDENTITIES
+from stack.credentials import STACK_ACCEPTS, STACK_IDENTITIES
 from tests.deploy import envcontract
 from tests.deploy.conftest import (
     K8S,

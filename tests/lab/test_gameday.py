@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from lab.gameday import GamedayOptions, append_table, run_gameday, selected, table
-from lab.gameday_scenarios import Ctx, Scenario
+from lab.gameday_ctx import Ctx, Scenario
 
 pytestmark = pytest.mark.skipif(
     shutil.which("prometheus") is None, reason="prometheus absent: run `make prometheus`"

@@ -18,7 +18,8 @@ from structlog.testing import capture_logs
 from temporalio.client import Client
 
 from common import db_roles
-from payouts.commands import PayoutSpec, create_payouts, seed_accounts, start_workflows
+from payouts.batch import PayoutSpec
+from payouts.workload import create_payouts, seed_accounts, start_workflows
 from stack.cli import exports
 from stack.config import ServiceFailedError, StackConfig
 from stack.services import worker_available

@@ -1,0 +1,224 @@
+"""`payouts payout create|start-pending|list|status`: create payouts, start their workflows,
+follow them (`--wait`) and query them.
+
+Bad input gets a one-line error and a non-zero exit, and creates nothing: a batch is validated
+whole before the first payout is written. The operator signals (`payout abandon|revoke`) are
+`payouts.operator_cli`'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+from payouts.batch import PayoutSpec, check_batch, generate, parse_spec, read_batch
+from payouts.errors import (
+    EXIT_NOT_TERMINAL,
+    EXIT_UNAVAILABLE,
+    CommandError,
+    guard,
+    workflow_error,
+)
+from payouts.follow import follow_payouts, terminal_count
+from payouts.settings import connection_options, database_url, task_queue, temporal_address
+from payouts.workload import connect_temporal, create_payouts, pending_payouts, start_workflows
+
+
+def _cmd_create(args: argparse.Namespace) -> int:
+    if args.file:
+        specs = read_batch(Path(args.file))
+    elif args.generate:
+        if args.accounts <= 0:
+            raise CommandError("--accounts must be positive")
+        specs = generate(
+            args.generate,
+            args.accounts,
+            seed=args.seed,
+            min_amount=args.min_amount,
+            max_amount=args.max_amount,
+        )
+    else:
+        if args.account is None or args.amount is None:
+            raise CommandError(
+                "a single payout needs --account and --amount (or use --file or --generate)"
+            )
+        specs = [
+            parse_spec(
+                {
+                    "payout_id": args.payout_id or f"po-{uuid.uuid4().hex[:12]}",
+                    "account_id": args.account,
+                    "amount": args.amount,
+                },
+                "payout",
+            )
+        ]
+    check_batch(specs)
+    asyncio.run(_create_and_start(args, specs))
+    verb = "created" if args.no_start else "created and started"
+    print(f"{verb} {len(specs)} payout(s); follow them in the Temporal UI as payout-<id>")
+    for s in specs[:10]:
+        print(f"  payout-{s.payout_id}  account={s.account_id}  amount={s.amount}")
+    if args.wait and not args.no_start:
+        counts = asyncio.run(
+            follow_payouts(
+                database_url(args, "PAYDB_DATABASE_URL"),
+                [s.payout_id for s in specs],
+                args.wait_timeout,
+            )
+        )
+        print("summary: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+        return 0 if terminal_count(counts) == len(specs) else EXIT_NOT_TERMINAL
+    return 0
+
+
+async def _create_and_start(args: argparse.Namespace, specs: list[PayoutSpec]) -> None:
+    """Rows, then workflows, as one recoverable operation: Temporal is reached before any row is
+    written, and if starting still fails half-way, `payout start-pending` starts the rest."""
+    client = None if args.no_start else await connect_temporal(temporal_address(args))
+    await create_payouts(database_url(args, "PAYDB_DATABASE_URL"), specs)
+    if client is None:
+        return
+    try:
+        await start_workflows(temporal_address(args), task_queue(args), specs, client=client)
+    except RuntimeError as exc:
+        raise CommandError(
+            f"created {len(specs)} payout(s) but could not start every workflow ({exc}); "
+            "run `payouts payout start-pending` to start the missing ones",
+            EXIT_UNAVAILABLE,
+        ) from None
+
+
+def _cmd_start_pending(args: argparse.Namespace) -> int:
+    specs = asyncio.run(pending_payouts(database_url(args, "PAYDB_DATABASE_URL")))
+    started = asyncio.run(start_workflows(temporal_address(args), task_queue(args), specs))
+    print(
+        f"{len(specs)} PENDING payout(s): started {started} workflow(s), "
+        f"{len(specs) - started} already had one"
+    )
+    return 0
+
+
+async def list_payouts(
+    address: str, state: str | None, account_id: str | None
+) -> list[dict[str, Any]]:
+    """Payout workflows by their search attributes (the query the Temporal UI and CLI take)."""
+    from workflows.search_attributes import (
+        PAYOUT_ACCOUNT,
+        PAYOUT_ESCALATED,
+        PAYOUT_STATE,
+        query,
+    )
+
+    client = await connect_temporal(address)
+    rows = []
+    async for wf in client.list_workflows(query(state, account_id)):
+        attrs = wf.typed_search_attributes
+        rows.append(
+            {
+                "workflow_id": wf.id,
+                "state": attrs.get(PAYOUT_STATE),
+                "account_id": attrs.get(PAYOUT_ACCOUNT),
+                "escalated": attrs.get(PAYOUT_ESCALATED),
+                "status": wf.status.name if wf.status else None,
+            }
+        )
+    return rows
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    from ledger.states import PayoutState
+
+    states = [s.value for s in PayoutState]
+    if args.state and args.state not in states:
+        raise CommandError(f"--state must be one of {', '.join(states)}")
+    if args.account and any(c in args.account for c in '"\\'):
+        raise CommandError("--account must not contain quotes or backslashes")
+    rows = asyncio.run(list_payouts(temporal_address(args), args.state, args.account))
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    for r in rows:
+        flag = "  escalated" if r["escalated"] else ""
+        print(f"{r['workflow_id']}  {r['state']}  account={r['account_id']}  {r['status']}{flag}")
+    print(f"{len(rows)} payout(s)")
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    status = asyncio.run(payout_status(temporal_address(args), args.payout_id))
+    print(json.dumps(status, indent=2, default=str))
+    return 0
+
+
+async def payout_status(address: str, payout_id: str) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    from temporalio.client import WorkflowQueryFailedError
+    from temporalio.service import RPCError
+
+    from workflows.payout import PayoutWorkflow
+
+    client = await connect_temporal(address)
+    handle = client.get_workflow_handle_for(PayoutWorkflow.run, f"payout-{payout_id}")
+    try:
+        return asdict(await handle.query(PayoutWorkflow.status))
+    except (RPCError, WorkflowQueryFailedError) as exc:
+        raise workflow_error(exc, payout_id) from None
+
+
+def register(sub: Any) -> Any:
+    """`payouts payout` and its subcommands; returns its subparsers for the operator signals."""
+    payout = sub.add_parser("payout", help="create payouts, query them, send operator signals")
+    psub = payout.add_subparsers(dest="payout_command", required=True)
+    create = psub.add_parser("create", help="create payouts and start their workflows")
+    create.add_argument("--account", help="account of a single payout")
+    create.add_argument("--amount", type=int, help="amount of a single payout (minor units)")
+    create.add_argument("--payout-id", help="id of a single payout (default: generated)")
+    create.add_argument("--file", help="a .json list or .csv (payout_id,account_id,amount)")
+    create.add_argument("--generate", type=int, metavar="N", help="generate N payouts")
+    create.add_argument("--accounts", type=int, default=50, help="accounts for --generate")
+    create.add_argument("--seed", type=int, default=1, help="seed for --generate")
+    create.add_argument(
+        "--min-amount", type=int, default=100, help="smallest generated amount (minor units)"
+    )
+    create.add_argument(
+        "--max-amount", type=int, default=5_000, help="largest generated amount (minor units)"
+    )
+    create.add_argument("--no-start", action="store_true", help="create rows only")
+    create.add_argument(
+        "--wait",
+        action="store_true",
+        help="follow the payouts to terminal states with a progress bar, then a summary "
+        "(exit 6 if some were not terminal by --wait-timeout)",
+    )
+    create.add_argument(
+        "--wait-timeout", type=float, default=3600.0, help="seconds --wait follows them"
+    )
+    connection_options(create, db=True, temporal=True)
+    create.set_defaults(func=guard(_cmd_create))
+
+    pending = psub.add_parser(
+        "start-pending",
+        help="start the workflow of every PENDING payout that has none (idempotent)",
+    )
+    connection_options(pending, db=True, temporal=True)
+    pending.set_defaults(func=guard(_cmd_start_pending))
+
+    lst = psub.add_parser(
+        "list", help="payouts by state (and account), from Temporal's search attributes"
+    )
+    lst.add_argument("--state", help="PENDING, CLAIMED, ..., RAIL_AMBIGUOUS, POSTED, ...")
+    lst.add_argument("--account", help="only this account's payouts")
+    lst.add_argument("--json", action="store_true", help="one JSON list instead of lines")
+    connection_options(lst, temporal=True)
+    lst.set_defaults(func=guard(_cmd_list))
+
+    status = psub.add_parser("status", help="query a payout workflow's state, token, attempt")
+    status.add_argument("payout_id")
+    connection_options(status, temporal=True)
+    status.set_defaults(func=guard(_cmd_status))
+    return psub
