@@ -33,5 +33,6 @@ def serve(
         host=host,
         port=port,
         log_level="warning",
+        log_config=None,
         access_log=False,
     )
