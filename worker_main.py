@@ -8,7 +8,9 @@ process's own queue runs the critical section (claim, submit, post, release) so 
 where the lock session lives. If this process dies, its queue goes silent and the workflows
 re-acquire elsewhere with a higher token.
 
-Run: `python worker_main.py` (settings from the environment, prefix `WORKER_`; see README).
+Run: `python worker_main.py` (settings from the environment, prefix `WORKER_`, and the reconciler's
+`RECONCILE_*` variables for the ReconcileWorkflow activity it runs; see README). One settings
+object, `WorkerSettings`, is read once at start and passed down.
 """
 
 from __future__ import annotations
@@ -41,14 +43,26 @@ from ledger import PayoutStore
 from lockservice.client import LockClient
 from lockservice.grants import GrantVerifier, verifier_from_settings
 from railproxy.client import RailProxyClient
-from reconcile.reconciler import ReconcileSettings, stub_movement_source
+from reconcile.reconciler import (
+    AMBIGUITY_SLA_S,
+    RAIL_ADMIN_URL,
+    reconciler_token,
+    stub_movement_source,
+)
 from workflows.payout import PayoutWorkflow
 from workflows.reconcile import ReconcileWorkflow
 
 log = get_logger("worker")
 
 
+def _reconciler(name: str) -> AliasChoices:
+    """A reconciler's variable (prefix RECONCILE_, reconcile.reconciler.ReconcileSettings)."""
+    return AliasChoices(f"RECONCILE_{name.upper()}")
+
+
 class WorkerSettings(BaseSettings):
+    """Everything a worker process reads from the environment, read once (`main`)."""
+
     model_config = SettingsConfigDict(env_prefix="WORKER_", extra="ignore")
 
     temporal_address: str = "127.0.0.1:7233"
@@ -105,6 +119,21 @@ class WorkerSettings(BaseSettings):
     # and a coroutine each, no CPU). Too few slots and the waiters of busy accounts fill them
     # while acquires for idle accounts queue behind them in Temporal.
     shared_max_concurrent_activities: int = 1000
+    # The hourly ReconcileWorkflow's activity runs here as the reconciler: with its read-only
+    # role (unset: the worker's own DSN, docs/database-roles.md), its token for the rail's
+    # movement log, and the same variables as `payouts reconcile` (prefix RECONCILE_).
+    reconcile_database_url: str | None = Field(
+        default=None, validation_alias=_reconciler("database_url")
+    )
+    reconcile_rail_admin_url: str = Field(
+        default=RAIL_ADMIN_URL, validation_alias=_reconciler("rail_admin_url")
+    )
+    reconcile_token_file: str | None = Field(
+        default=None, validation_alias=_reconciler("token_file")
+    )
+    reconcile_ambiguity_sla_s: float = Field(
+        default=AMBIGUITY_SLA_S, validation_alias=_reconciler("ambiguity_sla_s")
+    )
 
 
 class StartupRefused(Exception):
@@ -179,10 +208,9 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
     )
     pool = await create_pool(settings.database_url, min_size=1, max_size=10)
     # The reconciler reads both schemas with its own read-only role, not the payment store's.
-    rec_settings = ReconcileSettings()
     rec_pool = pool
-    if rec_settings.database_url:
-        rec_pool = await create_pool(rec_settings.database_url, min_size=0, max_size=2)
+    if settings.reconcile_database_url:
+        rec_pool = await create_pool(settings.reconcile_database_url, min_size=0, max_size=2)
     try:
         token = read_token(token_file=settings.token_file, what="WORKER_TOKEN_FILE")
         store = PayoutStore(
@@ -214,8 +242,11 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
             )
             reconciler = ReconcileActivities(
                 rec_pool,
-                stub_movement_source(rec_settings.rail_admin_url, token=rec_settings.token()),
-                sla=timedelta(seconds=rec_settings.ambiguity_sla_s),
+                stub_movement_source(
+                    settings.reconcile_rail_admin_url,
+                    token=reconciler_token(settings.reconcile_token_file),
+                ),
+                sla=timedelta(seconds=settings.reconcile_ambiguity_sla_s),
             )
             shared = Worker(
                 client,
