@@ -228,8 +228,7 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
                 token=token,
             ) as locks,
             RailProxyClient(settings.railproxy_url, token=token) as proxy,
-        ):
-            acts = PayoutActivities(
+            PayoutActivities(
                 locks=locks,
                 store=store,
                 proxy=proxy,
@@ -239,7 +238,8 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
                 token=token,
                 pause_before_submit=settings.experiment_pause_before_submit,
                 crash_at=settings.experiment_crash_at,
-            )
+            ) as acts,  # closed after the workers below have stopped
+        ):
             reconciler = ReconcileActivities(
                 rec_pool,
                 stub_movement_source(
