@@ -23,7 +23,9 @@ import socket
 import sys
 import time
 import uuid
+from collections.abc import AsyncIterator, Coroutine
 from datetime import timedelta
+from typing import Any
 
 import httpx
 from pydantic import AliasChoices, Field
@@ -199,6 +201,7 @@ def grant_verifier(settings: WorkerSettings) -> GrantVerifier | None:
 
 
 async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
+    """Run one worker process until `stop` is set, then close everything it opened."""
     await check_start(settings)  # FR-29: before anything starts
     worker_queue = f"{settings.task_queue}-holder-{settings.worker_id}"
     health = worker_http.HealthSnapshot()
@@ -248,50 +251,16 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
                 ),
                 sla=timedelta(seconds=settings.reconcile_ambiguity_sla_s),
             )
-            shared = Worker(
-                client,
-                task_queue=settings.task_queue,
-                workflows=[PayoutWorkflow, ReconcileWorkflow],
-                activities=[*acts.shared_queue_activities(), reconciler.reconcile],
-                # How long a workflow task waits for the worker that has the workflow cached
-                # before any worker may take it (and replay the whole history). Not shorter: on
-                # a busy machine a 3 s timeout fired for healthy workers, and every timeout was
-                # a replay, which made the machine busier still (a 2,000-payout run fell to
-                # 1 payout/s). A paused or dead worker's workflows move on after this. Never
-                # longer than one lock TTL, so that a frozen holder's workflows are taken over
-                # within about two lease lengths (issue 16); 10 s at the default 15 s TTL.
-                sticky_queue_schedule_to_start_timeout=timedelta(
-                    seconds=min(10.0, settings.lock_ttl_s)
-                ),
-                max_concurrent_activities=settings.shared_max_concurrent_activities,
-            )
-            holder = Worker(
-                client,
-                task_queue=worker_queue,
-                activities=acts.holder_queue_activities(),
-                max_concurrent_activities=settings.max_concurrent_activities,
-            )
-            sweeper = asyncio.create_task(acts.sweep_idle_leases(settings.lease_idle_s))
-            refresher = asyncio.create_task(
+            background = [
+                acts.sweep_idle_leases(settings.lease_idle_s),
                 worker_http.refresh_forever(
                     health, client.service_client.check_health, locks.session_state
-                )
-            )
-            backlog = asyncio.create_task(backlog_metrics.refresh_forever(pool))
-            async with shared, holder:
-                log.info(
-                    "worker.started",
-                    worker_id=settings.worker_id,
-                    task_queue=settings.task_queue,
-                    worker_queue=worker_queue,
-                    enforce_fencing=settings.enforce_fencing,
-                    experiment_mode=settings.experiment_mode,
-                )
+                ),
+                backlog_metrics.refresh_forever(pool),
+            ]
+            workers = _workers(settings, client, worker_queue, acts, reconciler)
+            async with _background(background), workers:
                 await stop.wait()
-            for task in (sweeper, refresher, backlog):
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
             log.info("worker.stopped", worker_id=settings.worker_id)
     finally:
         if rec_pool is not pool:
@@ -299,6 +268,63 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
         await pool.close()
         if http is not None:
             http.shutdown()
+
+
+@contextlib.asynccontextmanager
+async def _background(loops: list[Coroutine[Any, Any, None]]) -> AsyncIterator[None]:
+    """Run the process's background loops (idle-lease sweeper, health, backlog metrics) for the
+    duration of the block; cancelled and awaited when it ends."""
+    tasks = [asyncio.create_task(loop) for loop in loops]
+    try:
+        yield
+    finally:
+        for task in tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+@contextlib.asynccontextmanager
+async def _workers(
+    settings: WorkerSettings,
+    client: Client,
+    worker_queue: str,
+    acts: PayoutActivities,
+    reconciler: ReconcileActivities,
+) -> AsyncIterator[None]:
+    """The two Temporal workers of this process (the shared queue's and its own holder queue's),
+    polling for the duration of the block."""
+    shared = Worker(
+        client,
+        task_queue=settings.task_queue,
+        workflows=[PayoutWorkflow, ReconcileWorkflow],
+        activities=[*acts.shared_queue_activities(), reconciler.reconcile],
+        # How long a workflow task waits for the worker that has the workflow cached
+        # before any worker may take it (and replay the whole history). Not shorter: on
+        # a busy machine a 3 s timeout fired for healthy workers, and every timeout was
+        # a replay, which made the machine busier still (a 2,000-payout run fell to
+        # 1 payout/s). A paused or dead worker's workflows move on after this. Never
+        # longer than one lock TTL, so that a frozen holder's workflows are taken over
+        # within about two lease lengths (issue 16); 10 s at the default 15 s TTL.
+        sticky_queue_schedule_to_start_timeout=timedelta(seconds=min(10.0, settings.lock_ttl_s)),
+        max_concurrent_activities=settings.shared_max_concurrent_activities,
+    )
+    holder = Worker(
+        client,
+        task_queue=worker_queue,
+        activities=acts.holder_queue_activities(),
+        max_concurrent_activities=settings.max_concurrent_activities,
+    )
+    async with shared, holder:
+        log.info(
+            "worker.started",
+            worker_id=settings.worker_id,
+            task_queue=settings.task_queue,
+            worker_queue=worker_queue,
+            enforce_fencing=settings.enforce_fencing,
+            experiment_mode=settings.experiment_mode,
+        )
+        yield
 
 
 def _runtime(settings: WorkerSettings) -> Runtime | None:
