@@ -23,8 +23,10 @@ def serve(
 ) -> None:
     """Configure logging as `service`, build the app, serve it on host:port until SIGINT/SIGTERM.
 
-    `app_factory` is called once, after logging is configured. Exit codes are uvicorn's: 0 after
-    a signal, non-zero when the port cannot be bound or the app's lifespan start-up fails."""
+    `app_factory` is called once, after logging is configured. Exits are uvicorn's: on SIGINT or
+    SIGTERM it shuts down gracefully (the app's lifespan ends) and then re-raises the signal, so
+    the status is the signal's; it exits non-zero when the port cannot be bound or the lifespan
+    start-up fails."""
     import uvicorn
 
     configure_logging(service, level=log_level)
