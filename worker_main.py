@@ -8,7 +8,9 @@ process's own queue runs the critical section (claim, submit, post, release) so 
 where the lock session lives. If this process dies, its queue goes silent and the workflows
 re-acquire elsewhere with a higher token.
 
-Run: `python worker_main.py` (settings from the environment, prefix `WORKER_`; see README).
+Run: `python worker_main.py` (settings from the environment, prefix `WORKER_`, and the reconciler's
+`RECONCILE_*` variables for the ReconcileWorkflow activity it runs; see README). One settings
+object, `WorkerSettings`, is read once at start and passed down.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ import socket
 import sys
 import time
 import uuid
+from collections.abc import AsyncIterator, Coroutine
 from datetime import timedelta
+from typing import Any
 
 import httpx
 from pydantic import AliasChoices, Field
@@ -41,14 +45,26 @@ from ledger import PayoutStore
 from lockservice.client import LockClient
 from lockservice.grants import GrantVerifier, verifier_from_settings
 from railproxy.client import RailProxyClient
-from reconcile.reconciler import ReconcileSettings, stub_movement_source
+from reconcile.reconciler import (
+    AMBIGUITY_SLA_S,
+    RAIL_ADMIN_URL,
+    reconciler_token,
+    stub_movement_source,
+)
 from workflows.payout import PayoutWorkflow
 from workflows.reconcile import ReconcileWorkflow
 
 log = get_logger("worker")
 
 
+def _reconciler(name: str) -> AliasChoices:
+    """A reconciler's variable (prefix RECONCILE_, reconcile.reconciler.ReconcileSettings)."""
+    return AliasChoices(f"RECONCILE_{name.upper()}")
+
+
 class WorkerSettings(BaseSettings):
+    """Everything a worker process reads from the environment, read once (`main`)."""
+
     model_config = SettingsConfigDict(env_prefix="WORKER_", extra="ignore")
 
     temporal_address: str = "127.0.0.1:7233"
@@ -105,6 +121,21 @@ class WorkerSettings(BaseSettings):
     # and a coroutine each, no CPU). Too few slots and the waiters of busy accounts fill them
     # while acquires for idle accounts queue behind them in Temporal.
     shared_max_concurrent_activities: int = 1000
+    # The hourly ReconcileWorkflow's activity runs here as the reconciler: with its read-only
+    # role (unset: the worker's own DSN, docs/database-roles.md), its token for the rail's
+    # movement log, and the same variables as `payouts reconcile` (prefix RECONCILE_).
+    reconcile_database_url: str | None = Field(
+        default=None, validation_alias=_reconciler("database_url")
+    )
+    reconcile_rail_admin_url: str = Field(
+        default=RAIL_ADMIN_URL, validation_alias=_reconciler("rail_admin_url")
+    )
+    reconcile_token_file: str | None = Field(
+        default=None, validation_alias=_reconciler("token_file")
+    )
+    reconcile_ambiguity_sla_s: float = Field(
+        default=AMBIGUITY_SLA_S, validation_alias=_reconciler("ambiguity_sla_s")
+    )
 
 
 class StartupRefused(Exception):
@@ -170,6 +201,7 @@ def grant_verifier(settings: WorkerSettings) -> GrantVerifier | None:
 
 
 async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
+    """Run one worker process until `stop` is set, then close everything it opened."""
     await check_start(settings)  # FR-29: before anything starts
     worker_queue = f"{settings.task_queue}-holder-{settings.worker_id}"
     health = worker_http.HealthSnapshot()
@@ -179,10 +211,9 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
     )
     pool = await create_pool(settings.database_url, min_size=1, max_size=10)
     # The reconciler reads both schemas with its own read-only role, not the payment store's.
-    rec_settings = ReconcileSettings()
     rec_pool = pool
-    if rec_settings.database_url:
-        rec_pool = await create_pool(rec_settings.database_url, min_size=0, max_size=2)
+    if settings.reconcile_database_url:
+        rec_pool = await create_pool(settings.reconcile_database_url, min_size=0, max_size=2)
     try:
         token = read_token(token_file=settings.token_file, what="WORKER_TOKEN_FILE")
         store = PayoutStore(
@@ -200,8 +231,7 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
                 token=token,
             ) as locks,
             RailProxyClient(settings.railproxy_url, token=token) as proxy,
-        ):
-            acts = PayoutActivities(
+            PayoutActivities(
                 locks=locks,
                 store=store,
                 proxy=proxy,
@@ -213,56 +243,26 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
                 crash_at=settings.experiment_crash_at,
                 # Hands every acquired grant over itself, and gives back one nobody received.
                 temporal=client,
-            )
+            ) as acts,  # closed after the workers below have stopped
+        ):
             reconciler = ReconcileActivities(
                 rec_pool,
-                stub_movement_source(rec_settings.rail_admin_url, token=rec_settings.token()),
-                sla=timedelta(seconds=rec_settings.ambiguity_sla_s),
-            )
-            shared = Worker(
-                client,
-                task_queue=settings.task_queue,
-                workflows=[PayoutWorkflow, ReconcileWorkflow],
-                activities=[*acts.shared_queue_activities(), reconciler.reconcile],
-                # How long a workflow task waits for the worker that has the workflow cached
-                # before any worker may take it (and replay the whole history). Not shorter: on
-                # a busy machine a 3 s timeout fired for healthy workers, and every timeout was
-                # a replay, which made the machine busier still (a 2,000-payout run fell to
-                # 1 payout/s). A paused or dead worker's workflows move on after this. Never
-                # longer than one lock TTL, so that a frozen holder's workflows are taken over
-                # within about two lease lengths (issue 16); 10 s at the default 15 s TTL.
-                sticky_queue_schedule_to_start_timeout=timedelta(
-                    seconds=min(10.0, settings.lock_ttl_s)
+                stub_movement_source(
+                    settings.reconcile_rail_admin_url,
+                    token=reconciler_token(settings.reconcile_token_file),
                 ),
-                max_concurrent_activities=settings.shared_max_concurrent_activities,
+                sla=timedelta(seconds=settings.reconcile_ambiguity_sla_s),
             )
-            holder = Worker(
-                client,
-                task_queue=worker_queue,
-                activities=acts.holder_queue_activities(),
-                max_concurrent_activities=settings.max_concurrent_activities,
-            )
-            sweeper = asyncio.create_task(acts.sweep_idle_leases(settings.lease_idle_s))
-            refresher = asyncio.create_task(
+            background = [
+                acts.sweep_idle_leases(settings.lease_idle_s),
                 worker_http.refresh_forever(
                     health, client.service_client.check_health, locks.session_state
-                )
-            )
-            backlog = asyncio.create_task(backlog_metrics.refresh_forever(pool))
-            async with shared, holder:
-                log.info(
-                    "worker.started",
-                    worker_id=settings.worker_id,
-                    task_queue=settings.task_queue,
-                    worker_queue=worker_queue,
-                    enforce_fencing=settings.enforce_fencing,
-                    experiment_mode=settings.experiment_mode,
-                )
+                ),
+                backlog_metrics.refresh_forever(pool),
+            ]
+            workers = _workers(settings, client, worker_queue, acts, reconciler)
+            async with _background(background), workers:
                 await stop.wait()
-            for task in (sweeper, refresher, backlog):
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
             log.info("worker.stopped", worker_id=settings.worker_id)
     finally:
         if rec_pool is not pool:
@@ -270,6 +270,63 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
         await pool.close()
         if http is not None:
             http.shutdown()
+
+
+@contextlib.asynccontextmanager
+async def _background(loops: list[Coroutine[Any, Any, None]]) -> AsyncIterator[None]:
+    """Run the process's background loops (idle-lease sweeper, health, backlog metrics) for the
+    duration of the block; cancelled and awaited when it ends."""
+    tasks = [asyncio.create_task(loop) for loop in loops]
+    try:
+        yield
+    finally:
+        for task in tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+@contextlib.asynccontextmanager
+async def _workers(
+    settings: WorkerSettings,
+    client: Client,
+    worker_queue: str,
+    acts: PayoutActivities,
+    reconciler: ReconcileActivities,
+) -> AsyncIterator[None]:
+    """The two Temporal workers of this process (the shared queue's and its own holder queue's),
+    polling for the duration of the block."""
+    shared = Worker(
+        client,
+        task_queue=settings.task_queue,
+        workflows=[PayoutWorkflow, ReconcileWorkflow],
+        activities=[*acts.shared_queue_activities(), reconciler.reconcile],
+        # How long a workflow task waits for the worker that has the workflow cached
+        # before any worker may take it (and replay the whole history). Not shorter: on
+        # a busy machine a 3 s timeout fired for healthy workers, and every timeout was
+        # a replay, which made the machine busier still (a 2,000-payout run fell to
+        # 1 payout/s). A paused or dead worker's workflows move on after this. Never
+        # longer than one lock TTL, so that a frozen holder's workflows are taken over
+        # within about two lease lengths (issue 16); 10 s at the default 15 s TTL.
+        sticky_queue_schedule_to_start_timeout=timedelta(seconds=min(10.0, settings.lock_ttl_s)),
+        max_concurrent_activities=settings.shared_max_concurrent_activities,
+    )
+    holder = Worker(
+        client,
+        task_queue=worker_queue,
+        activities=acts.holder_queue_activities(),
+        max_concurrent_activities=settings.max_concurrent_activities,
+    )
+    async with shared, holder:
+        log.info(
+            "worker.started",
+            worker_id=settings.worker_id,
+            task_queue=settings.task_queue,
+            worker_queue=worker_queue,
+            enforce_fencing=settings.enforce_fencing,
+            experiment_mode=settings.experiment_mode,
+        )
+        yield
 
 
 def _runtime(settings: WorkerSettings) -> Runtime | None:

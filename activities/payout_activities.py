@@ -204,8 +204,11 @@ class PayoutActivities:
         self._proxy = proxy
         self._worker_queue = worker_queue
         self._worker_id = worker_id
-        self._lock_url = lock_url
-        self._token = token  # the worker's bearer credential (common.credentials)
+        # Break-glass revokes go to the lock server's HTTP API with the worker's bearer credential
+        # (common.credentials): one client for this instance's lifetime (`aclose`), not one a call.
+        self._lock_http = httpx.AsyncClient(
+            base_url=lock_url, timeout=10.0, headers=auth_headers(token)
+        )
         self._now = now
         # Tokens are unique per key, not globally: one process holds many accounts' grants.
         self._leases: dict[tuple[str, int], _HeldGrant] = {}
@@ -224,6 +227,16 @@ class PayoutActivities:
                 worker_id=worker_id,
                 detail="this worker will SIGSTOP itself before its first submit",
             )
+
+    async def __aenter__(self) -> PayoutActivities:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the lock-server client; once the workers running these activities have stopped."""
+        await self._lock_http.aclose()
 
     def shared_queue_activities(self) -> list[Callable[..., Any]]:
         """Activities any worker may run: they need no grant held by this process."""
@@ -485,10 +498,7 @@ class PayoutActivities:
             "payout_id": req.payout_id,
             "assertion": req.assertion,
         }
-        async with httpx.AsyncClient(
-            base_url=self._lock_url, timeout=10.0, headers=auth_headers(self._token)
-        ) as http:
-            response = await http.post("/v1/locks/revoke", json=body)
+        response = await self._lock_http.post("/v1/locks/revoke", json=body)
         if response.status_code >= 400:
             raise ApplicationError(
                 f"revoke refused: HTTP {response.status_code} {response.text}",

@@ -35,6 +35,8 @@ from typing import Any, Literal
 from fastapi import Depends, HTTPException
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from common.exiting import refuse
+
 Kind = Literal["operator", "component"]
 KINDS: tuple[Kind, ...] = ("operator", "component")
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.@\-]{1,64}$")
@@ -289,16 +291,13 @@ def authenticate_operator(credentials_path: str | Path | None, token: str | None
 def refuse_without(path: object, variable: str, service: str) -> None:
     """A service's process entry: exit 2 with one stderr line unless its credentials file is
     configured and loads (safe default: a service never serves unauthenticated by accident)."""
-    import sys
-
     if path is None or str(path) == "":
-        sys.stderr.write(
-            f"{service}: {variable} is not set (the accepted bearer-token digests, "
-            "common.credentials): refusing to start\n"
+        refuse(
+            service,
+            f"{variable} is not set (the accepted bearer-token digests, common.credentials): "
+            "refusing to start",
         )
-        raise SystemExit(2)
     try:
         Credentials.load(str(path))
     except CredentialsError as exc:
-        sys.stderr.write(f"{service}: {variable}: {exc}: refusing to start\n")
-        raise SystemExit(2) from exc
+        refuse(service, f"{variable}: {exc}: refusing to start")

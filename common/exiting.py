@@ -1,12 +1,16 @@
-"""Ending a process that used the Temporal SDK, with the exit code it meant.
+"""Ending a process with the exit code it meant: a refusal to start, or a process that used the
+Temporal SDK.
 
-Owns: `exit_now`. The Temporal SDK's Rust runtime keeps native threads that may still touch the
-GIL while CPython finalizes; about one short-lived client process in five then dies with `Fatal
-Python error: PyGILState_Release` (exit 134) or a segfault (139) *after* its work succeeded
-(sdk-python issue 300). A script must be able to trust the exit code, so once a command or a
-worker has finished and closed its own resources, it flushes what it wrote and leaves with
-`os._exit`, skipping only the interpreter's teardown. Must never: be called while work is still
-running (nothing after it runs: no `finally`, no atexit handler).
+Owns: `exit_now`, and `refuse` (a process that must not start says why in one line on stderr
+and exits 2, before it has started anything: the safe default of every entry point).
+
+The Temporal SDK's Rust runtime keeps native threads that may still touch the GIL while CPython
+finalizes; about one short-lived client process in five then dies with `Fatal Python error:
+PyGILState_Release` (exit 134) or a segfault (139) *after* its work succeeded (sdk-python issue
+300). A script must be able to trust the exit code, so once a command or a worker has finished
+and closed its own resources, it flushes what it wrote and leaves with `os._exit`, skipping only
+the interpreter's teardown. Must never: call `exit_now` while work is still running (nothing
+after it runs: no `finally`, no atexit handler).
 """
 
 from __future__ import annotations
@@ -26,6 +30,13 @@ def exit_now(code: int) -> NoReturn:
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
     os._exit(code)
+
+
+def refuse(process: str, why: str) -> NoReturn:
+    """`<process>: <why>` as one line on stderr, then exit 2: a refusal to start, printed before
+    logging is configured and before anything (a port, a pool, a migration) has started."""
+    sys.stderr.write(f"{process}: {why}\n")
+    raise SystemExit(2)
 
 
 def exit_code(exc: SystemExit) -> int:

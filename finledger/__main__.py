@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import uvicorn
-
 from common.credentials import refuse_without
-from common.logs import configure_logging
+from common.launcher import serve
 from finledger.app import create_app
 from finledger.settings import FinledgerSettings
 
@@ -13,8 +11,13 @@ from finledger.settings import FinledgerSettings
 def main() -> None:
     settings = FinledgerSettings()
     refuse_without(settings.credentials_path, "FINLEDGER_CREDENTIALS_PATH", "finledger")
-    configure_logging("finledger", level=settings.log_level)
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
+    serve(
+        lambda: create_app(settings),
+        service="finledger",
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+    )
 
 
 if __name__ == "__main__":

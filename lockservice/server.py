@@ -791,36 +791,30 @@ def app_from_settings(settings: Any) -> FastAPI:
 
 def main() -> None:
     """Build the backend from `LOCK_*` settings and serve until SIGINT/SIGTERM."""
-    import sys
-
-    import uvicorn
-
-    from common.logs import configure_logging
+    from common.exiting import refuse
+    from common.launcher import serve
     from lockservice.settings import LockSettings
 
     settings = LockSettings()
     if not settings.signing_key_path:
         # Safe default: a lock server that cannot sign would issue grants nobody can verify.
-        print(  # noqa: T201 - the one-line refusal on stderr, before logging exists
-            "lock-server: LOCK_SIGNING_KEY_PATH is not set (the Ed25519 private key, PEM, that "
-            "signs every grant): refusing to start",
-            file=sys.stderr,
+        refuse(
+            "lock-server",
+            "LOCK_SIGNING_KEY_PATH is not set (the Ed25519 private key, PEM, that signs every "
+            "grant): refusing to start",
         )
-        raise SystemExit(2)
     if not settings.credentials_path:
         # Safe default: without it every caller could acquire, revoke and bump the epoch.
-        print(  # noqa: T201 - the one-line refusal on stderr, before logging exists
-            "lock-server: LOCK_CREDENTIALS_PATH is not set (the accepted bearer-token digests, "
+        refuse(
+            "lock-server",
+            "LOCK_CREDENTIALS_PATH is not set (the accepted bearer-token digests, "
             "common.credentials): refusing to start",
-            file=sys.stderr,
         )
-        raise SystemExit(2)
-    configure_logging("lock-server", level=settings.log_level)
-    # The access log would print session ids in paths on every heartbeat; events cover requests.
-    uvicorn.run(
-        app_from_settings(settings),
+    # No access log (common.launcher): it would print session ids in paths on every heartbeat.
+    serve(
+        lambda: app_from_settings(settings),
+        service="lock-server",
         host=settings.host,
         port=settings.port,
-        log_level="warning",
-        access_log=False,
+        log_level=settings.log_level,
     )

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import sys
-
-import uvicorn
 
 from common.credentials import refuse_without
-from common.logs import configure_logging
+from common.exiting import refuse
+from common.launcher import serve
 from railproxy.app import create_app
 from railproxy.errors import StartupRefused
 from railproxy.settings import ProxySettings
@@ -24,10 +22,14 @@ def main() -> None:
     try:
         asyncio.run(check_start(settings))
     except StartupRefused as exc:
-        print(f"railproxy: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
-    configure_logging("railproxy", level=settings.log_level)
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
+        refuse("railproxy", str(exc))
+    serve(
+        lambda: create_app(settings),
+        service="railproxy",
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+    )
 
 
 if __name__ == "__main__":

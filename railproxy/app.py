@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
@@ -101,6 +101,36 @@ def _error_handlers(app: FastAPI) -> None:
 
 def create_app(settings: ProxySettings | None = None) -> FastAPI:
     settings = settings or ProxySettings()
+    app = FastAPI(
+        title="rail proxy",
+        version=settings.contract_version,
+        lifespan=_lifespan(settings),
+        responses={401: {"model": ErrorBody}, 403: {"model": ErrorBody}},
+        dependencies=[Depends(reject_unknown_query)],
+    )
+    app.state.metrics = ProxyMetrics()
+    # Who may call what: submit only the worker; attempts and lookups also the reconciler, the
+    # invariant checker and operators; /health and /metrics open (network isolation). A refused
+    # call is answered before the handler: nothing recorded, nothing forwarded, no fence raised.
+    credentials = load_optional(settings.credentials_path)  # None: authentication off (tests)
+    submitter = [Depends(require(credentials, components=("worker",)))]
+    readers = [Depends(require(credentials, operator=True, components=("worker", *_READERS)))]
+    app.add_middleware(correlation.CorrelationMiddleware)  # X-Correlation-Id, per request
+
+    def proxy() -> RailProxy:
+        p: RailProxy = app.state.proxy
+        return p
+
+    _error_handlers(app)
+    _submission_routes(app, proxy, submitter)
+    _reading_routes(app, proxy, readers)
+    _operational_routes(app, proxy)
+    return app
+
+
+def _lifespan(settings: ProxySettings) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """Start-up (the FR-29 check again, the schema, the pool, the Connection's probe loop) and
+    shutdown, in reverse."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -120,27 +150,11 @@ def create_app(settings: ProxySettings | None = None) -> FastAPI:
             await proxy.close()
             await pool.close()
 
-    app = FastAPI(
-        title="rail proxy",
-        version=settings.contract_version,
-        lifespan=lifespan,
-        responses={401: {"model": ErrorBody}, 403: {"model": ErrorBody}},
-        dependencies=[Depends(reject_unknown_query)],
-    )
-    app.state.metrics = ProxyMetrics()
-    # Who may call what: submit only the worker; attempts and lookups also the reconciler, the
-    # invariant checker and operators; /health and /metrics open (network isolation). A refused
-    # call is answered before the handler: nothing recorded, nothing forwarded, no fence raised.
-    credentials = load_optional(settings.credentials_path)  # None: authentication off (tests)
-    submitter = [Depends(require(credentials, components=("worker",)))]
-    readers = [Depends(require(credentials, operator=True, components=("worker", *_READERS)))]
-    app.add_middleware(correlation.CorrelationMiddleware)  # X-Correlation-Id, per request
+    return lifespan
 
-    def proxy() -> RailProxy:
-        p: RailProxy = app.state.proxy
-        return p
 
-    _error_handlers(app)
+def _submission_routes(app: FastAPI, proxy: Callable[[], RailProxy], submitter: list[Any]) -> None:
+    """POST /v1/submissions: the worker's one way to the rail."""
 
     @app.post(
         "/v1/submissions",
@@ -151,6 +165,9 @@ def create_app(settings: ProxySettings | None = None) -> FastAPI:
     async def submit(req: SubmitRequest) -> Any:
         """Record the attempt (fenced, guarded), forward it once, and report handoff certainty."""
         p = proxy()
+        # What prevents a double payout: RailProxy.submit refuses a token below the account's
+        # highest (FR-17) and any second attempt of this payout whatever the token (FR-18), and
+        # records the attempt before it forwards it (FR-19).
         # The submission's own correlation id (its body) is the one its events and its
         # request to the rail carry, whatever header came with it.
         with correlation.bound(req.context.correlation_id):
@@ -160,6 +177,10 @@ def create_app(settings: ProxySettings | None = None) -> FastAPI:
                 return _rejected(p, req, exc)
         status = 202 if result.outcome is Outcome.UNKNOWN else 200
         return JSONResponse(status_code=status, content=result.model_dump(mode="json"))
+
+
+def _reading_routes(app: FastAPI, proxy: Callable[[], RailProxy], readers: list[Any]) -> None:
+    """The read-only routes: a payout's attempts (recovery) and lookups at the rail."""
 
     @app.get(
         "/v1/payouts/{payout_id}/attempts",
@@ -198,6 +219,10 @@ def create_app(settings: ProxySettings | None = None) -> FastAPI:
                 ),
             )
 
+
+def _operational_routes(app: FastAPI, proxy: Callable[[], RailProxy]) -> None:
+    """/health and /metrics: open, for probes and Prometheus (network isolation)."""
+
     @app.get("/health", responses={503: {"description": "the Connection is UNAVAILABLE"}})
     async def health() -> JSONResponse:
         """Normalised operational health of the rail Connection (STD01-08): 200 while it is
@@ -208,8 +233,6 @@ def create_app(settings: ProxySettings | None = None) -> FastAPI:
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:
         return Response(generate_latest(app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
-
-    return app
 
 
 def _rejected(p: RailProxy, req: SubmitRequest, exc: Rejected) -> JSONResponse:

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import uvicorn
-
 from common.credentials import refuse_without
-from common.logs import configure_logging
+from common.launcher import serve
 from railstub.app import create_app
 from railstub.settings import StubSettings
 
@@ -13,8 +11,13 @@ from railstub.settings import StubSettings
 def main() -> None:
     settings = StubSettings()
     refuse_without(settings.credentials_path, "RAILSTUB_CREDENTIALS_PATH", "railstub")
-    configure_logging("railstub", level=settings.log_level)
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
+    serve(
+        lambda: create_app(settings),
+        service="railstub",
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+    )
 
 
 if __name__ == "__main__":

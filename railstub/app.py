@@ -15,7 +15,7 @@ import contextlib
 import random
 import time
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -180,19 +180,10 @@ def _evidence(stub: StubState, m: Movement, now: float) -> dict[str, object]:
 
 def create_app(settings: StubSettings | None = None) -> FastAPI:
     settings = settings or StubSettings()
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.stub = StubState(settings)
-        log.info("railstub.started", seed=settings.seed)
-        yield
-        app.state.stub.release_stalls()
-        app.state.stub.log.close()
-
     app = FastAPI(
         title="rail stub",
         version="1",
-        lifespan=lifespan,
+        lifespan=_lifespan(settings),
         responses=REFUSAL_RESPONSES,  # every route but /health and /metrics needs a credential
         dependencies=[Depends(reject_unknown_query)],
     )
@@ -203,6 +194,35 @@ def create_app(settings: StubSettings | None = None) -> FastAPI:
     def state() -> StubState:
         stub: StubState = app.state.stub
         return stub
+
+    _payment_route(app, state, client)
+    _lookup_route(app, state, client)
+    _health_route(app, state)
+    readers = [
+        Depends(require(credentials, operator=True, components=("railproxy", *MOVEMENT_READERS)))
+    ]
+    operators = [Depends(require(credentials, operator=True))]
+    _add_admin_routes(app, state, readers, operators)
+    return app
+
+
+def _lifespan(settings: StubSettings) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """Start-up (a fresh state: behaviour, seed, movement log) and shutdown (stalls released,
+    the log closed)."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.stub = StubState(settings)
+        log.info("railstub.started", seed=settings.seed)
+        yield
+        app.state.stub.release_stalls()
+        app.state.stub.log.close()
+
+    return lifespan
+
+
+def _payment_route(app: FastAPI, state: Callable[[], StubState], client: list[Any]) -> None:
+    """POST /payments: the rail's non-idempotent instruction, with the faults it simulates."""
 
     @app.post(
         "/payments",
@@ -244,6 +264,10 @@ def create_app(settings: StubSettings | None = None) -> FastAPI:
             status_code=202 if status == "pending" else 200, content=body.model_dump()
         )
 
+
+def _lookup_route(app: FastAPI, state: Callable[[], StubState], client: list[Any]) -> None:
+    """GET /lookup: the rail's read-only, eventually consistent status by client reference."""
+
     @app.get(
         "/lookup",
         response_model=LookupResponse,
@@ -273,18 +297,15 @@ def create_app(settings: StubSettings | None = None) -> FastAPI:
             complete_from=stub.reported(since),
         )
 
+
+def _health_route(app: FastAPI, state: Callable[[], StubState]) -> None:
+    """GET /health: open (network isolation); 503 while the stub simulates an outage."""
+
     @app.get("/health", responses={503: {"model": NotAccepted}})
     async def health() -> Any:
         if state().behaviour.outage:
             return _unavailable()
         return {"status": "ok"}
-
-    readers = [
-        Depends(require(credentials, operator=True, components=("railproxy", *MOVEMENT_READERS)))
-    ]
-    operators = [Depends(require(credentials, operator=True))]
-    _add_admin_routes(app, state, readers, operators)
-    return app
 
 
 #: Components that read the movement log (the evidence) with their own credential.

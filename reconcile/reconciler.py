@@ -46,7 +46,9 @@ from reconcile.rules import (
 )
 
 __all__ = [
+    "AMBIGUITY_SLA_S",
     "CLASSES",
+    "RAIL_ADMIN_URL",
     "InvalidWindow",
     "MovementSource",
     "MovementSourceUnavailable",
@@ -57,6 +59,7 @@ __all__ = [
     "Window",
     "WindowNotClosed",
     "reconcile",
+    "reconciler_token",
     "stub_movement_source",
 ]
 
@@ -74,22 +77,34 @@ LAST_COMPLETED = Gauge(
 )
 
 
+#: Defaults the reconciler's settings share with the worker's (worker_main.WorkerSettings reads
+#: the same RECONCILE_* variables for the ReconcileWorkflow activity it runs).
+RAIL_ADMIN_URL = "http://127.0.0.1:8710"
+AMBIGUITY_SLA_S = 4 * 3600.0  # A-10
+
+
+def reconciler_token(token_file: str | None) -> str | None:
+    """The reconciler's bearer token (component `reconciler`) from `RECONCILE_TOKEN_FILE`, else
+    (an operator running the command by hand) the operator's."""
+    own = read_token(token_file=token_file, what="RECONCILE_TOKEN_FILE")
+    return own or operator_token()
+
+
 class ReconcileSettings(BaseSettings):
     """The reconciler's settings (env prefix RECONCILE_), for the CLI and the worker."""
 
     model_config = SettingsConfigDict(env_prefix="RECONCILE_")
 
-    rail_admin_url: str = "http://127.0.0.1:8710"  # where the rail's movement log is read
+    rail_admin_url: str = RAIL_ADMIN_URL  # where the rail's movement log is read
     #: The reconciler's bearer token (component `reconciler`) for the rail's movement log: a file
     #: holding it (`RECONCILE_TOKEN_FILE`).
     token_file: str | None = None
 
     def token(self) -> str | None:
         """Its own token, else (an operator running the command by hand) the operator's."""
-        own = read_token(token_file=self.token_file, what="RECONCILE_TOKEN_FILE")
-        return own or operator_token()
+        return reconciler_token(self.token_file)
 
-    ambiguity_sla_s: float = 4 * 3600.0  # A-10
+    ambiguity_sla_s: float = AMBIGUITY_SLA_S
     sample_size: int = 10
     window_s: float = 3600.0  # A-10: hourly, closed windows
     settle_lag_s: float = 300.0  # a window closes this long after its end

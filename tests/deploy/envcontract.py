@@ -58,7 +58,7 @@ COMPONENTS: tuple[Component, ...] = (
     Component(
         "worker",
         ("python", "/app/worker_main.py"),
-        settings=("worker_main:WorkerSettings", "reconcile.reconciler:ReconcileSettings"),
+        settings=("worker_main:WorkerSettings",),
     ),
     Component("migrate", ("payouts", "db", "migrate"), modules=("payouts.cli",), one_shot=True),
     Component(

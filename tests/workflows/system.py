@@ -266,6 +266,8 @@ async def in_process_workers(
                 workers.append(InProcessWorker(name=name, acts=acts, locks=locks))
             yield workers
     finally:
+        for worker in workers:  # as worker_main: after the Workers running them have stopped
+            await worker.acts.aclose()
         await pool.close()
 
 

@@ -1,0 +1,40 @@
+"""The one launcher of the project's HTTP services: the lock server, the rail proxy, the rail stub
+and the finance ledger each serve their app through `serve`.
+
+Owns: the order of a service's start (JSON logging first, then the app, so that whatever the
+app's factory logs is an event too) and the uvicorn configuration every service shares: uvicorn
+installs no log handler of its own (`log_config=None`: its lines go through the root handler of
+`common.logs` as JSON events), only its warnings and errors are kept, and there is no access log
+(a request line carries ids in its path; services emit events for what they commit).
+Must never: import anything of the project outside `common`, or start serving after a refusal
+(each service's entry point checks its configuration and calls `common.exiting.refuse` first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from common.logs import configure_logging
+
+
+def serve(
+    app_factory: Callable[[], Any], *, service: str, host: str, port: int, log_level: str = "INFO"
+) -> None:
+    """Configure logging as `service`, build the app, serve it on host:port until SIGINT/SIGTERM.
+
+    `app_factory` is called once, after logging is configured. Exits are uvicorn's: on SIGINT or
+    SIGTERM it shuts down gracefully (the app's lifespan ends) and then re-raises the signal, so
+    the status is the signal's; it exits non-zero when the port cannot be bound or the lifespan
+    start-up fails."""
+    import uvicorn
+
+    configure_logging(service, level=log_level)
+    uvicorn.run(
+        app_factory(),
+        host=host,
+        port=port,
+        log_level="warning",
+        log_config=None,
+        access_log=False,
+    )

@@ -1,0 +1,43 @@
+"""The worker process reads its whole environment into one `WorkerSettings`: its own WORKER_*
+variables and the reconciler's RECONCILE_* ones for the ReconcileWorkflow activity it runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from reconcile.reconciler import ReconcileSettings
+from worker_main import WorkerSettings
+
+#: The reconciler's variables the worker's ReconcileWorkflow activity uses, by field name.
+SHARED = ("database_url", "rail_admin_url", "token_file", "ambiguity_sla_s")
+
+
+def _clear(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in SHARED:
+        monkeypatch.delenv(f"RECONCILE_{name.upper()}", raising=False)
+
+
+def test_reads_the_reconcilers_variables_under_their_own_names(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _clear(monkeypatch)
+    monkeypatch.setenv("RECONCILE_DATABASE_URL", "postgresql://payouts_reconciler@db/payouts")
+    monkeypatch.setenv("RECONCILE_RAIL_ADMIN_URL", "http://railstub:8710")
+    monkeypatch.setenv("RECONCILE_TOKEN_FILE", "/run/credentials/reconciler.token")
+    monkeypatch.setenv("RECONCILE_AMBIGUITY_SLA_S", "60")
+    monkeypatch.setenv("WORKER_DATABASE_URL", "postgresql://payouts_paydb@db/payouts")
+    settings = WorkerSettings()
+    assert settings.reconcile_database_url == "postgresql://payouts_reconciler@db/payouts"
+    assert settings.reconcile_rail_admin_url == "http://railstub:8710"
+    assert settings.reconcile_token_file == "/run/credentials/reconciler.token"
+    assert settings.reconcile_ambiguity_sla_s == 60.0
+    assert settings.database_url == "postgresql://payouts_paydb@db/payouts"  # its own, apart
+
+
+def test_the_same_variable_unset_means_the_same_as_for_the_reconciler(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _clear(monkeypatch)
+    worker, reconciler = WorkerSettings(), ReconcileSettings()
+    for name in SHARED:
+        assert getattr(worker, f"reconcile_{name}") == getattr(reconciler, name), name
