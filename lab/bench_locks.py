@@ -44,6 +44,7 @@ import httpx
 from common.credentials import issue_tokens, read_token, write_credentials
 from common.logs import configure_logging
 from common.pgutil import create_database, drop_database
+from lockservice import api
 from lockservice._http import KeepAliveTransport
 from lockservice.api import Grant, LockBackend
 from lockservice.backends import create_backend
@@ -214,7 +215,9 @@ async def measure(
 ) -> dict[str, list[float]]:
     """Through the server, the raw floor, one HTTP round trip, the HTTP floor, and the backend
     class alone, interleaved."""
-    session = await backend.open_session(30.0)
+    # Nothing keeps this session alive: its lease must outlast the whole interleaved run, which
+    # on a loaded machine took longer than 30 s (its acquires then failed: session expired).
+    session = await backend.open_session(api.MAX_TTL_S)
     backend_key = f"bench-backend:{uuid.uuid4().hex[:12]}"
 
     async def direct() -> None:

@@ -52,11 +52,12 @@ from common.credentials import Credentials, Identity, load_optional, require
 from common.logs import get_logger
 from common.strict_query import reject_unknown_query
 from lockservice import api
-from lockservice.api import Grant, LockBackend, NotAcquired
+from lockservice.api import Grant, LockBackend, NotAcquired, Session
 from lockservice.assertions import (
     DEFAULT_TTL_S,
     AssertionRefused,
     AssertionVerifier,
+    OperatorAssertion,
     sign_assertion,
 )
 from lockservice.grants import GrantSigner
@@ -279,6 +280,14 @@ class _Metrics:
         )
 
 
+_OUTCOME_OF: dict[type[Exception], str] = {
+    api.InvalidRequest: "invalid",
+    api.SessionNotFound: "session_not_found",
+    api.NotHeld: "not_held",
+    api.BackendUnavailable: "unavailable",
+}
+
+
 @dataclass
 class _State:
     backend: LockBackend | None
@@ -304,13 +313,24 @@ class _State:
             raise api.BackendUnavailable("lock backend not connected yet")
         return self.backend
 
-
-_OUTCOME_OF: dict[type[Exception], str] = {
-    api.InvalidRequest: "invalid",
-    api.SessionNotFound: "session_not_found",
-    api.NotHeld: "not_held",
-    api.BackendUnavailable: "unavailable",
-}
+    async def run(self, op: str, call: Callable[[], Awaitable[T]]) -> T:
+        """Time and count one backend call; errors propagate to the exception handlers."""
+        started = time.perf_counter()
+        outcome = "ok"
+        try:
+            return await call()
+        except api.LockError as exc:
+            outcome = next((o for c, o in _OUTCOME_OF.items() if isinstance(exc, c)), "error")
+            raise
+        except (OSError, TimeoutError):
+            outcome = "unavailable"
+            raise
+        except Exception:
+            outcome = "error"
+            raise
+        finally:
+            self.metrics.seconds.labels(op).observe(time.perf_counter() - started)
+            self.metrics.requests.labels(op, outcome).inc()
 
 
 def _op_of(request: Request) -> str:
@@ -375,9 +395,36 @@ async def _checked_acquire(state: _State, session_id: str, key: str, wait: float
     return result
 
 
-def _build(  # noqa: PLR0915 - one route table, read top to bottom
-    state: _State, lifespan: Callable[[FastAPI], Any] | None
-) -> FastAPI:
+@dataclass(frozen=True)
+class _Access:
+    """Who may call which route (docs/architecture.md, Trust), as FastAPI dependencies."""
+
+    #: The worker, which holds grants (sessions, acquire, renew, release).
+    holder: list[Any]
+    #: Reads of the grant state: the worker, the invariant checker, the reconciler, operators.
+    reader: list[Any]
+    #: Break-glass and the operator assertions: operators only.
+    operator_only: Any
+    #: Force-revoke also from the worker: the `payouts payout revoke` signal reaches the lock
+    #: server through the worker's revoke activity. A signal is not authenticated (anyone who
+    #: can reach Temporal can send one), so the worker's revoke is carried out only with the
+    #: operator assertion this server signed for that payout and action
+    #: (lockservice.assertions), and the identity inside it is audited.
+    revoker: Any
+
+    @classmethod
+    def of(cls, credentials: Credentials | None) -> _Access:
+        return cls(
+            holder=[Depends(require(credentials, components=(WORKER,)))],
+            reader=[Depends(require(credentials, operator=True, components=READERS))],
+            operator_only=Depends(require(credentials, operator=True)),
+            revoker=Depends(require(credentials, operator=True, components=(WORKER,))),
+        )
+
+
+def _build(state: _State, lifespan: Callable[[FastAPI], Any] | None) -> FastAPI:
+    """The app: middleware, error shapes, then the route table by concern, in the order the
+    OpenAPI spec lists them."""
     app = FastAPI(
         title="lockservice",
         version="1",
@@ -388,37 +435,18 @@ def _build(  # noqa: PLR0915 - one route table, read top to bottom
     app.state.lock = state
     # Binds the caller's X-Correlation-Id for the request: every event below carries it.
     app.add_middleware(CorrelationMiddleware)
-    m = state.metrics
-    holder = [Depends(require(state.credentials, components=(WORKER,)))]
-    reader = [Depends(require(state.credentials, operator=True, components=READERS))]
-    operator_only = Depends(require(state.credentials, operator=True))
-    # Force-revoke also from the worker: the `payouts payout revoke` signal reaches the lock
-    # server through the worker's revoke activity. A signal is not authenticated (anyone who can
-    # reach Temporal can send one), so the worker's revoke is carried out only with the operator
-    # assertion this server signed for that payout and action (lockservice.assertions), and the
-    # identity inside it is audited.
-    revoker = Depends(require(state.credentials, operator=True, components=(WORKER,)))
+    access = _Access.of(state.credentials)
+    _add_error_shapes(app, state.metrics)
+    _add_session_routes(app, state, access)
+    _add_grant_routes(app, state, access)
+    _add_inspect_routes(app, state, access)
+    _add_break_glass_routes(app, state, access)
+    _add_operation_routes(app, state)
+    return app
 
-    async def run(op: str, call: Callable[[], Awaitable[T]]) -> T:
-        """Time and count one backend call; errors propagate to the exception handlers."""
-        started = time.perf_counter()
-        outcome = "ok"
-        try:
-            return await call()
-        except api.LockError as exc:
-            outcome = next((o for c, o in _OUTCOME_OF.items() if isinstance(exc, c)), "error")
-            raise
-        except (OSError, TimeoutError):
-            outcome = "unavailable"
-            raise
-        except Exception:
-            outcome = "error"
-            raise
-        finally:
-            m.seconds.labels(op).observe(time.perf_counter() - started)
-            m.requests.labels(op, outcome).inc()
 
-    # ------------------------------------------------------------------ error shapes
+def _add_error_shapes(app: FastAPI, m: _Metrics) -> None:
+    """Every error as the JSON body `{"code", "message"}` with the status of the module doc."""
 
     @app.exception_handler(api.LockError)
     async def _lock_error(request: Request, exc: api.LockError) -> JSONResponse:
@@ -454,7 +482,16 @@ def _build(  # noqa: PLR0915 - one route table, read top to bottom
         _log.warning("lock.backend_error", op=_op_of(request), error=type(exc).__name__)
         return _error(503, api.BackendUnavailable.code, "lock backend unavailable")
 
-    # ------------------------------------------------------------------ sessions
+
+def _session_json(s: Session) -> JSONResponse:
+    return JSONResponse(
+        {"session_id": s.session_id, "ttl_s": s.ttl_s, "expires_at": _iso(s.expires_at)}
+    )
+
+
+def _add_session_routes(app: FastAPI, state: _State, access: _Access) -> None:
+    """Open, keep alive and close the worker's session (its grants end with it)."""
+    holder, run = access.holder, state.run
 
     @app.post(
         "/v1/sessions",
@@ -469,9 +506,7 @@ def _build(  # noqa: PLR0915 - one route table, read top to bottom
         )
         s = await run("open_session", lambda: state.be().open_session(ttl))
         _log.info("lock.session_opened", session_id=s.session_id, ttl_s=s.ttl_s)
-        return JSONResponse(
-            {"session_id": s.session_id, "ttl_s": s.ttl_s, "expires_at": _iso(s.expires_at)}
-        )
+        return _session_json(s)
 
     @app.post(
         "/v1/sessions/{session_id}/keepalive",
@@ -486,9 +521,7 @@ def _build(  # noqa: PLR0915 - one route table, read top to bottom
         except api.SessionNotFound:
             _log.warning("lock.session_expired", session_id=session_id)
             raise
-        return JSONResponse(
-            {"session_id": s.session_id, "ttl_s": s.ttl_s, "expires_at": _iso(s.expires_at)}
-        )
+        return _session_json(s)
 
     @app.delete(
         "/v1/sessions/{session_id}",
@@ -502,7 +535,10 @@ def _build(  # noqa: PLR0915 - one route table, read top to bottom
         _log.info("lock.session_closed", session_id=session_id)
         return Response(status_code=204)
 
-    # ------------------------------------------------------------------ locks
+
+def _add_grant_routes(app: FastAPI, state: _State, access: _Access) -> None:
+    """Acquire, renew and release: every grant answered is signed (INV-07)."""
+    holder, run = access.holder, state.run
 
     @app.post(
         "/v1/locks/acquire",
@@ -547,6 +583,11 @@ def _build(  # noqa: PLR0915 - one route table, read top to bottom
             _log.warning("lock.release_failed", key=grant.key, token=grant.token)
             raise
         return Response(status_code=204)
+
+
+def _add_inspect_routes(app: FastAPI, state: _State, access: _Access) -> None:
+    """Read-only views: one key's state for operators, the grant history for the checker."""
+    reader, run = access.reader, state.run
 
     @app.get(
         "/v1/locks",
@@ -607,6 +648,12 @@ def _build(  # noqa: PLR0915 - one route table, read top to bottom
             }
         )
 
+
+def _add_break_glass_routes(app: FastAPI, state: _State, access: _Access) -> None:
+    """Force-revoke, the operator assertions that let a worker carry one out, and the epoch
+    bump of the restore procedure: every change here is audited under the caller's identity."""
+    run, operator_only, revoker = state.run, access.operator_only, access.revoker
+
     @app.post("/v1/locks/revoke", name="force_revoke", response_model=RevokeOut, responses=_ERRORS)
     async def force_revoke(body: RevokeIn, who: Identity = revoker) -> Response:
         """Break-glass: ends the current grant and advances the token (FR-08). The backend emits
@@ -642,30 +689,7 @@ def _build(  # noqa: PLR0915 - one route table, read top to bottom
         """Operators only: a short-lived signed statement that the authenticated operator asks
         for `action` on `payout_id`, for `payouts payout revoke|abandon` to carry in its
         Temporal signal (no secret travels in Temporal history). Changes nothing here."""
-        now = datetime.now(UTC)
-        try:
-            a = sign_assertion(
-                state.signer,
-                identity=who.name,
-                action=body.action,
-                payout_id=body.payout_id,
-                reason=body.reason,
-                issued_at=now,
-                expires_at=now + timedelta(seconds=state.assertion_ttl_s),
-                nonce=secrets.token_urlsafe(16),
-                key=body.key or "",
-            )
-        except ValueError as exc:  # e.g. a blank reason: bad input, a 422, nothing signed
-            raise api.InvalidRequest(str(exc)) from None
-        _log.info(
-            "lock.operator_assertion_issued",
-            operator=a.identity,
-            action=a.action,
-            payout_id=a.payout_id,
-            expires_at=a.expires_at.isoformat(),
-            kid=a.kid,
-        )
-        return JSONResponse(a.to_json())
+        return JSONResponse(_issue_assertion(state, body, who).to_json())
 
     @app.post("/v1/epoch/bump", name="bump_epoch", response_model=BumpEpochOut, responses=_ERRORS)
     async def bump_epoch(body: BumpEpochIn, who: Identity = operator_only) -> Response:
@@ -677,7 +701,10 @@ def _build(  # noqa: PLR0915 - one route table, read top to bottom
         )
         return JSONResponse({"epoch": epoch})
 
-    # ------------------------------------------------------------------ operations
+
+def _add_operation_routes(app: FastAPI, state: _State) -> None:
+    """Health, liveness and metrics: open to anyone who can reach the port (network
+    isolation), outside the OpenAPI spec except /health."""
 
     @app.get("/health", name="health")
     async def health() -> JSONResponse:
@@ -700,9 +727,36 @@ def _build(  # noqa: PLR0915 - one route table, read top to bottom
 
     @app.get("/metrics", name="metrics", include_in_schema=False)
     async def metrics() -> Response:
-        return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    return app
+
+def _issue_assertion(state: _State, body: AssertionIn, who: Identity) -> OperatorAssertion:
+    """A signed operator assertion for `who`, valid from now for the configured lifetime; bad
+    input (e.g. a blank reason) is a 422 and nothing is signed. Emits the issuance event."""
+    now = datetime.now(UTC)
+    try:
+        a = sign_assertion(
+            state.signer,
+            identity=who.name,
+            action=body.action,
+            payout_id=body.payout_id,
+            reason=body.reason,
+            issued_at=now,
+            expires_at=now + timedelta(seconds=state.assertion_ttl_s),
+            nonce=secrets.token_urlsafe(16),
+            key=body.key or "",
+        )
+    except ValueError as exc:
+        raise api.InvalidRequest(str(exc)) from None
+    _log.info(
+        "lock.operator_assertion_issued",
+        operator=a.identity,
+        action=a.action,
+        payout_id=a.payout_id,
+        expires_at=a.expires_at.isoformat(),
+        kid=a.kid,
+    )
+    return a
 
 
 def _asserted_revoke(
