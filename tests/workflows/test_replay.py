@@ -16,7 +16,7 @@ from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 
 from activities import models as m
-from workflows.payout import PATCH_CONTINUE_AS_NEW, PayoutWorkflow
+from workflows.payout import PATCH_CONTINUE_AS_NEW, PATCH_MERGED_HOLDER, PayoutWorkflow
 
 HISTORIES = Path(__file__).parent / "histories"
 REQUIRED = {
@@ -31,6 +31,10 @@ REQUIRED = {
     # rejections; the abandon refusal's patch marker), then a valid one carried out.
     "revoke_assertions_refused_then_valid",
     "abandon_assertions_refused_then_valid",
+    # test_payout_integration.py since patch merged-holder-steps: the one merged holder step,
+    # and the holder killed inside it after the submit, recovered by the attempt record.
+    "merged_happy_path",
+    "merged_worker_killed_recovered",
 }
 
 
@@ -97,3 +101,35 @@ def test_the_continue_as_new_history_hands_its_state_to_the_next_run() -> None:
     carried = json.loads(base64.b64decode(attrs["input"]["payloads"][0]["data"]))["carried"]
     assert carried["state"] == "RAIL_AMBIGUOUS" and carried["escalated"] is True
     assert carried["ambiguous_since"] and carried["runs"] == 1
+
+
+def test_the_merged_histories_run_the_merged_holder_step_behind_its_patch() -> None:
+    """The merged-shape histories schedule execute_payout (one attempt) behind the patch marker,
+    and no separate reread_and_claim; the pre-merge happy path has neither."""
+
+    def shape(name: str) -> tuple[list[str], list[str], list[int]]:
+        events = json.loads((HISTORIES / f"{name}.json").read_text())["events"]
+        names, attempts = [], []
+        for e in events:
+            attrs = e.get("activityTaskScheduledEventAttributes")
+            if attrs:
+                names.append(attrs["activityType"]["name"])
+                if attrs["activityType"]["name"] == m.EXECUTE_PAYOUT:
+                    attempts.append(attrs["retryPolicy"]["maximumAttempts"])
+        patches = [
+            json.loads(base64.b64decode(d))["id"]
+            for e in events
+            if e["eventType"] == "EVENT_TYPE_MARKER_RECORDED"
+            for d in [
+                e["markerRecordedEventAttributes"]["details"]["patch-data"]["payloads"][0]["data"]
+            ]
+        ]
+        return names, patches, attempts
+
+    names, patches, attempts = shape("merged_happy_path")
+    assert names == [m.ACQUIRE_LOCK, m.EXECUTE_PAYOUT] and attempts == [1]
+    assert PATCH_MERGED_HOLDER in patches
+    names, patches, _ = shape("merged_worker_killed_recovered")
+    assert m.EXECUTE_PAYOUT in names and m.SUBMIT_TO_RAIL not in names
+    names, patches, _ = shape("happy_path")
+    assert m.EXECUTE_PAYOUT not in names and PATCH_MERGED_HOLDER not in patches
