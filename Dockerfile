@@ -19,8 +19,13 @@ RUN python -m venv /opt/venv
 COPY pyproject.toml constraints.txt README.md worker_main.py ./
 COPY common/ common/
 COPY payouts/ payouts/
+COPY stack/ stack/
+COPY lab/ lab/
 COPY lockservice/ lockservice/
 COPY ledger/ ledger/
+COPY outbox/ outbox/
+COPY reconcile/ reconcile/
+COPY invariants/ invariants/
 COPY railstub/ railstub/
 COPY railproxy/ railproxy/
 COPY workflows/ workflows/
@@ -52,5 +57,5 @@ COPY worker_main.py /app/worker_main.py
 USER 10001:10001
 # Each service sets HEALTHCHECK_URL to its own /health (or /metrics); one-shot jobs disable it.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \
-    CMD ["python", "-m", "payouts.healthcheck"]
+    CMD ["python", "-m", "common.healthcheck"]
 CMD ["payouts", "--help"]

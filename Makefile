@@ -34,9 +34,11 @@ compose-env: venv
 test: venv lint typecheck prometheus
 	$(BIN)/python -m pytest
 
+# lint-imports checks the layering contracts of pyproject.toml (docs/architecture.md, layout).
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 fmt: venv
 	$(BIN)/ruff format .
@@ -47,21 +49,21 @@ typecheck: venv
 
 # Uncontended acquire+release through SDK -> lock server -> backend, beside the raw-backend floor.
 bench-locks: venv
-	$(BIN)/python -m lockservice.bench
+	$(BIN)/python -m lab.bench_locks
 
 # Temporal alone for no-op workflows of today's payout shape and of the merged shape, on the dev
 # server's default transfer-queue read rate and a raised one (issue 16; docs/performance.md).
 # Sizes: make bench-floor FLOOR_ARGS="--n 200 --rounds 4"
 FLOOR_ARGS ?=
 bench-floor: venv
-	$(BIN)/python -m payouts.bench_floor $(FLOOR_ARGS)
+	$(BIN)/python -m lab.bench_floor $(FLOOR_ARGS)
 
 # The real system (local stack, rail fixed at 300 ms) beside the floor of its shape, alternated:
 # bursts, a steady rate at 70% of the burst throughput, a degraded rail, takeover (issue 16).
 # Sizes: make bench-e2e E2E_ARGS="--n 200 --rounds 4 --steady-s 60 --degraded-n 200"
 E2E_ARGS ?=
 bench-e2e: venv
-	$(BIN)/python -m payouts.bench_e2e $(E2E_ARGS)
+	$(BIN)/python -m lab.bench_e2e $(E2E_ARGS)
 
 # The main job on embedded defaults: stack, 200 payouts over 50 accounts, the pause experiment,
 # reconciliation, invariants, and a report. Exits 0 only if every check holds.

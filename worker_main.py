@@ -34,14 +34,14 @@ from activities import backlog_metrics, worker_http
 from activities.payout_activities import PayoutActivities
 from activities.reconcile import ReconcileActivities
 from common.credentials import read_token
+from common.exiting import exit_now
+from common.logs import configure_logging, get_logger
+from common.pgutil import create_pool
 from ledger import PayoutStore
-from ledger.reconcile import ReconcileSettings, stub_movement_source
 from lockservice.client import LockClient
 from lockservice.grants import GrantVerifier, verifier_from_settings
-from payouts.exiting import exit_now
-from payouts.logs import configure_logging, get_logger
-from payouts.pgutil import create_pool
 from railproxy.client import RailProxyClient
+from reconcile.reconciler import ReconcileSettings, stub_movement_source
 from workflows.payout import PayoutWorkflow
 from workflows.reconcile import ReconcileWorkflow
 
@@ -324,7 +324,7 @@ def main(argv: list[str] | None = None) -> None:
 
     asyncio.run(_main())
     # Every resource is closed by now; skip the interpreter teardown that the Temporal SDK can
-    # crash, so a clean stop exits 0 (payouts.exiting).
+    # crash, so a clean stop exits 0 (common.exiting).
     exit_now(0)
 
 

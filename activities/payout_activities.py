@@ -28,6 +28,8 @@ from temporalio.exceptions import ApplicationError
 from activities import models as m
 from common import correlation
 from common.credentials import auth_headers
+from common.lockkey import lock_key
+from common.logs import get_logger
 from ledger import AlreadyAdvanced, FencedOut, Payout, PayoutState, PayoutStore, UnknownPayout
 from ledger import WorkContext as LedgerContext
 from ledger.errors import InvalidGrant, InvalidOperatorAssertion, InvalidTransition
@@ -35,7 +37,6 @@ from ledger.states import TERMINAL_STATES
 from lockservice.api import LockError, NotHeld
 from lockservice.client import Lease, LockClient, NotAcquiredError
 from lockservice.grants import SignedGrant
-from payouts.logs import get_logger
 from railproxy.client import RailProxyClient, SubmitResult
 from railproxy.errors import LookupUnavailable, ProxyClientError
 from railproxy.models import (
@@ -50,11 +51,6 @@ from railproxy.models import (
 log = get_logger("activities.payout")
 S = PayoutState
 _MAX_ID = 128
-
-
-def lock_key(account_id: str) -> str:
-    """One payout per account in flight (A-15): the key is the account's payout stream."""
-    return f"payout:{account_id}"
 
 
 def _fenced(err: FencedOut | str) -> ApplicationError:

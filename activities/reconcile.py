@@ -1,6 +1,6 @@
 """The `reconcile` activity: runs the read-only reconciler over one closed window.
 
-Owns: turning a ReconcileRequest into one `ledger.reconcile.reconcile` call on a pooled
+Owns: turning a ReconcileRequest into one `reconcile.reconciler.reconcile` call on a pooled
 connection. Must never: write to any schema or repair a break (the reconciler's transaction is
 READ ONLY); it is safe to retry because it only reads.
 """
@@ -15,7 +15,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.models import RECONCILE
 from activities.reconcile_models import ReconcileReport, ReconcileRequest
-from ledger.reconcile import (
+from reconcile.reconciler import (
     InvalidWindow,
     MovementSource,
     Window,

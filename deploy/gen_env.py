@@ -1,6 +1,6 @@
 """Write the secrets of docker-compose.yml: `deploy/compose.env` and `deploy/secrets/` (gitignored).
 
-Owns: one random password per database role of the migrations (payouts/db_roles.py ROLES,
+Owns: one random password per database role of the migrations (common/db_roles.py ROLES,
 docs/database-roles.md), written once to `deploy/secrets/credentials/db-roles/<role>` (0600;
 the migrate job sets them with DB_ROLE_PASSWORDS_DIR) and copied into the env file as
 `<ROLE>_DB_PASSWORD` for the components' DSNs; the superuser's, Temporal's and the Grafana admin
@@ -8,7 +8,7 @@ password, the lock service's Ed25519 grant-signing key pair, and the bearer toke
 credentials files (common.credentials): one token per identity under
 `deploy/secrets/credentials/tokens/` and one credentials file per server under
 `deploy/secrets/credentials/`, for the same identities and servers as the local stack
-(payouts/stack_services.py). Must never: print a secret, overwrite an existing file (a second
+(stack/services.py). Must never: print a secret, overwrite an existing file (a second
 run keeps what the running databases were initialised with and the tokens the services accept;
 `--force` replaces the env file, never a role's password file, the key pair or a token), or
 write anywhere but under `deploy/`.
@@ -28,9 +28,9 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent))
 
 from common.credentials import issue_tokens, write_credentials  # noqa: E402 - path set-up above
+from common.db_roles import ROLE_NAMES  # noqa: E402 - same reason
 from lockservice.grants import generate_keypair  # noqa: E402 - after the path set-up above
-from payouts.db_roles import ROLE_NAMES  # noqa: E402 - same reason
-from payouts.stack_services import STACK_ACCEPTS, STACK_IDENTITIES  # noqa: E402 - same reason
+from stack.services import STACK_ACCEPTS, STACK_IDENTITIES  # noqa: E402 - same reason
 
 ENV_PATH = ROOT / "compose.env"
 SECRETS_DIR = ROOT / "secrets"

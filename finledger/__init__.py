@@ -12,8 +12,28 @@ for a request it answers with a failure (unless a rule says the reply is lost *a
 which is the crash window the publisher must survive), or talk to the payment database.
 """
 
-from finledger.app import create_app
-from finledger.faults import Action, Faults, Rule
-from finledger.settings import FinledgerSettings
+from typing import TYPE_CHECKING
 
-__all__ = ["Action", "Faults", "FinledgerSettings", "Rule", "create_app"]
+from common.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from finledger.app import create_app
+    from finledger.faults import Action, Faults, Rule
+    from finledger.settings import FinledgerSettings
+
+#: Public name -> the module that defines it, imported on first use (common.lazy).
+_EXPORTS = {
+    "Action": "finledger.faults",
+    "Faults": "finledger.faults",
+    "FinledgerSettings": "finledger.settings",
+    "Rule": "finledger.faults",
+    "create_app": "finledger.app",
+}
+__getattr__ = lazy_exports(__name__, _EXPORTS)
+__all__ = [
+    "Action",
+    "Faults",
+    "FinledgerSettings",
+    "Rule",
+    "create_app",
+]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import uvicorn
 
 from common.credentials import refuse_without
+from common.logs import configure_logging
 from finledger.app import create_app
 from finledger.settings import FinledgerSettings
-from payouts.logs import configure_logging
 
 
 def main() -> None:

@@ -16,11 +16,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from common.correlation import CorrelationMiddleware
 from common.credentials import REFUSAL_RESPONSES, load_optional, require
+from common.logs import get_logger
 from common.strict_query import reject_unknown_query
 from finledger.book import Book
 from finledger.faults import Action, Faults, decide, is_unknown_account
 from finledger.settings import FinledgerSettings
-from payouts.logs import get_logger
 
 log = get_logger("finledger")
 

@@ -16,26 +16,58 @@ Public surface: `PayoutStore`, `WorkContext`, `Payout`, `AlreadyAdvanced`, `Payo
 errors of `ledger.errors`, and the proof query `ledger.queries.ledger_discrepancies`.
 """
 
-from ledger.context import WorkContext
-from ledger.errors import (
-    AlreadyExists,
-    DuplicateAccount,
-    DuplicatePayout,
-    FencedOut,
-    InvalidAmount,
-    InvalidGrant,
-    InvalidIdentifier,
-    InvalidInput,
-    InvalidToken,
-    InvalidTransition,
-    PaydbError,
-    UnknownAccount,
-    UnknownPayout,
-    UnknownState,
-)
-from ledger.states import TERMINAL_STATES, TRANSITIONS, PayoutState, check_transition
-from ledger.store import AlreadyAdvanced, Payout, PayoutStore, lock_key
+from typing import TYPE_CHECKING
 
+from common.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from ledger.context import WorkContext
+    from ledger.errors import (
+        AlreadyExists,
+        DuplicateAccount,
+        DuplicatePayout,
+        FencedOut,
+        InvalidAmount,
+        InvalidGrant,
+        InvalidIdentifier,
+        InvalidInput,
+        InvalidToken,
+        InvalidTransition,
+        PaydbError,
+        UnknownAccount,
+        UnknownPayout,
+        UnknownState,
+    )
+    from ledger.states import TERMINAL_STATES, TRANSITIONS, PayoutState, check_transition
+    from ledger.store import AlreadyAdvanced, Payout, PayoutStore, lock_key
+
+#: Public name -> the module that defines it, imported on first use (common.lazy).
+_EXPORTS = {
+    "TERMINAL_STATES": "ledger.states",
+    "TRANSITIONS": "ledger.states",
+    "AlreadyAdvanced": "ledger.store",
+    "AlreadyExists": "ledger.errors",
+    "DuplicateAccount": "ledger.errors",
+    "DuplicatePayout": "ledger.errors",
+    "FencedOut": "ledger.errors",
+    "InvalidAmount": "ledger.errors",
+    "InvalidGrant": "ledger.errors",
+    "InvalidIdentifier": "ledger.errors",
+    "InvalidInput": "ledger.errors",
+    "InvalidToken": "ledger.errors",
+    "InvalidTransition": "ledger.errors",
+    "PaydbError": "ledger.errors",
+    "Payout": "ledger.store",
+    "PayoutState": "ledger.states",
+    "PayoutStore": "ledger.store",
+    "UnknownAccount": "ledger.errors",
+    "UnknownPayout": "ledger.errors",
+    "UnknownState": "ledger.errors",
+    "WorkContext": "ledger.context",
+    "check_transition": "ledger.states",
+    "lock_key": "ledger.store",
+}
+__getattr__ = lazy_exports(__name__, _EXPORTS)
 __all__ = [
     "TERMINAL_STATES",
     "TRANSITIONS",

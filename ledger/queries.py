@@ -12,6 +12,12 @@ from typing import Literal
 
 import asyncpg
 
+# The rail-clearing account is named here too: readers of the ledger (the reconciler) match a
+# payout's posting against it and import it from this, the ledger's read-only interface.
+from ledger.journal import RAIL_CLEARING
+
+__all__ = ["PROOF_QUERY", "RAIL_CLEARING", "Discrepancy", "ledger_discrepancies"]
+
 PROOF_QUERY = """
 SELECT 'account' AS kind, a.account_id AS subject,
        COALESCE(b.balance, 0)::numeric AS stored, COALESCE(s.total, 0)::numeric AS computed

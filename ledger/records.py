@@ -17,11 +17,6 @@ _PAYOUT_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 MAX_TEXT = 1000
 
 
-def lock_key(account_id: str) -> str:
-    """The lock key that protects an account's payout stream (A-15)."""
-    return f"payout:{account_id}"
-
-
 @dataclass(frozen=True, slots=True)
 class Payout:
     payout_id: str

@@ -19,6 +19,8 @@ from typing import Any
 
 import asyncpg
 
+from common.lockkey import lock_key
+from common.logs import get_logger
 from ledger import metrics
 from ledger.audit import write_audit
 from ledger.context import WorkContext
@@ -45,12 +47,10 @@ from ledger.records import (
     check_payout_id,
     check_text,
     check_token,
-    lock_key,
 )
 from ledger.states import IN_FLIGHT_STATES, PayoutState, check_transition, reachable_from
 from lockservice.assertions import AssertionRefused, AssertionVerifier
 from lockservice.grants import GrantError, GrantExpired, GrantVerifier, SignedGrant, is_expired
-from payouts.logs import get_logger
 
 __all__ = ["AlreadyAdvanced", "Payout", "PayoutStore", "lock_key"]
 

@@ -50,11 +50,11 @@ import httpx
 
 from common.correlation import httpx_hooks
 from common.credentials import auth_headers
+from common.logs import get_logger
 from lockservice import api
 from lockservice._http import KeepAliveTransport
 from lockservice.api import Grant, LockError
 from lockservice.grants import SignedGrant
-from payouts.logs import get_logger
 
 _log = get_logger("lockservice.client")
 

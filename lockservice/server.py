@@ -49,6 +49,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from common.correlation import CorrelationMiddleware
 from common.credentials import Credentials, Identity, load_optional, require
+from common.logs import get_logger
 from common.strict_query import reject_unknown_query
 from lockservice import api
 from lockservice.api import Grant, LockBackend, NotAcquired
@@ -60,7 +61,6 @@ from lockservice.assertions import (
 )
 from lockservice.grants import GrantSigner
 from lockservice.watermark import Watermark
-from payouts.logs import get_logger
 
 T = TypeVar("T")
 #: How long /health waits for the backend's answer before it reports it unavailable.
@@ -587,7 +587,7 @@ def _build(  # noqa: PLR0915 - one route table, read top to bottom
         `limit` of them (for the invariant checker, INV-04/INV-06). `truncated` says more exist."""
         recs = await run("grant_history", lambda: state.be().grant_history(prefix, limit=limit + 1))
         # Read after the history: retention raises the horizon BEFORE it deletes, so this covers
-        # every grant missing from `recs` (ledger.invariants skips writes before it for INV-07).
+        # every grant missing from `recs` (invariants.checker skips writes before it for INV-07).
         since = await run("grant_history", lambda: state.be().history_retained_since())
         return JSONResponse(
             {
@@ -795,8 +795,8 @@ def main() -> None:
 
     import uvicorn
 
+    from common.logs import configure_logging
     from lockservice.settings import LockSettings
-    from payouts.logs import configure_logging
 
     settings = LockSettings()
     if not settings.signing_key_path:

@@ -38,8 +38,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from common.logs import get_logger
 from lockservice.api import IssuancePosition, LockBackend, RestoreDetected
-from payouts.logs import get_logger
 
 _log = get_logger("lockservice.watermark")
 

@@ -12,19 +12,19 @@ import importlib
 import os
 import sys
 
-from payouts.exiting import exit_code, exit_now
+from common.exiting import exit_code, exit_now
 
 #: Modules that define `register(subparsers: argparse._SubParsersAction) -> None`.
 COMMAND_MODULES: tuple[str, ...] = (
     "payouts.commands",
-    "payouts.experiments_cli",
-    "payouts.demo_cli",
-    "payouts.stack_cli",
-    "ledger.reconcile_cli",
-    "ledger.invariants_cli",
-    "ledger.outbox_cli",
-    "payouts.chaos_cli",
-    "payouts.gameday_cli",
+    "lab.experiments_cli",
+    "lab.demo_cli",
+    "stack.cli",
+    "payouts.reconcile_cli",
+    "payouts.invariants_cli",
+    "payouts.outbox_cli",
+    "lab.chaos_cli",
+    "lab.gameday_cli",
 )
 
 
@@ -43,8 +43,8 @@ def database_url(args: argparse.Namespace, *own_vars: str) -> str:
 def _cmd_db_migrate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from payouts.db_roles import RoleConfigError, read_passwords
-    from payouts.migrate import MigrationError, migrate
+    from common.db_roles import RoleConfigError, read_passwords
+    from common.migrate import MigrationError, migrate
 
     folder = args.role_passwords or os.environ.get("DB_ROLE_PASSWORDS_DIR")
     try:
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run() -> None:
     """Console entry point: `main()`, then `exit_now` with its code, so that the exit code is the
-    command's own and never a crash of the Temporal SDK at interpreter exit (payouts.exiting)."""
+    command's own and never a crash of the Temporal SDK at interpreter exit (common.exiting)."""
     try:
         code = main()
     except SystemExit as exc:

@@ -32,6 +32,7 @@ from common.credentials import (
     auth_headers,
     operator_token,
 )
+from common.lockkey import lock_key
 from ledger.states import TERMINAL_STATES
 from payouts.cli import database_url
 
@@ -609,7 +610,7 @@ def _cmd_signal(args: argparse.Namespace) -> int:
 def _cmd_lock_revoke(args: argparse.Namespace) -> int:
     reason = _require(args.reason, "reason")
     url = _lock_url(args)
-    key = args.key or f"payout:{_require(args.account, 'account')}"
+    key = args.key or lock_key(_require(args.account, "account"))
     token = _operator_token_or_fail()  # the lock server audits the identity it authenticates
     try:
         r = httpx.post(

@@ -15,11 +15,28 @@ the rail; read or write another component's tables; start with an enforcement sw
 outside an experiment mode verified against the rail stub (FR-29, `railproxy.startup`).
 """
 
-from railproxy.app import create_app
-from railproxy.client import RailProxyClient, SubmitResult
-from railproxy.models import HandoffCertainty, Outcome, SubmitContext, SubmitRequest
-from railproxy.settings import ProxySettings
+from typing import TYPE_CHECKING
 
+from common.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from railproxy.app import create_app
+    from railproxy.client import RailProxyClient, SubmitResult
+    from railproxy.models import HandoffCertainty, Outcome, SubmitContext, SubmitRequest
+    from railproxy.settings import ProxySettings
+
+#: Public name -> the module that defines it, imported on first use (common.lazy).
+_EXPORTS = {
+    "HandoffCertainty": "railproxy.models",
+    "Outcome": "railproxy.models",
+    "ProxySettings": "railproxy.settings",
+    "RailProxyClient": "railproxy.client",
+    "SubmitContext": "railproxy.models",
+    "SubmitRequest": "railproxy.models",
+    "SubmitResult": "railproxy.client",
+    "create_app": "railproxy.app",
+}
+__getattr__ = lazy_exports(__name__, _EXPORTS)
 __all__ = [
     "HandoffCertainty",
     "Outcome",

@@ -8,7 +8,7 @@ import sys
 import uvicorn
 
 from common.credentials import refuse_without
-from payouts.logs import configure_logging
+from common.logs import configure_logging
 from railproxy.app import create_app
 from railproxy.errors import StartupRefused
 from railproxy.settings import ProxySettings

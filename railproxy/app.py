@@ -17,10 +17,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from common import correlation
 from common.credentials import load_optional, require
+from common.lockkey import lock_key
+from common.logs import get_logger
+from common.migrate import migrate
+from common.pgutil import create_pool
 from common.strict_query import reject_unknown_query
-from payouts.logs import get_logger
-from payouts.migrate import migrate
-from payouts.pgutil import create_pool
 from railproxy import store
 from railproxy.errors import InvalidGrant, LookupUnavailable, Rejected, StaleToken
 from railproxy.metrics import ProxyMetrics
@@ -234,7 +235,7 @@ def _rejected(p: RailProxy, req: SubmitRequest, exc: Rejected) -> JSONResponse:
     if isinstance(exc, StaleToken):
         log.warning(
             "lock.fenced_out",
-            key=f"payout:{req.account_id}",
+            key=lock_key(req.account_id),
             enforcement_point="railproxy",
             presented_token=req.token,
             highest_token=exc.highest_token,

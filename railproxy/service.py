@@ -30,8 +30,9 @@ from datetime import UTC, datetime
 
 import asyncpg
 
+from common.lockkey import lock_key
+from common.logs import get_logger
 from lockservice.grants import GrantError, GrantExpired, GrantVerifier, check_not_expired
-from payouts.logs import get_logger
 from railproxy import absence, rail, store
 from railproxy.errors import DeadlineExceeded, InvalidGrant, RailNotReached, StoreUnavailable
 from railproxy.metrics import ProxyMetrics
@@ -49,12 +50,6 @@ _STORE_ERRORS = (
 )
 
 log = get_logger("railproxy")
-
-
-def account_lock_key(account_id: str) -> str:
-    """The lock key whose grant may submit for `account_id`: the same spelling as
-    `ledger.records.lock_key` (a test holds them equal; the proxy does not import the ledger)."""
-    return f"payout:{account_id}"
 
 
 _OUTCOME_WRITE_ATTEMPTS = 3
@@ -129,7 +124,7 @@ class RailProxy:
         if self.verifier is None:
             return
         grant = None if req.grant is None else req.grant.model_dump()
-        key = account_lock_key(req.account_id)
+        key = lock_key(req.account_id)
         try:
             genuine = self.verifier.verify(grant, key=key, token=req.token, check_expiry=False)
         except GrantError as exc:

@@ -12,8 +12,28 @@ record anything for a request it rejects as invalid or unavailable, let a lookup
 state completeness for a time for which its log lacks records.
 """
 
-from railstub.app import create_app
-from railstub.behaviour import Action, Behaviour, Rule
-from railstub.settings import StubSettings
+from typing import TYPE_CHECKING
 
-__all__ = ["Action", "Behaviour", "Rule", "StubSettings", "create_app"]
+from common.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from railstub.app import create_app
+    from railstub.behaviour import Action, Behaviour, Rule
+    from railstub.settings import StubSettings
+
+#: Public name -> the module that defines it, imported on first use (common.lazy).
+_EXPORTS = {
+    "Action": "railstub.behaviour",
+    "Behaviour": "railstub.behaviour",
+    "Rule": "railstub.behaviour",
+    "StubSettings": "railstub.settings",
+    "create_app": "railstub.app",
+}
+__getattr__ = lazy_exports(__name__, _EXPORTS)
+__all__ = [
+    "Action",
+    "Behaviour",
+    "Rule",
+    "StubSettings",
+    "create_app",
+]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uvicorn
 
 from common.credentials import refuse_without
-from payouts.logs import configure_logging
+from common.logs import configure_logging
 from railstub.app import create_app
 from railstub.settings import StubSettings
 

@@ -26,8 +26,8 @@ from pydantic import BaseModel, Field
 
 from common.correlation import CorrelationMiddleware
 from common.credentials import REFUSAL_RESPONSES, load_optional, require
+from common.logs import get_logger
 from common.strict_query import reject_unknown_query
-from payouts.logs import get_logger
 from railstub.behaviour import Action, Behaviour, decide
 from railstub.movements import LookupStatus, Movement, MovementLog
 from railstub.settings import StubSettings

@@ -2,7 +2,7 @@
 # to its Kubernetes service account, with only the roles listed here. The inventory table in
 # docs/deploy-gcp.md is checked against this map by tests/deploy.
 locals {
-  # db_roles: the payouts_* roles of the migrations (payouts/db_roles.py) granted, once, to the
+  # db_roles: the payouts_* roles of the migrations (common/db_roles.py) granted, once, to the
   # workload's Cloud SQL IAM user (docs/deploy-gcp.md, "Database roles"). The migrator is the
   # admin: it creates those roles and owns the schemas, and is a member of none of them.
   workloads = {

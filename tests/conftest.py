@@ -24,15 +24,15 @@ from pathlib import Path
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from payouts.db_roles import LOCKSERVICE, role_url
-from payouts.embedded import EmbeddedEtcd, EmbeddedPostgres, temporal_binary
-from payouts.migrate import migrate
-from payouts.pgutil import create_database, drop_database
+from common.db_roles import LOCKSERVICE, role_url
+from common.migrate import migrate
+from common.pgutil import create_database, drop_database
+from stack.embedded import EmbeddedEtcd, EmbeddedPostgres, temporal_binary
 from workflows.search_attributes import SEARCH_ATTRIBUTES
 
 
 def as_role(url: str, role: str) -> str:
-    """The same database as one component's role (payouts.db_roles), e.g. PAYDB."""
+    """The same database as one component's role (common.db_roles), e.g. PAYDB."""
     return role_url(url, role)
 
 

@@ -1,5 +1,5 @@
 """Bearer-token credentials for tests: one generated set per test process (never committed),
-made by the stack's own generator (payouts.stack_services.stack_credentials), so the fixtures
+made by the stack's own generator (stack.services.stack_credentials), so the fixtures
 wire the processes they start exactly as `payouts up` does."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 
 from common.credentials import auth_headers, read_token
-from payouts.stack_services import STACK_OPERATOR, StackCredentials, stack_credentials
+from stack.services import STACK_OPERATOR, StackCredentials, stack_credentials
 
 OPERATOR = STACK_OPERATOR
 

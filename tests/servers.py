@@ -8,7 +8,7 @@ from typing import Any
 
 import uvicorn
 
-from payouts.embedded import free_port
+from stack.embedded import free_port
 
 
 class ServerThread:

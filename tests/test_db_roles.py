@@ -17,8 +17,8 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from payouts import db_roles
-from payouts.db_roles import (
+from common import db_roles
+from common.db_roles import (
     CHECKER,
     LOCKSERVICE,
     OUTBOX,
@@ -30,8 +30,8 @@ from payouts.db_roles import (
     apply_roles,
     read_passwords,
 )
-from payouts.migrate import MigrationError, migrate
-from payouts.pgutil import create_database, drop_database
+from common.migrate import MigrationError, migrate
+from common.pgutil import create_database, drop_database
 from tests.conftest import as_role
 
 #: One harmless write per table: (table, statement). Each one would succeed for a role that

@@ -10,7 +10,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from payouts.embedded import (
+from stack.embedded import (
     EmbeddedPostgres,
     _others_can_traverse,
     _world_reachable_copy,

@@ -8,7 +8,7 @@ import sys
 
 PROGRAM = """
 import logging
-from payouts.logs import configure_logging, get_logger
+from common.logs import configure_logging, get_logger
 configure_logging("probe")
 logging.getLogger("httpx").info("HTTP Request: POST http://127.0.0.1:1/v1/sessions/s-1/keepalive")
 logging.getLogger("httpx").warning("connection reset %s", "peer")

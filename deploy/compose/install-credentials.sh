@@ -27,7 +27,7 @@ put worker tokens/worker.token worker.token
 put worker tokens/reconciler.token reconciler.token
 put reconciler tokens/reconciler.token reconciler.token
 put invariants tokens/invariants.token invariants.token
-# The migrate job's DB_ROLE_PASSWORDS_DIR: one file per role of payouts/db_roles.py (it sets
+# The migrate job's DB_ROLE_PASSWORDS_DIR: one file per role of common/db_roles.py (it sets
 # them; tests/deploy checks this list against ROLES). No component gets another's password.
 put migrate db-roles/payouts_lockservice payouts_lockservice
 put migrate db-roles/payouts_railproxy payouts_railproxy

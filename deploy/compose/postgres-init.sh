@@ -1,7 +1,7 @@
 #!/bin/sh
 # PostgreSQL first-start script of docker-compose.yml (mounted into /docker-entrypoint-initdb.d).
 # Creates only the database the migrate job needs. The roles are the migrations' own
-# (payouts/db_roles.py, docs/database-roles.md): `payouts db migrate`, run by the migrate job
+# (common/db_roles.py, docs/database-roles.md): `payouts db migrate`, run by the migrate job
 # with the superuser's DSN, creates payouts_lockservice, payouts_railproxy, payouts_paydb,
 # payouts_outbox, payouts_reconciler and payouts_checker, grants each CONNECT and only its own
 # statements, and sets their passwords from DB_ROLE_PASSWORDS_DIR. No password is in this file.

@@ -27,9 +27,9 @@ import aetcd.exceptions
 import aetcd.rpc
 import aetcd.utils
 
+from common.logs import get_logger
 from lockservice import events
 from lockservice.api import compose_token
-from payouts.logs import get_logger
 
 _log = get_logger("lockservice.etcd_retention")
 #: History records read per page: each costs up to 3 reads and 3 writes, and etcd refuses a txn

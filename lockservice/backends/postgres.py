@@ -101,8 +101,8 @@ class PostgresBackend:
 
     @classmethod
     async def start(cls, database_url: str, prefix: str = "") -> PostgresBackend:
-        from payouts.migrate import migrate
-        from payouts.pgutil import create_pool
+        from common.migrate import migrate
+        from common.pgutil import create_pool
 
         with _unavailable_on_connection_error():
             await migrate(database_url, schemas={"lockservice"})

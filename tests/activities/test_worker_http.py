@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 
 from activities import worker_http
-from payouts.embedded import free_port
+from stack.embedded import free_port
 
 
 async def _serving(temporal_ok: bool, session: str) -> tuple[httpx.Response, httpx.Response]:

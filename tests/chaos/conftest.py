@@ -1,6 +1,6 @@
 """Fixtures of the chaos tests: a private, world-traversable run directory per run.
 
-The chaos runner starts its own stack on free ports (payouts.experiments.isolated_ports), so it
+The chaos runner starts its own stack on free ports (lab.experiments.isolated_ports), so it
 never collides with a developer's `payouts up` or another test's stack.
 """
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from payouts.chaos import ChaosOptions, run_chaos
-from payouts.chaos_schedule import FAULT_KINDS
+from lab.chaos import ChaosOptions, run_chaos
+from lab.chaos_schedule import FAULT_KINDS
 
 pytestmark = pytest.mark.slow
 

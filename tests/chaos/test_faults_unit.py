@@ -11,9 +11,9 @@ from typing import Any, cast
 import httpx
 import pytest
 
-from payouts.chaos_faults import RAIL_BASELINE, FaultInjector
-from payouts.chaos_schedule import Fault
-from payouts.stack import Stack
+from lab.chaos_faults import RAIL_BASELINE, FaultInjector
+from lab.chaos_schedule import Fault
+from stack.system import Stack
 
 
 def injector_with_mock_stub(echo_clock_skew: bool) -> tuple[FaultInjector, list[dict[str, Any]]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from payouts.chaos_schedule import (
+from lab.chaos_schedule import (
     FAULT_KINDS,
     ScheduleError,
     kind_counts,

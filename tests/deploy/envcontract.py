@@ -51,39 +51,39 @@ COMPONENTS: tuple[Component, ...] = (
     Component(
         "outbox",
         ("payouts", "outbox", "run"),
-        settings=("ledger.delivery:OutboxSettings",),
-        modules=("payouts.cli", "ledger.outbox_cli"),
+        settings=("outbox.delivery:OutboxSettings",),
+        modules=("payouts.cli", "payouts.outbox_cli"),
     ),
     Component(
         "worker",
         ("python", "/app/worker_main.py"),
-        settings=("worker_main:WorkerSettings", "ledger.reconcile:ReconcileSettings"),
+        settings=("worker_main:WorkerSettings", "reconcile.reconciler:ReconcileSettings"),
     ),
     Component("migrate", ("payouts", "db", "migrate"), modules=("payouts.cli",), one_shot=True),
     Component(
         "reconcile-schedule",
         ("payouts", "reconcile", "schedule", "--every", "1h"),
-        settings=("ledger.reconcile:ReconcileSettings",),
-        modules=("ledger.reconcile_cli",),
+        settings=("reconcile.reconciler:ReconcileSettings",),
+        modules=("payouts.reconcile_cli",),
         one_shot=True,
     ),
     Component(
         "reconciler",
         ("payouts", "reconcile", "run", "--json"),
-        settings=("ledger.reconcile:ReconcileSettings",),
-        modules=("payouts.cli", "ledger.reconcile_cli"),
+        settings=("reconcile.reconciler:ReconcileSettings",),
+        modules=("payouts.cli", "payouts.reconcile_cli"),
         one_shot=True,
     ),
     Component(
         "invariants",
         ("payouts", "check-invariants", "--json"),
-        settings=("ledger.invariants:InvariantSettings",),
-        modules=("payouts.cli", "ledger.invariants_cli", "payouts.commands"),
+        settings=("invariants.checker:InvariantSettings",),
+        modules=("payouts.cli", "payouts.invariants_cli", "payouts.commands"),
         one_shot=True,
     ),
 )
 
-#: Read by the image itself (its HEALTHCHECK, payouts.healthcheck), valid in every service.
+#: Read by the image itself (its HEALTHCHECK, common.healthcheck), valid in every service.
 IMAGE_VARIABLES = frozenset({"HEALTHCHECK_URL"})
 
 

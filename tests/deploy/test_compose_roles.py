@@ -20,9 +20,9 @@ from pathlib import Path
 import asyncpg
 import pytest
 
+from common.db_roles import ROLE_NAMES
 from lockservice.backends.postgres import PostgresBackend
-from payouts.db_roles import ROLE_NAMES
-from payouts.embedded import EmbeddedPostgres, _pg_bin
+from stack.embedded import EmbeddedPostgres, _pg_bin
 from tests.deploy.conftest import ROOT, compose
 
 #: (service, DSN variable, statement) that the service's role must be able to run ...

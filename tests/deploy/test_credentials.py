@@ -23,8 +23,8 @@ import pytest
 import yaml
 
 from common.credentials import Credentials, CredentialsError, read_token
-from payouts.db_roles import ROLE_NAMES
-from payouts.stack_services import STACK_ACCEPTS, STACK_IDENTITIES
+from common.db_roles import ROLE_NAMES
+from stack.services import STACK_ACCEPTS, STACK_IDENTITIES
 from tests.deploy import envcontract
 from tests.deploy.conftest import (
     K8S,
@@ -152,7 +152,7 @@ def test_compose_gives_each_component_only_its_own_credentials() -> None:
 
 
 def test_only_the_migrate_job_gets_every_database_roles_password() -> None:
-    """The script installs one password file per role of payouts/db_roles.py, into the migrate
+    """The script installs one password file per role of common/db_roles.py, into the migrate
     job's volume only (it runs `payouts db migrate` with DB_ROLE_PASSWORDS_DIR there)."""
     installed = installed_by_script()
     assert installed["migrate"] == {r: f"db-roles/{r}" for r in ROLE_NAMES}

@@ -102,7 +102,7 @@ def test_negative_control_a_variable_new_in_the_code_is_reported(
 
 def test_literal_environment_reads_are_found() -> None:
     assert {"TEMPORAL_ADDRESS", "TEMPORAL_NAMESPACE"} <= envcontract.literal_environment_reads(
-        "ledger.reconcile_cli"
+        "payouts.reconcile_cli"
     )
     # `payouts db migrate`: the admin DSN and the role passwords' folder (docs/database-roles.md)
     assert {"DATABASE_URL", "DB_ROLE_PASSWORDS_DIR"} <= envcontract.literal_environment_reads(
@@ -110,10 +110,12 @@ def test_literal_environment_reads_are_found() -> None:
     )
     # a command's own role DSN, then the shared fallback: found through the DSN look-up
     assert {"OUTBOX_DATABASE_URL", "DATABASE_URL"} <= envcontract.literal_environment_reads(
-        "ledger.outbox_cli"
+        "payouts.outbox_cli"
     )
-    assert "CHECKER_DATABASE_URL" in envcontract.literal_environment_reads("ledger.invariants_cli")
-    assert "RECONCILE_DATABASE_URL" in envcontract.literal_environment_reads("ledger.reconcile_cli")
+    assert "CHECKER_DATABASE_URL" in envcontract.literal_environment_reads("payouts.invariants_cli")
+    assert "RECONCILE_DATABASE_URL" in envcontract.literal_environment_reads(
+        "payouts.reconcile_cli"
+    )
 
 
 def test_image_copies_every_package_the_project_installs() -> None:

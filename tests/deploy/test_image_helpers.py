@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from payouts import healthcheck
-from payouts.db_roles import ROLE_NAMES, read_passwords
+from common import healthcheck
+from common.db_roles import ROLE_NAMES, read_passwords
 from tests.deploy.conftest import ROOT
 
 

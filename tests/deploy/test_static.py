@@ -19,7 +19,7 @@ import kubernetes_validate
 import pytest
 from hcl2.utils import SerializationOptions
 
-from payouts.db_roles import DSN_VARS, ROLE_NAMES
+from common.db_roles import DSN_VARS, ROLE_NAMES
 from tests.deploy.conftest import (
     CHECKOV,
     COMPOSE,
@@ -154,7 +154,7 @@ def test_compose_services_are_healthy_gated_limited_and_unprivileged() -> None:
 def test_compose_has_no_secret_and_a_role_per_component() -> None:
     text = COMPOSE.read_text()
     assert not re.search(r"(PASSWORD|PWD):\s+(?!\$\{)", text), "a literal password"
-    # Each DSN logs in as the migrations' role its variable is for (payouts.db_roles.DSN_VARS);
+    # Each DSN logs in as the migrations' role its variable is for (common.db_roles.DSN_VARS);
     # the superuser's admin DSN is the migrate job's only.
     users: dict[tuple[str, str], str] = {}
     for name, svc in compose()["services"].items():
@@ -372,7 +372,7 @@ def iam_db_roles() -> dict[str, tuple[str, set[str]]]:
 
 def dsn_problems(docs: dict[str, dict[str, Any]]) -> list[str]:
     """Each pod's DSN variables name its own IAM user, a member of the role the variable is for
-    (payouts.db_roles.DSN_VARS); only the migrator gets the admin DATABASE_URL."""
+    (common.db_roles.DSN_VARS); only the migrator gets the admin DATABASE_URL."""
     by_ksa = {ksa: (key, roles) for key, (ksa, roles) in iam_db_roles().items()}
     problems: list[str] = []
     for name, doc in docs.items():

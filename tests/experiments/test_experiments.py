@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from payouts.experiments import crash_experiment, default_config, pause_experiment
-from payouts.stack_config import StackConfig
+from lab.experiments import crash_experiment, default_config, pause_experiment
+from stack.config import StackConfig
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +25,7 @@ def config(run_dir: Path, request: pytest.FixtureRequest) -> Iterator[StackConfi
         # An external server: the stack uses it; give the run a database of its own.
         import asyncio
 
-        from payouts.pgutil import create_database, drop_database
+        from common.pgutil import create_database, drop_database
 
         url = asyncio.run(create_database(os.environ["DATABASE_URL"]))
         yield replace(cfg, database_url=url)

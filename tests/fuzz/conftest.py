@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from common.migrate import migrate
+from common.pgutil import create_database, drop_database
 from finledger import create_app as create_finledger
 from finledger.settings import FinledgerSettings
-from payouts.migrate import migrate
-from payouts.pgutil import create_database, drop_database
 from railstub import StubSettings
 from railstub import create_app as create_stub
 from tests.credentials import OPERATOR, credentials, headers

@@ -22,18 +22,18 @@ import pytest
 import schemathesis
 
 from common import correlation
-from ledger import PayoutStore
-from ledger import WorkContext as LedgerContext
-from ledger.invariants import (
+from invariants.checker import (
     InvariantReport,
     check_invariants,
     postgres_grant_source,
     stub_movement_source,
 )
+from ledger import PayoutStore
+from ledger import WorkContext as LedgerContext
 from lockservice.client import LockClient
-from payouts.embedded import free_port
 from railproxy import RailProxyClient, SubmitContext, SubmitRequest
 from railproxy.models import GrantIn
+from stack.embedded import free_port
 from tests.credentials import OPERATOR, server_env, token
 from tests.credentials import headers as credential_headers
 from tests.fuzz.conftest import fresh_database

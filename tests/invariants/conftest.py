@@ -16,8 +16,10 @@ import asyncpg
 import httpx
 import pytest
 
-from ledger import Payout, PayoutStore, WorkContext
-from ledger.invariants import (
+from common.db_roles import CHECKER, LOCKSERVICE, PAYDB, RAILPROXY
+from common.migrate import migrate
+from common.pgutil import create_database, drop_database
+from invariants.checker import (
     GrantSource,
     InvariantReport,
     WorkflowSource,
@@ -25,11 +27,9 @@ from ledger.invariants import (
     postgres_grant_source,
     stub_movement_source,
 )
+from ledger import Payout, PayoutStore, WorkContext
 from lockservice.api import Grant, LockBackend
 from lockservice.backends import create_backend
-from payouts.db_roles import CHECKER, LOCKSERVICE, PAYDB, RAILPROXY
-from payouts.migrate import migrate
-from payouts.pgutil import create_database, drop_database
 from railproxy import ProxySettings, RailProxyClient, SubmitContext, SubmitRequest
 from railproxy import create_app as create_proxy
 from railproxy.models import GrantIn

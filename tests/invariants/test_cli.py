@@ -9,11 +9,11 @@ import json
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from ledger import invariants_cli
+from common.db_roles import CHECKER
 from lockservice.server import create_app
+from payouts import invariants_cli
 from payouts.cli import main
-from payouts.db_roles import CHECKER
-from payouts.embedded import free_port
+from stack.embedded import free_port
 from tests.conftest import as_role
 from tests.invariants.conftest import World
 from tests.lockservice.server_fixtures import serve_app

@@ -13,8 +13,8 @@ from structlog.testing import capture_logs
 from temporalio.testing import WorkflowEnvironment
 
 from activities.models import PayoutInput
+from invariants.checker import InvariantReport, temporal_workflow_source
 from ledger import FencedOut, PayoutStore
-from ledger.invariants import InvariantReport, temporal_workflow_source
 from tests.invariants.conftest import AMBIGUOUS, DECLINE, World, lock_key, sample_of, violated
 from workflows.payout import PayoutWorkflow
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from ledger.invariants import check_invariants, postgres_grant_source, stub_movement_source
-from payouts.db_roles import CHECKER
+from common.db_roles import CHECKER
+from invariants.checker import check_invariants, postgres_grant_source, stub_movement_source
 from tests.conftest import as_role
 from tests.invariants.conftest import World, violated
 

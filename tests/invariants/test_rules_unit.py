@@ -1,11 +1,11 @@
-"""Unit tests of the pure rules (ledger.invariant_rules): the edges the integration tests do not
+"""Unit tests of the pure rules (invariants.rules): the edges the integration tests do not
 reach, each with the clean case beside it."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from ledger.invariant_rules import (
+from invariants.rules import (
     INVARIANTS,
     Evidence,
     GrantFact,
@@ -15,7 +15,7 @@ from ledger.invariant_rules import (
     Write,
     check,
 )
-from ledger.reconcile_rules import RailMovement
+from railstub.client import RailMovement
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 import httpx
 import pytest
 
-from ledger.invariants import GrantSourceUnavailable, lock_server_grant_source
+from invariants.checker import GrantSourceUnavailable, lock_server_grant_source
 from lockservice.server import create_app
 from tests.invariants.conftest import World, lock_key, violated
 from tests.lockservice.server_fixtures import serve_app

@@ -12,10 +12,10 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
+from common.db_roles import PAYDB
+from common.migrate import migrate
+from common.pgutil import create_database, drop_database
 from ledger import PayoutStore, WorkContext
-from payouts.db_roles import PAYDB
-from payouts.migrate import migrate
-from payouts.pgutil import create_database, drop_database
 from tests.conftest import as_role
 
 TABLES = (

@@ -8,6 +8,7 @@ from collections import Counter, defaultdict
 
 import asyncpg
 
+from common.db_roles import PAYDB
 from ledger import (
     TERMINAL_STATES,
     AlreadyAdvanced,
@@ -18,7 +19,6 @@ from ledger import (
     WorkContext,
 )
 from ledger.queries import ledger_discrepancies
-from payouts.db_roles import PAYDB
 from tests.conftest import as_role
 from tests.ledger.conftest import funded_account, new_id
 

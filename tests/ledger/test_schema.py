@@ -8,9 +8,9 @@ import uuid
 import asyncpg
 import pytest
 
+from common.migrate import migrate
 from ledger import TRANSITIONS, PayoutStore, WorkContext
 from ledger.queries import ledger_discrepancies
-from payouts.migrate import migrate
 from tests.ledger.conftest import funded_account, new_id
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from lockservice.api import BackendUnavailable, LockBackend
 from lockservice.backends import create_backend
-from payouts.embedded import EmbeddedEtcd, EmbeddedPostgres
+from stack.embedded import EmbeddedEtcd, EmbeddedPostgres
 
 BackendFactory = Callable[[], Awaitable[LockBackend]]
 T = TypeVar("T")

@@ -26,7 +26,7 @@ from lockservice.api import (
     SessionNotFound,
 )
 from lockservice.backends import create_backend
-from payouts.embedded import EmbeddedEtcd, EmbeddedPostgres
+from stack.embedded import EmbeddedEtcd, EmbeddedPostgres
 from tests.lockservice.conftest import BackendFactory, until_available
 
 

@@ -19,7 +19,7 @@ import aetcd.rpc
 import aetcd.utils
 import pytest
 
-from ledger.invariants import lock_server_grant_source
+from invariants.checker import lock_server_grant_source
 from lockservice.api import Grant, NotAcquired
 from lockservice.backends import create_backend
 from lockservice.backends import etcd as etcd_module
@@ -27,7 +27,7 @@ from lockservice.backends.etcd import EtcdBackend
 from lockservice.backends.etcd_retention import session_deadline
 from lockservice.server import create_app
 from lockservice.settings import LockSettings
-from payouts.embedded import EmbeddedEtcd
+from stack.embedded import EmbeddedEtcd
 from tests.lockservice.server_fixtures import serve_app
 
 PREFIX = "ret/"

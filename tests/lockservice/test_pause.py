@@ -23,7 +23,7 @@ HOLDER = r"""
 import asyncio, json, sys
 from lockservice import api
 from lockservice.client import LockClient
-from payouts.logs import configure_logging
+from common.logs import configure_logging
 
 async def main(url: str, key: str) -> None:
     configure_logging("pause-holder", stream=sys.stderr)

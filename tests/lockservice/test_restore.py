@@ -26,6 +26,7 @@ import httpx
 import pytest
 
 from common.credentials import Kind, issue_tokens, write_credentials
+from common.migrate import migrate
 from lockservice.api import (
     MAX_EPOCH,
     MAX_EPOCH_STEP,
@@ -40,8 +41,7 @@ from lockservice.backends import create_backend
 from lockservice.restore import bump_after_restore, min_epoch_for
 from lockservice.server import create_app
 from lockservice.watermark import Watermark, location_identity
-from payouts.embedded import EmbeddedEtcd, EmbeddedPostgres, _pg_bin
-from payouts.migrate import migrate
+from stack.embedded import EmbeddedEtcd, EmbeddedPostgres, _pg_bin
 from tests.lockservice.conftest import until_available
 
 _PREFIX = "r/"

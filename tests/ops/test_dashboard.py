@@ -16,9 +16,9 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from payouts.gameday_prom import OPS_DIR, scrape_targets
-from payouts.stack import Stack
-from payouts.stack_config import StackConfig
+from lab.gameday_prom import OPS_DIR, scrape_targets
+from stack.config import StackConfig
+from stack.system import Stack
 
 ROOT = OPS_DIR.parent.parent
 DASHBOARD = ROOT / "ops" / "grafana" / "dashboards" / "payouts.json"

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from payouts.gameday import GamedayOptions, append_table, run_gameday, selected, table
-from payouts.gameday_scenarios import Ctx, Scenario
+from lab.gameday import GamedayOptions, append_table, run_gameday, selected, table
+from lab.gameday_scenarios import Ctx, Scenario
 
 pytestmark = pytest.mark.skipif(
     shutil.which("prometheus") is None, reason="prometheus absent: run `make prometheus`"

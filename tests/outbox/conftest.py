@@ -15,14 +15,14 @@ import asyncpg
 import httpx
 import pytest
 
+from common.db_roles import OUTBOX, PAYDB
+from common.migrate import migrate
+from common.pgutil import create_database, drop_database
 from finledger import FinledgerSettings
 from finledger import create_app as create_finledger
 from ledger import PayoutStore, WorkContext
-from ledger.delivery import OutboxSettings
-from ledger.publisher import Publisher
-from payouts.db_roles import OUTBOX, PAYDB
-from payouts.migrate import migrate
-from payouts.pgutil import create_database, drop_database
+from outbox.delivery import OutboxSettings
+from outbox.publisher import Publisher
 from tests.conftest import as_role
 from tests.servers import ServerThread
 

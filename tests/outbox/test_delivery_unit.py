@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from ledger.delivery import OutboxSettings, Outcome, backoff_delay, classify_status
+from outbox.delivery import OutboxSettings, Outcome, backoff_delay, classify_status
 
 
 @pytest.mark.parametrize(

@@ -23,8 +23,8 @@ from common.credentials import Kind, issue_tokens, read_token, write_credentials
 from finledger import FinledgerSettings
 from finledger import create_app as create_finledger
 from ledger import PayoutStore, WorkContext
-from ledger.delivery import Outcome, classify_status
-from ledger.publisher import Publisher
+from outbox.delivery import Outcome, classify_status
+from outbox.publisher import Publisher
 from tests.outbox.conftest import new_account, outbox_rows, outbox_settings, post_payout
 from tests.servers import ServerThread
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import asyncpg
 
 from common.credentials import Kind, issue_tokens, write_credentials
+from common.db_roles import OUTBOX
 from ledger import PayoutStore, WorkContext
-from payouts.db_roles import OUTBOX
 from tests.conftest import as_role
 from tests.outbox.conftest import (
     FinLedger,

@@ -14,8 +14,8 @@ from structlog.testing import capture_logs
 from finledger import FinledgerSettings
 from finledger import create_app as create_finledger
 from ledger import PayoutState, PayoutStore, WorkContext
-from ledger.publisher import outbox_summary
-from payouts.embedded import free_port
+from outbox.publisher import outbox_summary
+from stack.embedded import free_port
 from tests.outbox.conftest import (
     FinLedger,
     MakePublisher,

@@ -19,15 +19,15 @@ from typing import Any, Literal
 import httpx
 import pytest
 
-from payouts.db_roles import RAILPROXY
-from payouts.embedded import free_port
-from payouts.migrate import migrate
-from payouts.pgutil import create_database, drop_database
+from common.db_roles import RAILPROXY
+from common.migrate import migrate
+from common.pgutil import create_database, drop_database
 from railproxy import ProxySettings, RailProxyClient, SubmitContext, SubmitRequest
 from railproxy import create_app as create_proxy
 from railproxy.models import GrantIn
 from railstub import StubSettings
 from railstub import create_app as create_stub
+from stack.embedded import free_port
 from tests.conftest import as_role
 from tests.grants import account_grant, public_keys
 from tests.servers import ServerThread

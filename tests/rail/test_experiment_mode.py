@@ -22,11 +22,11 @@ import httpx
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from payouts.db_roles import RAILPROXY
-from payouts.embedded import free_port
-from payouts.pgutil import create_database, drop_database
+from common.db_roles import RAILPROXY
+from common.pgutil import create_database, drop_database
 from railproxy import create_app
 from railproxy.errors import StartupRefused
+from stack.embedded import free_port
 from tests.conftest import as_role
 from tests.credentials import server_env, token_file
 from tests.grants import lock_server_env, public_keys

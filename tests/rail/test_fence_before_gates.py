@@ -15,10 +15,10 @@ from typing import Any
 import asyncpg
 import pytest
 
+from common.db_roles import PAYDB
+from common.migrate import migrate
+from common.pgutil import create_database, create_pool, drop_database
 from ledger import FencedOut, Payout, PayoutState, PayoutStore, WorkContext
-from payouts.db_roles import PAYDB
-from payouts.migrate import migrate
-from payouts.pgutil import create_database, create_pool, drop_database
 from railproxy import HandoffCertainty
 from railproxy.errors import (
     AdmissionFull,

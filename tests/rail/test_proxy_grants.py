@@ -162,11 +162,3 @@ async def test_negative_control_verification_off_lets_a_forged_token_move_money(
     # ... and the account's next genuine grant is now fenced out.
     genuine = await proxy.client.submit(submit_request(account_id=account, token=11))
     assert genuine.code == "STALE_TOKEN"
-
-
-def test_proxy_and_ledger_spell_the_account_lock_key_alike() -> None:
-    """The proxy checks grants against the key the worker locks (it does not import the ledger)."""
-    from ledger.records import lock_key
-    from railproxy.service import account_lock_key
-
-    assert account_lock_key("acct-1") == lock_key("acct-1")

@@ -17,8 +17,8 @@ from typing import Any
 
 import httpx
 
-from payouts.embedded import free_port
 from railstub import create_app as create_stub
+from stack.embedded import free_port
 from tests.credentials import headers, server_env
 from tests.rail.conftest import STUB_SETTINGS, Stub, wait_for
 from tests.servers import ServerThread

@@ -13,22 +13,22 @@ import asyncpg
 import httpx
 import pytest
 
+from common.db_roles import PAYDB, RAILPROXY, RECONCILER
+from common.migrate import migrate
+from common.pgutil import create_database, drop_database
 from ledger import Payout, PayoutStore, WorkContext
-from ledger.reconcile import (
+from railproxy import ProxySettings, RailProxyClient, SubmitContext, SubmitRequest
+from railproxy import create_app as create_proxy
+from railproxy.models import GrantIn
+from railstub import StubSettings
+from railstub import create_app as create_stub
+from reconcile.reconciler import (
     MovementSource,
     ReconcileReport,
     Window,
     reconcile,
     stub_movement_source,
 )
-from payouts.db_roles import PAYDB, RAILPROXY, RECONCILER
-from payouts.migrate import migrate
-from payouts.pgutil import create_database, drop_database
-from railproxy import ProxySettings, RailProxyClient, SubmitContext, SubmitRequest
-from railproxy import create_app as create_proxy
-from railproxy.models import GrantIn
-from railstub import StubSettings
-from railstub import create_app as create_stub
 from tests.conftest import as_role
 from tests.grants import account_grant, public_keys
 from tests.rail.conftest import ServerThread, Stub

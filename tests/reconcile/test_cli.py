@@ -10,10 +10,10 @@ from datetime import timedelta
 
 import pytest
 
-from ledger import reconcile_cli
-from ledger.reconcile_rules import CLASSES
+from common.db_roles import RECONCILER
+from payouts import reconcile_cli
 from payouts.cli import main
-from payouts.db_roles import RECONCILER
+from reconcile.rules import CLASSES
 from tests.conftest import as_role
 from tests.reconcile.conftest import World
 

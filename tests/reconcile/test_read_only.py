@@ -8,8 +8,8 @@ from datetime import timedelta
 import asyncpg
 import pytest
 
-from ledger.reconcile import reconcile
-from payouts.db_roles import RECONCILER
+from common.db_roles import RECONCILER
+from reconcile.reconciler import reconcile
 from tests.conftest import as_role
 from tests.reconcile.conftest import World, window_until_now
 

@@ -9,8 +9,8 @@ from datetime import datetime, timedelta
 import pytest
 from structlog.testing import capture_logs
 
-from ledger.reconcile import InvalidWindow, Window, WindowNotClosed
-from ledger.reconcile_rules import CLASSES
+from reconcile.reconciler import InvalidWindow, Window, WindowNotClosed
+from reconcile.rules import CLASSES
 from tests.reconcile.conftest import World, window_until_now
 
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from ledger.reconcile_rules import (
+from railstub.client import RailMovement
+from reconcile.rules import (
     CLASSES,
     AttemptFact,
     Evidence,
     PayoutFact,
     PostingFact,
-    RailMovement,
     Window,
     classify,
 )

@@ -16,8 +16,8 @@ from temporalio.worker import Worker
 
 from activities.reconcile import ReconcileActivities
 from activities.reconcile_models import ReconcileInput, ReconcileReport
-from ledger.reconcile_cli import SCHEDULE_ID, ensure_schedule
-from ledger.reconcile_rules import CLASSES
+from payouts.reconcile_cli import SCHEDULE_ID, ensure_schedule
+from reconcile.rules import CLASSES
 from tests.reconcile.conftest import World
 from workflows.reconcile import ReconcileWorkflow
 

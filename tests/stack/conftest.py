@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from payouts.embedded import free_port
-from payouts.pgutil import create_database, drop_database
-from payouts.stack_config import Ports
-from payouts.stack_process import pid_alive
+from common.pgutil import create_database, drop_database
+from stack.config import Ports
+from stack.embedded import free_port
+from stack.process import pid_alive
 
 PORT_KEYS = ("temporal", "temporal_ui", "lock", "railstub", "railproxy", "finledger", "etcd")
 

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from payouts.stack import Stack
-from payouts.stack_config import (
+from stack.config import (
     LeftoverProcessError,
     Ports,
     PortTakenError,
     StackConfig,
     StackError,
 )
+from stack.system import Stack
 from tests.stack.conftest import assert_all_gone
 
 PAYOUTS = [sys.executable, "-m", "payouts.cli"]

@@ -17,12 +17,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 from temporalio.client import Client
 
-from payouts import db_roles
+from common import db_roles
 from payouts.commands import PayoutSpec, create_payouts, seed_accounts, start_workflows
-from payouts.stack import Stack
-from payouts.stack_cli import exports
-from payouts.stack_config import ServiceFailedError, StackConfig
-from payouts.stack_services import worker_available
+from stack.cli import exports
+from stack.config import ServiceFailedError, StackConfig
+from stack.services import worker_available
+from stack.system import Stack
 from tests.stack.conftest import assert_all_gone
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from payouts.stack_config import StackConfig
-from payouts.stack_services import Addresses, ServiceFactory
+from stack.config import StackConfig
+from stack.services import Addresses, ServiceFactory
 
 
 def test_unit_stub_movement_log_lives_in_the_run_directory(tmp_path: Path) -> None:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from payouts.stack_config import DEFAULT_TEMPORAL_TRANSFER_RPS, StackConfig, StackError
-from payouts.stack_services import Addresses, ServiceFactory
+from stack.config import DEFAULT_TEMPORAL_TRANSFER_RPS, StackConfig, StackError
+from stack.services import Addresses, ServiceFactory
 
 _ADDR = Addresses(
     database_url="postgresql://x/y",

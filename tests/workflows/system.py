@@ -24,12 +24,12 @@ from temporalio.worker import Worker
 
 from activities import models as m
 from activities.payout_activities import PayoutActivities
+from common import db_roles
 from ledger import PayoutStore
 from ledger import WorkContext as LedgerContext
 from lockservice.client import LockClient
-from payouts import db_roles
-from payouts.embedded import free_port
 from railproxy.client import RailProxyClient
+from stack.embedded import free_port
 from tests.conftest import as_role
 from tests.credentials import headers, server_env, token
 from tests.grants import grant_verifier, lock_server_env, public_keys

@@ -28,9 +28,9 @@ from temporalio.client import WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
 from activities import models as m
+from common.migrate import migrate
 from lockservice.client import LockClient
-from payouts.embedded import temporal_binary
-from payouts.migrate import migrate
+from stack.embedded import temporal_binary
 from tests.credentials import OPERATOR, token
 from tests.grants import operator_assertion as locally_signed
 from tests.workflows.system import (

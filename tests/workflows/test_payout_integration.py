@@ -26,10 +26,10 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
 from activities import models as m
+from common.migrate import migrate
 from ledger.queries import ledger_discrepancies
 from lockservice.client import LockClient
-from payouts.embedded import temporal_binary
-from payouts.migrate import migrate
+from stack.embedded import temporal_binary
 from tests.credentials import OPERATOR, headers, token, token_file
 from tests.grants import public_keys
 from tests.workflows.system import (

@@ -24,8 +24,8 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
 from activities import models as m
-from payouts.embedded import free_port
-from payouts.migrate import migrate
+from common.migrate import migrate
+from stack.embedded import free_port
 from tests.credentials import OPERATOR
 from tests.workflows.system import (
     System,

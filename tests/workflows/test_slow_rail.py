@@ -27,10 +27,10 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from activities import models as m
-from ledger.invariants import check_invariants, lock_server_grant_source
-from ledger.reconcile import stub_movement_source
-from payouts.migrate import migrate
+from common.migrate import migrate
+from invariants.checker import check_invariants, lock_server_grant_source
 from railproxy import ProxySettings
+from reconcile.reconciler import stub_movement_source
 from tests.credentials import headers, token
 from tests.workflows.rail_evidence import (
     nothing_moved_but_rail_settled,

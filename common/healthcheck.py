@@ -1,0 +1,47 @@
+"""The container image's HEALTHCHECK: `python -m common.healthcheck [URL]`.
+
+Owns: one HTTP GET against the component's own health (or metrics) endpoint, exit 0 when it
+answers 2xx within the timeout, 1 otherwise. URL from the argument, else `HEALTHCHECK_URL`.
+Must never: change anything, or call any other service than the one URL it is given. Standard
+library only, so that a probe every few seconds costs no heavy import.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import urllib.error
+import urllib.request
+
+TIMEOUT_S = 4.0
+
+
+def check(url: str, timeout_s: float = TIMEOUT_S) -> str | None:
+    """None when `url` answers 2xx, else a one-line reason."""
+    if not url.startswith(("http://", "https://")):
+        return f"not an http(s) URL: {url!r}"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:  # noqa: S310 - http(s) only, checked above
+            status = int(response.status)
+    except urllib.error.HTTPError as exc:
+        return f"{url} answered {exc.code}"
+    except (urllib.error.URLError, OSError) as exc:
+        return f"{url} unreachable: {exc}"
+    return None if 200 <= status < 300 else f"{url} answered {status}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    url = args[0] if args else os.environ.get("HEALTHCHECK_URL", "")
+    if not url:
+        sys.stderr.write("error: HEALTHCHECK_URL is not set (or pass the URL)\n")
+        return 1
+    reason = check(url)
+    if reason is not None:
+        sys.stderr.write(f"unhealthy: {reason}\n")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,210 @@
+"""The outbox delivery SQL: claim, record an outcome, summary, and the operator actions.
+
+Every statement here is short: a claim commits before any HTTP call is made (STD01-03), and an
+outcome is one UPDATE fenced by the claim (publisher id + attempt number).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from ledger.audit import write_audit
+from outbox.delivery import OPERABLE, NotActionable, Outcome, Status
+
+ROW_COLUMNS = (
+    "event_id, event_type, correlation_id, delivery_key, occurred_at, contract_version, payload,"
+    " status, attempts, next_retry_at, last_outcome, last_error, delivered_at, claimed_by,"
+    " claimed_until"
+)
+
+
+@dataclass(frozen=True)
+class Claimed:
+    event_id: uuid.UUID
+    event_type: str
+    delivery_key: str
+    occurred_at: datetime
+    contract_version: str
+    payload: dict[str, Any]
+    attempts: int  # including this claim: the fence for writing the outcome back
+
+    def record(self) -> dict[str, Any]:
+        """The body sent downstream; the event id is the original one, never regenerated."""
+        return {
+            "event_id": str(self.event_id),
+            "event_type": self.event_type,
+            "account_id": str(self.payload.get("account_id") or ""),
+            "occurred_at": self.occurred_at.isoformat(),
+            "contract_version": self.contract_version,
+            "payload": self.payload,
+        }
+
+
+# Due rows, oldest first. SKIP LOCKED lets several publishers claim disjoint batches at once;
+# the lease condition keeps a row claimed by a live publisher out of everyone else's batch, so
+# no row is ever sent by two publishers at the same time (a crashed one's lease runs out).
+_CLAIM = f"""
+WITH due AS (
+    SELECT event_id FROM paydb.outbox
+     WHERE status = 'pending'
+       AND (next_retry_at IS NULL OR next_retry_at <= now())
+       AND (claimed_until IS NULL OR claimed_until <= now())
+     ORDER BY occurred_at, event_id
+     LIMIT $1
+     FOR UPDATE SKIP LOCKED
+)
+UPDATE paydb.outbox o
+   SET claimed_by = $2, claimed_until = now() + make_interval(secs => $3),
+       attempts = o.attempts + 1
+  FROM due WHERE o.event_id = due.event_id
+RETURNING {", ".join("o." + c.strip() for c in ROW_COLUMNS.split(","))}
+"""
+
+
+async def claim_batch(
+    pool: asyncpg.Pool, *, publisher_id: str, limit: int, lease_s: float
+) -> list[Claimed]:
+    async with pool.acquire() as conn, conn.transaction():
+        rows = await conn.fetch(_CLAIM, limit, publisher_id, lease_s)
+    claimed = [
+        Claimed(
+            event_id=r["event_id"],
+            event_type=r["event_type"],
+            delivery_key=r["delivery_key"],
+            occurred_at=r["occurred_at"],
+            contract_version=r["contract_version"],
+            payload=json.loads(r["payload"]),
+            attempts=r["attempts"],
+        )
+        for r in rows
+    ]
+    return sorted(claimed, key=lambda c: c.occurred_at)
+
+
+async def record_outcome(
+    pool: asyncpg.Pool,
+    row: Claimed,
+    *,
+    publisher_id: str,
+    status: Status,
+    outcome: Outcome,
+    error: str | None,
+    retry_in_s: float | None,
+) -> bool:
+    """Write one attempt's result back; False when the claim was lost (lease expired and the
+    row was reclaimed or finished by someone else), in which case nothing is written."""
+    async with pool.acquire() as conn:
+        result = await conn.execute(
+            "UPDATE paydb.outbox SET status = $4, last_outcome = $5, last_error = $6,"
+            " next_retry_at = CASE WHEN $7::float8 IS NULL THEN NULL"
+            "   ELSE now() + make_interval(secs => $7::float8) END,"
+            " delivered_at = CASE WHEN $4 = 'delivered' THEN now() END,"
+            " published_at = CASE WHEN $4 = 'delivered' THEN now() END,"
+            " claimed_by = NULL, claimed_until = NULL"
+            " WHERE event_id = $1 AND claimed_by = $2 AND attempts = $3 AND status = 'pending'",
+            row.event_id,
+            publisher_id,
+            row.attempts,
+            str(status),
+            str(outcome),
+            error,
+            retry_in_s,
+        )
+    return bool(result == "UPDATE 1")
+
+
+async def outbox_summary(pool: asyncpg.Pool) -> dict[str, Any]:
+    """Counts by status (every status present, zero included), how many pending rows are
+    backing off, and the age in seconds of the oldest undelivered (pending) row."""
+    async with pool.acquire() as conn:
+        rows = await conn.fetch("SELECT status, count(*) AS n FROM paydb.outbox GROUP BY status")
+        extra = await conn.fetchrow(
+            "SELECT count(*) FILTER (WHERE next_retry_at > now()) AS backing_off,"
+            " EXTRACT(EPOCH FROM now() - min(occurred_at))::float8 AS oldest_age_s"
+            " FROM paydb.outbox WHERE status = 'pending'"
+        )
+    summary: dict[str, Any] = {str(s): 0 for s in Status}
+    summary.update({r["status"]: int(r["n"]) for r in rows})
+    summary["total"] = sum(summary[str(s)] for s in Status)
+    summary["backing_off"] = int(extra["backing_off"])
+    summary["oldest_undelivered_age_s"] = extra["oldest_age_s"]
+    return summary
+
+
+async def list_rows(
+    pool: asyncpg.Pool, *, status: Status | None = None, limit: int = 100
+) -> list[dict[str, Any]]:
+    async with pool.acquire() as conn:
+        rows = await conn.fetch(
+            f"SELECT {ROW_COLUMNS} FROM paydb.outbox"
+            " WHERE ($1::text IS NULL OR status = $1) ORDER BY occurred_at, event_id LIMIT $2",
+            None if status is None else str(status),
+            limit,
+        )
+    return [dict(r) | {"payload": json.loads(r["payload"])} for r in rows]
+
+
+async def operator_action(
+    pool: asyncpg.Pool,
+    *,
+    action: str,
+    event_ids: list[uuid.UUID] | None,
+    status: Status | None,
+    operator: str,
+    reason: str,
+) -> list[uuid.UUID]:
+    """`retry` (back to pending, attempts reset) or `discard` the named dead-lettered or
+    conflict-blocked rows (or every row in `status`), auditing each one; returns the ids."""
+    if not operator.strip() or not reason.strip():
+        raise NotActionable("an operator action needs an operator and a reason")
+    if action not in ("retry", "discard"):
+        raise NotActionable(f"unknown action {action!r}")
+    if (event_ids is None) == (status is None):
+        raise NotActionable("name event ids or a status, not both")
+    if status is not None and status not in OPERABLE:
+        raise NotActionable(f"only {[str(s) for s in OPERABLE]} rows can be retried or discarded")
+    operable = [str(s) for s in OPERABLE]
+    async with pool.acquire() as conn, conn.transaction():
+        rows = await conn.fetch(
+            "SELECT event_id, status, delivery_key FROM paydb.outbox"
+            " WHERE (event_id = ANY($1::uuid[]) OR ($1::uuid[] IS NULL AND status = $2))"
+            " ORDER BY occurred_at FOR UPDATE",
+            event_ids,
+            None if status is None else str(status),
+        )
+        found = {r["event_id"] for r in rows}
+        bad = [str(e) for e in event_ids or [] if e not in found]
+        bad += [str(r["event_id"]) for r in rows if r["status"] not in operable]
+        if bad:
+            raise NotActionable(f"not dead-lettered or conflict-blocked (or unknown): {bad}")
+        new_status = Status.PENDING if action == "retry" else Status.DISCARDED
+        ids = [r["event_id"] for r in rows]
+        await conn.execute(
+            "UPDATE paydb.outbox SET status = $2, next_retry_at = NULL,"
+            " attempts = CASE WHEN $2 = 'pending' THEN 0 ELSE attempts END,"
+            " claimed_by = NULL, claimed_until = NULL WHERE event_id = ANY($1::uuid[])",
+            ids,
+            str(new_status),
+        )
+        if new_status is Status.PENDING:
+            await conn.execute("SELECT pg_notify('paydb_outbox', '')")  # sent at COMMIT
+        for r in rows:
+            await write_audit(
+                conn,
+                actor=operator,
+                action=f"outbox.{action}",
+                details={
+                    "event_id": str(r["event_id"]),
+                    "delivery_key": r["delivery_key"],
+                    "from_status": r["status"],
+                    "to_status": str(new_status),
+                    "reason": reason,
+                },
+            )
+    return ids

@@ -1,0 +1,207 @@
+"""The outbox publisher: delivers paydb outbox rows to the finance ledger (issue 8).
+
+Delivery is at least once, deduplicated downstream by the row's delivery key, so the effect is
+once. One cycle: claim a batch (short transaction, committed), send each row over HTTP with no
+transaction open, write each outcome back in one fenced UPDATE. Rows are woken by LISTEN/NOTIFY
+(the insert trigger of migration 002) with a polling fallback.
+
+Order: NOT guaranteed, not even per account. Rows are claimed oldest first, but a batch is sent
+concurrently, a failing row backs off while later ones go ahead (head-of-line protection), and
+several publishers run at once. Each record carries its `occurred_at` and event id; the ledger
+deduplicates by correlation id and finance orders by `occurred_at`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from typing import Any
+
+import asyncpg
+
+from common.credentials import read_token
+from common.logs import get_logger
+from outbox.delivery import (
+    DownstreamClient,
+    OutboxSettings,
+    Outcome,
+    Status,
+    backoff_delay,
+)
+from outbox.metrics import OutboxMetrics
+from outbox.ops import Claimed, claim_batch, outbox_summary, record_outcome
+
+__all__ = ["CHANNEL", "Publisher", "outbox_summary"]
+
+log = get_logger("outbox.publisher")
+
+#: The NOTIFY channel of migration 002's insert trigger.
+CHANNEL = "paydb_outbox"
+
+_EVENTS = {
+    Outcome.COMPLETED: "outbox.delivered",
+    Outcome.DUPLICATE_COMPLETED: "outbox.duplicate",
+    Outcome.CONFLICT_BLOCKED: "outbox.conflict_blocked",
+}
+_DB_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError)
+
+
+class Publisher:
+    """One publisher; any number may run against one database at once."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        settings: OutboxSettings,
+        *,
+        metrics: OutboxMetrics | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._pool = pool
+        self.settings = settings
+        self.metrics = metrics or OutboxMetrics()
+        self._rng = rng or random.Random()
+        self._client = DownstreamClient(
+            settings.finledger_url,
+            timeout_s=settings.http_timeout_s,
+            token=read_token(token_file=settings.token_file, what="OUTBOX_TOKEN_FILE"),
+        )
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    # ------------------------------------------------------------------ one cycle
+
+    async def process_once(self) -> list[tuple[Claimed, Outcome]]:
+        """Claim one batch of due rows and deliver it; returns each row with its outcome."""
+        s = self.settings
+        rows = await claim_batch(
+            self._pool, publisher_id=s.publisher_id, limit=s.batch_size, lease_s=s.lease_s
+        )
+        # The claim is committed before any HTTP call: no transaction spans the network.
+        return list(await asyncio.gather(*(self._deliver(row) for row in rows)))
+
+    async def drain(self) -> int:
+        """Process batches until one comes back short; returns how many rows were attempted."""
+        total = 0
+        while True:
+            done = await self.process_once()
+            total += len(done)
+            if len(done) < self.settings.batch_size:
+                return total
+
+    async def refresh_metrics(self) -> dict[str, Any]:
+        summary = await outbox_summary(self._pool)
+        self.metrics.observe_summary(summary)
+        return summary
+
+    async def _deliver(self, row: Claimed) -> tuple[Claimed, Outcome]:
+        # Sending the same record twice cannot book it twice: the ledger keys it by the row's
+        # delivery key (UNIQUE here too), so a retry or a crash-and-resend answers "duplicate".
+        attempt = await self._client.send(row.delivery_key, row.record())
+        outcome = attempt.outcome
+        status, retry_in_s, reason = self._next_status(row, outcome)
+        written = await record_outcome(
+            self._pool,
+            row,
+            publisher_id=self.settings.publisher_id,
+            status=status,
+            outcome=outcome,
+            error=attempt.error,
+            retry_in_s=retry_in_s,
+        )
+        self.metrics.deliveries.labels(outcome=str(outcome)).inc()
+        fields = {
+            "event_id": str(row.event_id),
+            "delivery_key": row.delivery_key,
+            "event_type": row.event_type,
+            "attempt": row.attempts,
+            "outcome": str(outcome),
+            "publisher_id": self.settings.publisher_id,
+        }
+        if not written:
+            # Our lease ran out and another publisher owns the row now; its result stands.
+            log.warning("outbox.claim_lost", **fields)
+        elif status is Status.DELIVERY_FAILED:
+            log.error("outbox.dead_lettered", reason=reason, error=attempt.error, **fields)
+        elif status is Status.PENDING:
+            log.warning(
+                "outbox.retry_scheduled", retry_in_s=retry_in_s, error=attempt.error, **fields
+            )
+        else:
+            log.info(_EVENTS[outcome], **fields)
+        return row, outcome
+
+    def _next_status(self, row: Claimed, outcome: Outcome) -> tuple[Status, float | None, str]:
+        if outcome in (Outcome.COMPLETED, Outcome.DUPLICATE_COMPLETED):
+            return Status.DELIVERED, None, ""
+        if outcome is Outcome.CONFLICT_BLOCKED:
+            return Status.CONFLICT_BLOCKED, None, ""  # never retried automatically
+        if outcome is Outcome.PERMANENT_FAILURE:
+            return Status.DELIVERY_FAILED, None, "permanent"  # zero retries
+        if row.attempts >= self.settings.max_attempts:
+            return Status.DELIVERY_FAILED, None, "attempts_exhausted"
+        s = self.settings
+        delay = backoff_delay(
+            row.attempts, base_s=s.base_delay_s, cap_s=s.max_delay_s, rng=self._rng
+        )
+        return Status.PENDING, delay, ""
+
+    # ------------------------------------------------------------------ the long-running loop
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Deliver until `stop` is set; a batch in flight is finished before returning."""
+        wake = asyncio.Event()
+        listener = asyncio.create_task(self._listen(wake, stop))
+        log.info("outbox.publisher_started", publisher_id=self.settings.publisher_id)
+        try:
+            while not stop.is_set():
+                wake.clear()  # before draining: a NOTIFY during the drain wakes the next wait
+                try:
+                    await self.drain()
+                    await self.refresh_metrics()
+                except _DB_ERRORS as exc:
+                    log.warning("outbox.database_error", error=f"{type(exc).__name__}: {exc}")
+                await _wait_any(wake, stop, within_s=self.settings.poll_interval_s)
+        finally:
+            listener.cancel()
+            await asyncio.gather(listener, return_exceptions=True)
+            log.info("outbox.publisher_stopped", publisher_id=self.settings.publisher_id)
+
+    async def _listen(self, wake: asyncio.Event, stop: asyncio.Event) -> None:
+        """Hold a LISTEN connection; on loss, reconnect (polling covers the gap)."""
+
+        def notified(*_: object) -> None:
+            wake.set()
+
+        while not stop.is_set():
+            try:
+                async with self._pool.acquire() as conn:
+                    lost = asyncio.Event()
+
+                    def terminated(_conn: object, lost: asyncio.Event = lost) -> None:
+                        lost.set()
+
+                    conn.add_termination_listener(terminated)
+                    await conn.add_listener(CHANNEL, notified)
+                    wake.set()  # catch up with rows committed before we listened
+                    await _wait_any(lost, stop, within_s=None)
+                    conn.remove_termination_listener(terminated)
+                    if not conn.is_closed():
+                        await conn.remove_listener(CHANNEL, notified)
+            except _DB_ERRORS as exc:
+                log.warning("outbox.listen_lost", error=f"{type(exc).__name__}: {exc}")
+            if not stop.is_set():
+                await _wait_any(stop, stop, within_s=self.settings.poll_interval_s)
+
+
+async def _wait_any(a: asyncio.Event, b: asyncio.Event, *, within_s: float | None) -> None:
+    tasks = [asyncio.create_task(a.wait()), asyncio.create_task(b.wait())]
+    try:
+        await asyncio.wait(tasks, timeout=within_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in tasks:
+            t.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(*tasks, return_exceptions=True)

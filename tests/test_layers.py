@@ -1,0 +1,83 @@
+"""The layering contracts of pyproject.toml hold, and they do catch an upward import.
+
+`make lint` runs `lint-imports` on the tree; here the same contracts run on a copy of the tree
+into which one import that breaks each contract is planted (the negative controls), through
+the real `lint-imports` command.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+PACKAGES = [
+    p.name
+    for p in ROOT.iterdir()
+    if (p / "__init__.py").is_file() and p.name not in {"tests"} and not p.name.startswith(".")
+]
+
+
+def _lint(tree: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--config", str(tree / "pyproject.toml"), "--no-cache"],
+        check=False,
+        cwd=tree,
+        env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _copy(tmp_path: Path) -> Path:
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    shutil.copy(ROOT / "pyproject.toml", tree)
+    for name in PACKAGES:
+        shutil.copytree(ROOT / name, tree / name, ignore=shutil.ignore_patterns("__pycache__"))
+    return tree
+
+
+def test_every_root_package_is_in_the_contracts() -> None:
+    """A new package left out of root_packages would escape every contract."""
+    config = (ROOT / "pyproject.toml").read_text()
+    missing = [name for name in PACKAGES if f'"{name}"' not in config]
+    assert not missing, f"packages outside [tool.importlinter] root_packages: {missing}"
+
+
+def test_the_tree_keeps_its_contracts(tmp_path: Path) -> None:
+    result = _lint(_copy(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Contracts: 2 kept, 0 broken." in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "planted", "broken"),
+    [
+        # foundation importing a component: upward
+        ("common/logs.py", "import ledger.states", "Layers"),
+        # a component importing the worker: upward
+        ("railproxy/store.py", "import activities.models", "Layers"),
+        # a component importing the local stack: upward (what lockservice/bench.py did)
+        ("lockservice/watermark.py", "import stack.embedded", "Layers"),
+        # one component reaching into another's internals, not its public client
+        ("reconcile/reconciler.py", "import ledger.store", "independent"),
+        ("railproxy/service.py", "import lockservice.server", "independent"),
+    ],
+)
+def test_a_planted_import_breaks_its_contract(
+    tmp_path: Path, module: str, planted: str, broken: str
+) -> None:
+    tree = _copy(tmp_path)
+    target = tree / module
+    target.write_text(target.read_text() + f"\n{planted}  # planted by the negative control\n")
+    result = _lint(tree)
+    assert result.returncode != 0, result.stdout
+    assert "BROKEN" in result.stdout
+    assert any(broken in line and "BROKEN" in line for line in result.stdout.splitlines())
