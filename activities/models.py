@@ -15,6 +15,9 @@ SUBMIT_TO_RAIL = "submit_to_rail"
 RECOVER_FROM_ATTEMPT = "recover_from_attempt"
 POST_TO_LEDGER = "post_to_ledger"
 RELEASE_LOCK = "release_lock"
+#: The merged holder step (patch `merged-holder-steps`): re-read + claim, submit (once), post,
+#: and the release of the grant at the end, as one activity on the holder's queue.
+EXECUTE_PAYOUT = "execute_payout"
 LOOKUP_RAIL = "lookup_rail"
 RESOLVE_AMBIGUOUS = "resolve_ambiguous"
 ABANDON_PAYOUT = "abandon_payout"
@@ -175,6 +178,12 @@ class PayoutView:
         ""  # set by submit_to_rail: NOT_SUBMITTED, ACKNOWLEDGED, FINAL, UNKNOWN
     )
     detail: str = ""  # e.g. "already_advanced", the proxy's rejection code
+    #: execute_payout only: the UC-01 steps it carried out, in order ("claim", "submit",
+    #: "post", "release"; see `STEPS`), as the activity's result shows them in the Temporal UI.
+    steps: list[str] = field(default_factory=list)
+    #: execute_payout only: the grant was released at the end of the activity; the workflow
+    #: schedules no separate release.
+    released: bool = False
 
 
 @dataclass

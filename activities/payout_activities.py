@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import os
 import signal
@@ -34,6 +35,7 @@ from common.logs import get_logger
 from ledger import AlreadyAdvanced, FencedOut, Payout, PayoutState, PayoutStore, UnknownPayout
 from ledger import WorkContext as LedgerContext
 from ledger.errors import InvalidGrant, InvalidOperatorAssertion, InvalidTransition
+from ledger.states import TERMINAL_STATES
 from lockservice.api import LockError, NotHeld
 from lockservice.client import Lease, LockClient, NotAcquiredError
 from lockservice.grants import SignedGrant
@@ -103,13 +105,33 @@ def _view(
     )
 
 
+#: The UC-01 step a running holder activity is at (`_progress`), sent with every heartbeat: the
+#: Temporal UI and `temporal workflow describe` show it as the pending activity's last heartbeat
+#: details, so each step of the merged `execute_payout` stays identifiable while it runs.
+_PROGRESS: contextvars.ContextVar[list[dict[str, str]] | None] = contextvars.ContextVar(
+    "holder_progress", default=None
+)
+
+
+def _progress(step: str, state: str) -> None:
+    """Record (and heartbeat at once) that the running holder activity is at `step`."""
+    details = _PROGRESS.get()
+    if details is None:
+        return
+    details[:] = [{"step": step, "state": state}]
+    activity.heartbeat(*details)
+
+
 @contextlib.asynccontextmanager
-async def _heartbeating(interval_s: float = 1.0) -> AsyncIterator[None]:
-    """Heartbeat while a long step runs, so a dead worker is noticed by its heartbeat timeout."""
+async def _heartbeating(
+    interval_s: float = 1.0, details: list[dict[str, str]] | None = None
+) -> AsyncIterator[None]:
+    """Heartbeat while a long step runs, so a dead worker is noticed by its heartbeat timeout;
+    each heartbeat carries the step's current `details` (see `_progress`)."""
 
     async def beat() -> None:
         while True:
-            activity.heartbeat()
+            activity.heartbeat(*(details or ()))
             await asyncio.sleep(interval_s)
 
     task = asyncio.create_task(beat())
@@ -170,10 +192,13 @@ def _holder_step(fn: _Step) -> _Step:
         held = self._leases.get((lock_key(req.account_id), req.token))
         if held is not None:
             held.active += 1
+        details: list[dict[str, str]] = []
+        reset = _PROGRESS.set(details)
         try:
-            async with _heartbeating():
+            async with _heartbeating(details=details):
                 return await fn(self, req)
         finally:
+            _PROGRESS.reset(reset)
             if held is not None:
                 held.active -= 1
                 held.idle_since = time.monotonic()
@@ -251,6 +276,7 @@ class PayoutActivities:
     def holder_queue_activities(self) -> list[Callable[..., Any]]:
         """The critical section: run only on this process's own queue, under its session."""
         return [
+            self.execute_payout,
             self.reread_and_claim,
             self.submit_to_rail,
             self.recover_from_attempt,
@@ -320,6 +346,10 @@ class PayoutActivities:
             # UC-01 alternate (a): another holder moved it on. Not an error: re-read and go on.
             return await self._current(req.payout_id)
         assert isinstance(result, Payout)
+        self._crash_if_armed(req, result)
+        return result
+
+    def _crash_if_armed(self, req: m.StepRequest, result: Payout) -> None:
         if self._crash_at and str(result.state) == self._crash_at:
             log.warning(
                 "experiment.crashing",
@@ -329,7 +359,6 @@ class PayoutActivities:
                 token=req.token,
             )
             os.kill(os.getpid(), signal.SIGKILL)  # the process dies after the commit, mid-payout
-        return result
 
     async def _stamp_account_fence(self, req: m.StepRequest) -> None:
         """The fenced stamp of the account's balance row; FencedOut aborts the grant."""
@@ -536,6 +565,104 @@ class PayoutActivities:
 
     # ------------------------------------------------------------------ holder queue
 
+    @activity.defn(name=m.EXECUTE_PAYOUT)
+    @_holder_step
+    async def execute_payout(self, req: m.StepRequest) -> m.PayoutView:
+        """UC-01 steps 3-9 in one holder activity (patch `merged-holder-steps`): re-read and
+        claim, submit, post, and the release of the grant once the payout is terminal.
+
+        What prevents a double payout: the workflow schedules this activity with
+        maximum_attempts=1, so no retry can reach the submit twice; the submit happens only when
+        THIS attempt moved the payout PENDING -> CLAIMED (a payout found CLAIMED or later is
+        returned to the workflow, whose state-based recovery reads the proxy's attempt record
+        as evidence, exactly as after `reread_and_claim`); and the proxy itself refuses a second
+        attempt for the payout (FR-18) and any token below the account's highest (FR-17). A
+        failure or timeout anywhere after the claim leaves the payout CLAIMED, RAIL_SUBMITTED
+        or RAIL_ACKED, and the workflow's next grant recovers from there by evidence, never by
+        submitting again on a guess.
+
+        Each step is visible while it runs (the heartbeat details: `{"step", "state"}`) and
+        after (the result's `steps`), and the workflow upserts the payout's state.
+        """
+        steps: list[str] = []
+        _progress("claim", "reading")
+        payout = await self._current(req.payout_id)
+        claimed_here = False
+        if payout.state == S.PENDING:
+            claimed_here, payout = await self._claim(req)
+        else:
+            await self._stamp_account_fence(req)
+        steps.append("claim")
+        if not claimed_here or payout.state != S.CLAIMED:
+            # Found in flight (another holder's work) or FAILED at the claim (insufficient
+            # funds): hand the state and its evidence to the workflow, as `reread_and_claim` does.
+            attempt = None
+            if payout.state in (S.CLAIMED, S.RAIL_SUBMITTED):
+                attempt = await self._attempt(req.payout_id)
+            return await self._finish(req, _view(payout, attempt), steps)
+        # Claimed from PENDING by this attempt: no edge leads back to PENDING and a submit needs
+        # CLAIMED, so nobody has submitted this payout and the proxy can hold no attempt for it.
+        # The attempt read `reread_and_claim` makes here would find nothing: skipped.
+        _progress("submit", str(payout.state))
+        view = await self._submit(req, payout)
+        steps.append("submit")
+        if view.state != S.RAIL_ACKED:
+            # NOT_SUBMITTED (still CLAIMED: the workflow backs off), FAILED (declined) or
+            # RAIL_AMBIGUOUS (resolved by lookups, never resubmitted).
+            return await self._finish(req, view, steps)
+        _progress("post", view.state)
+        posted = await self._write(
+            req,
+            lambda g: self._store.post(req.payout_id, req.token, self._ctx(req.context), grant=g),
+        )
+        steps.append("post")
+        done = _view(posted, view.attempt, handoff_certainty=view.handoff_certainty)
+        return await self._finish(req, done, steps)
+
+    async def _claim(self, req: m.StepRequest) -> tuple[bool, Payout]:
+        """The fenced claim of a PENDING payout; True when this call made the transition (not
+        another holder before it: then the payout is re-read)."""
+        grant = await self._grant(req)
+        ctx = self._ctx(req.context)
+        try:
+            result = await self._store.claim(req.payout_id, req.token, ctx, grant=grant)
+        except FencedOut as exc:
+            raise _fenced(exc) from exc
+        except InvalidGrant as exc:
+            raise _lost(req, f"payment database refused the grant: {exc.reason}") from exc
+        except InvalidTransition as exc:
+            raise ApplicationError(str(exc), type=m.INVALID_TRANSITION, non_retryable=True) from exc
+        if isinstance(result, AlreadyAdvanced):
+            return False, await self._current(req.payout_id)
+        self._crash_if_armed(req, result)
+        return True, result
+
+    async def _finish(
+        self, req: m.StepRequest, view: m.PayoutView, steps: list[str]
+    ) -> m.PayoutView:
+        """UC-01 step 9 folded into the last step: a terminal payout's grant is released here,
+        and the workflow schedules no separate release. Not terminal: the workflow goes on
+        under the grant (recovery, backoff, lookups) and releases it itself."""
+        if view.state in {str(s) for s in TERMINAL_STATES}:
+            _progress("release", view.state)
+            await self._release(req)
+            steps.append("release")
+            view.released = True
+        view.steps = steps
+        return view
+
+    async def _release(self, req: m.StepRequest) -> None:
+        """Best effort: a lost release only delays the next holder to the lease's expiry (the
+        next grant has a higher token either way)."""
+        held = self._leases.pop((lock_key(req.account_id), req.token), None)
+        if held is None:
+            return
+        with (
+            correlation.bound(req.context.correlation_id),
+            contextlib.suppress(LockError, httpx.HTTPError),
+        ):
+            await self._locks.release(held.lease)
+
     @activity.defn(name=m.REREAD_AND_CLAIM)
     @_holder_step
     async def reread_and_claim(self, req: m.StepRequest) -> m.PayoutView:
@@ -577,6 +704,13 @@ class PayoutActivities:
         payout = await self._current(req.payout_id)
         if payout.state != S.CLAIMED:
             return _view(payout, detail="not_claimed")
+        return await self._submit(req, payout)
+
+    async def _submit(self, req: m.StepRequest, payout: Payout) -> m.PayoutView:
+        """The one submission of a CLAIMED payout, for `submit_to_rail` and `execute_payout`:
+        both are scheduled with maximum_attempts=1 and call this at most once per attempt.
+        The proxy refuses a second attempt for the payout (FR-18) and a token below the
+        account's highest (FR-17), and records the attempt before forwarding (FR-19)."""
         grant = await self._grant(req)
         deadline = (
             datetime.fromisoformat(req.context.deadline_at)
@@ -653,9 +787,20 @@ class PayoutActivities:
                 detail=result.code or "not_submitted",
                 handoff_certainty=result.handoff_certainty.value,
             )
-        payout = await self._write(
-            req, lambda g: self._store.mark_submitted(payout.payout_id, req.token, ctx, grant=g)
-        )
+        if result.outcome == Outcome.ACKED:
+            # RAIL_SUBMITTED and RAIL_ACKED follow each other here: one transaction, one commit
+            # (the same two audit rows and events; issue 16).
+            payout = await self._write(
+                req,
+                lambda g: self._store.mark_submitted_and_acked(
+                    payout.payout_id, req.token, ctx, grant=g
+                ),
+            )
+        else:
+            payout = await self._write(
+                req,
+                lambda g: self._store.mark_submitted(payout.payout_id, req.token, ctx, grant=g),
+            )
         payout = await self._record_outcome(req, payout, result.outcome)
         attempt = m.AttemptView(
             attempt_id=str(result.attempt_id), outcome=result.outcome.value, token=req.token
@@ -772,14 +917,7 @@ class PayoutActivities:
     @activity.defn(name=m.RELEASE_LOCK)
     async def release_lock(self, req: m.StepRequest) -> None:
         """UC-01 step 9. Best effort: a lost release only delays the next holder to expiry."""
-        held = self._leases.pop((lock_key(req.account_id), req.token), None)
-        if held is None:
-            return
-        with (
-            correlation.bound(req.context.correlation_id),
-            contextlib.suppress(LockError, httpx.HTTPError),
-        ):
-            await self._locks.release(held.lease)
+        await self._release(req)
 
     # ------------------------------------------------------------------ leaked grants
 

@@ -4,11 +4,11 @@ beside Temporal's own floor for the same shape, on one machine state (issue 16).
 Owns: one local stack (`stack.system.Stack`: PostgreSQL, lock service, rail stub at a fixed
 latency, rail proxy, W workers, the stack's own Temporal dev server) and one floor dev server
 (`lab.bench_floor.floor_server`, same transfer-queue read rate and worker count), measured
-alternately round by round: floor bursts of both shapes, then a burst of N real payouts (one
-per account); then a steady rate at 70% of the measured burst throughput, a degraded-rail
-burst (a 3 s latency tail and an outage that opens the proxy's breaker) and the UC-03 pause
-experiment's takeover figure. Latencies come from the payment database (created, terminal) and
-the Temporal histories (workflow start, workflow tasks).
+alternately round by round: floor bursts of each shape (`bench_floor.SHAPES`), then a burst of
+N real payouts (one per account); then a steady rate at 70% of the measured burst throughput, a
+degraded-rail burst (a 3 s latency tail and an outage that opens the proxy's breaker) and the
+UC-03 pause experiment's takeover figure. Latencies come from the payment database (created,
+terminal) and the Temporal histories (workflow start, workflow tasks).
 
 Must never: assert a timing (it reports figures), make the rail decline or answer ambiguously
 (except the outage, which records nothing), or leave a process behind. Prints progress, a
@@ -334,7 +334,7 @@ def _stack_config(opts: Options) -> StackConfig:
 async def _rounds(
     sysm: System, floor: tuple[Any, str], progress: Progress
 ) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]]]:
-    """Floor bursts of both shapes and a system burst, alternated round by round."""
+    """Floor bursts of every shape and a system burst, alternated round by round."""
     opts = sysm.options
     floors: dict[str, list[dict[str, Any]]] = {shape: [] for shape in bench_floor.SHAPES}
     systems: list[dict[str, Any]] = []
@@ -373,6 +373,7 @@ async def _measure(opts: Options, work: Path, progress: Progress) -> dict[str, A
             system = _system_mean(systems)
             out |= _floors(floors, system["workflow_tasks_per_payout"])
             out["system"] = system
+            out["ratios"] = _ratios(out)
             rate = 0.7 * out["system"]["throughput_per_s"]
             out["steady"] = await system_steady(sysm, max(rate, 0.1), progress)
             progress(f"steady: {out['steady']}")
@@ -384,13 +385,15 @@ async def _measure(opts: Options, work: Path, progress: Progress) -> dict[str, A
 
 
 def _floors(floors: dict[str, list[dict[str, Any]]], system_tasks: float | None) -> dict[str, Any]:
-    """`baseline_floor` is today's shape (6 workflow tasks); `floor` the floor shape whose task
-    count is nearest the real payouts' measured tasks per payout (today's shape, unless the
-    workflow changed); `merged_floor` the 4-task shape, always, for comparison."""
+    """`baseline_floor` is the payout's shape before the merge (6 workflow tasks); `floor` the
+    floor shape whose workflow tasks, counted from its histories, are nearest the real payouts'
+    measured tasks per payout (the 3-task `execute` shape since patch merged-holder-steps);
+    `merged_floor` the issue's 4-task trial, always, for comparison."""
     means = {shape: bench_floor.mean(runs) for shape, runs in floors.items()}
-    tasks = system_tasks if system_tasks is not None else bench_floor.SHAPES["today"][1]
+    tasks = system_tasks if system_tasks is not None else means["today"]["workflow_tasks"]
     same = min(
-        bench_floor.SHAPES, key=lambda sh: (abs(bench_floor.SHAPES[sh][1] - tasks), sh != "today")
+        bench_floor.SHAPES,
+        key=lambda sh: (abs(means[sh]["workflow_tasks"] - tasks), sh != "today"),
     )
     return {
         "baseline_floor": means["today"],
@@ -398,6 +401,18 @@ def _floors(floors: dict[str, list[dict[str, Any]]], system_tasks: float | None)
         "floor_shape": same,
         "merged_floor": means["merged"],
     }
+
+
+def _ratios(out: dict[str, Any]) -> dict[str, float | None]:
+    """The burst goals as ratios: system throughput / same-shape floor (goal >= 0.9) and /
+    today's-shape floor (goal >= 1.2)."""
+    system = out["system"]["throughput_per_s"] or 0.0
+
+    def ratio(name: str) -> float | None:
+        floor = out[name]["throughput_per_s"]
+        return round(system / floor, 2) if floor else None
+
+    return {"system_to_floor": ratio("floor"), "system_to_baseline_floor": ratio("baseline_floor")}
 
 
 def _system_mean(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -496,6 +511,11 @@ def table(result: dict[str, Any]) -> str:
     lines.append(
         f"takeover: {t['seconds']} s at a {t['ttl_s']} s TTL (goal {2 * t['ttl_s'] + 5} s;"
         f" W2 polling after {t.get('w2_ready_s')} s of it)"
+    )
+    r = result["ratios"]
+    lines.append(
+        f"burst: system/floor {r['system_to_floor']} (goal >= 0.9), "
+        f"system/baseline_floor {r['system_to_baseline_floor']} (goal >= 1.2)"
     )
     lines.append(f"loadavg before {result['loadavg_before']}  after {result['loadavg_after']}")
     return "\n".join(lines)

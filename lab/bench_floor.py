@@ -4,9 +4,11 @@ as a lever, measured rather than assumed (issue 16, the floor part of `bench-e2e
 
 Owns: one fresh Temporal dev server per configuration (the stack's SQLite file and pragmas),
 W in-process workers (each with its own worker queue, like the payout workers), and bursts of
-no-op workflows of today's shape (workflows.floor.FloorToday: 5 activities, 6 workflow tasks)
-and of the merged shape (FloorMerged: 3 activities, 4 workflow tasks), alternated round by round
-so both see the same machine load. Must never: assert a timing (it reports), or leave a
+no-op workflows of the payout's shape before the merge (workflows.floor.FloorToday: 5 activities,
+6 workflow tasks: `baseline_floor`), of its shape since (FloorExecute: 2 activities, 3 workflow
+tasks: `floor`) and of the issue's 4-task trial (FloorMerged: `merged_floor`), alternated round
+by round so all see the same machine load. Workflow tasks are counted from a history of each
+burst, not assumed. Must never: assert a timing (it reports), or leave a
 process behind. Prints progress, a table, and as its LAST line one JSON object.
 """
 
@@ -33,9 +35,16 @@ from temporalio.worker import Worker
 from lab.bench_locks import loadavg
 from stack.embedded import temporal_binary
 from stack.services import TEMPORAL_SQLITE_PRAGMAS
-from workflows.floor import FloorMerged, FloorToday
+from workflows.floor import FloorExecute, FloorMerged, FloorToday
 
-SHAPES: dict[str, tuple[Any, int]] = {"today": (FloorToday, 6), "merged": (FloorMerged, 4)}
+#: Shape name -> (workflow, the workflow tasks it is built to take; `burst` counts them).
+SHAPES: dict[str, tuple[Any, int]] = {
+    "today": (FloorToday, 6),
+    "merged": (FloorMerged, 4),
+    "execute": (FloorExecute, 3),
+}
+#: The JSON's name for each shape's figures.
+JSON_NAMES = {"today": "baseline_floor", "execute": "floor", "merged": "merged_floor"}
 #: The dev server's default for history.transferProcessorMaxPollRPS.
 DEFAULT_TRANSFER_RPS = 20
 
@@ -61,7 +70,11 @@ def _holder_activities() -> list[Any]:
     async def execute() -> None:
         return None
 
-    return [claim, submit, post, release, execute]
+    @activity.defn(name="floor_execute_release")
+    async def execute_release() -> None:
+        return None
+
+    return [claim, submit, post, release, execute, execute_release]
 
 
 @contextlib.asynccontextmanager
@@ -80,7 +93,10 @@ async def _workers(client: Client, shared: str, count: int) -> AsyncIterator[Non
                 return own
 
             shared_worker = Worker(
-                conn, task_queue=shared, workflows=[FloorToday, FloorMerged], activities=[acquire]
+                conn,
+                task_queue=shared,
+                workflows=[w for w, _ in SHAPES.values()],
+                activities=[acquire],
             )
             own_worker = Worker(conn, task_queue=own, activities=_holder_activities())
             await stack.enter_async_context(shared_worker)
@@ -89,15 +105,17 @@ async def _workers(client: Client, shared: str, count: int) -> AsyncIterator[Non
 
 
 async def burst(client: Client, shared: str, shape: str, n: int) -> dict[str, float]:
-    wf, tasks = SHAPES[shape]
+    wf, _ = SHAPES[shape]
     started = time.perf_counter()
     latencies: list[float] = []
+    handles: list[Any] = []
 
     async def one() -> None:
         t0 = time.perf_counter()
         handle = await client.start_workflow(
             wf.run, shared, id=f"floor-{shape}-{uuid.uuid4().hex}", task_queue=shared
         )
+        handles.append(handle)
         await handle.result()
         latencies.append(time.perf_counter() - t0)
 
@@ -108,8 +126,17 @@ async def burst(client: Client, shared: str, shape: str, n: int) -> dict[str, fl
         "throughput_per_s": round(n / elapsed, 2),
         "p50_ms": round(statistics.median(ordered) * 1000, 1),
         "p99_ms": round(ordered[min(n - 1, int(n * 0.99))] * 1000, 1),
-        "workflow_tasks": tasks,
+        "workflow_tasks": await workflow_tasks(handles[0]),
     }
+
+
+async def workflow_tasks(handle: Any) -> int:
+    """Completed workflow tasks in one closed workflow's history."""
+    from temporalio.api.enums.v1 import EventType
+
+    history = await handle.fetch_history()
+    done = EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
+    return sum(1 for e in history.events if e.event_type == done)
 
 
 async def _serial(client: Client, shared: str, shape: str, n: int) -> float:
@@ -187,8 +214,7 @@ async def run(
         for rps in rps_values:
             by_shape = await measure(n, workers, rounds, rps, work=Path(d), serial=serial)
             out[f"transfer_rps_{rps}"] = {
-                "baseline_floor": by_shape["today"],
-                "floor": by_shape["merged"],
+                JSON_NAMES[shape]: by_shape[shape] for shape in ("today", "execute", "merged")
             }
     out["loadavg_after"] = loadavg()
     return out

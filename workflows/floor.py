@@ -1,10 +1,12 @@
 """No-op workflows of the payout's shapes, for the engine-floor benchmark (lab.bench_floor).
 
-Owns: two shapes. `FloorToday`: today's PayoutWorkflow commands (one activity on the shared queue
-returning a worker queue, then claim, submit, post and release on that queue: 5 activities, 6
-workflow tasks). `FloorMerged`: claim+submit+post as one holder activity and release after it
-(3 activities, 4 workflow tasks). Must never: touch money, a lock or a database; it measures what
-Temporal alone costs for a workflow of that shape.
+Owns: three shapes. `FloorToday`: PayoutWorkflow's commands before the merge (one activity on
+the shared queue returning a worker queue, then claim, submit, post and release on that queue: 5
+activities, 6 workflow tasks; `baseline_floor`). `FloorMerged`: claim+submit+post as one holder
+activity and release after it (3 activities, 4 workflow tasks; the issue's trial).
+`FloorExecute`: PayoutWorkflow's commands since patch `merged-holder-steps` (the acquire, then one
+holder activity that also releases: 2 activities, 3 workflow tasks; `floor`). Must never: touch
+money, a lock or a database; it measures what Temporal alone costs for a workflow of that shape.
 """
 
 from __future__ import annotations
@@ -38,3 +40,16 @@ class FloorMerged:
         for step in ("floor_execute", "floor_release"):
             await workflow.execute_activity(step, task_queue=queue, start_to_close_timeout=_T)
         return 4
+
+
+@workflow.defn(name="FloorExecute")
+class FloorExecute:
+    @workflow.run
+    async def run(self, shared_queue: str) -> int:
+        queue: str = await workflow.execute_activity(
+            "floor_acquire", task_queue=shared_queue, start_to_close_timeout=_T
+        )
+        await workflow.execute_activity(
+            "floor_execute_release", task_queue=queue, start_to_close_timeout=_T
+        )
+        return 3

@@ -1,9 +1,12 @@
 """PayoutWorkflow: one payout, executed exactly once, following UC-01 step by step.
 
-Each step is a named activity so the Temporal UI shows a payout's progress: acquire lock,
-re-read and claim, submit, post, release. Recovery (UC-04, FR-24) is decided by the payout's
-state and the rail proxy's attempt record, never by elapsed time. RAIL_AMBIGUOUS is resolved only
-by lookups by client reference or by an operator (UC-05).
+Each UC-01 step stays identifiable in the Temporal UI: acquire lock, then (patch
+`merged-holder-steps`) one holder activity `execute_payout` that re-reads and claims, submits,
+posts and releases, naming its current step in its heartbeat details and the steps done in its
+result; a payout found in flight goes on by the named state-based steps (recover, submit, post,
+release). Histories recorded before the patch replay the separate steps. Recovery (UC-04,
+FR-24) is decided by the payout's state and the rail proxy's attempt record, never by elapsed
+time. RAIL_AMBIGUOUS is resolved only by lookups by client reference or by an operator (UC-05).
 
 Owns: the order of the steps, their retry policies, the operator signals and the workflow's
 history size (continue-as-new). Must never: retry the submit, fail for an infrastructure reason
@@ -56,6 +59,13 @@ PATCH_RELEASE_BESIDE_REACQUIRE = "release-beside-reacquire-after-holder-timeout"
 #: An abandon whose operator assertion the payment store refused is recorded as a rejected
 #: signal (audit row + event) and dropped, instead of failing the critical section.
 PATCH_VERIFIED_ABANDON = "abandon-assertion-refused"
+#: The critical section starts with ONE holder activity, `execute_payout` (re-read and claim,
+#: submit once, post, and the release once terminal), instead of `reread_and_claim` followed by
+#: `submit_to_rail`, `post_to_ledger` and `release_lock`: 3 workflow tasks per payout instead
+#: of 6 (issue 16). A payout found in flight goes on by the same state-based steps as before.
+PATCH_MERGED_HOLDER = "merged-holder-steps"
+#: What an operator sees as the merged activity's summary in the Temporal UI (UC-01 steps 3-9).
+EXECUTE_SUMMARY = "UC-01: re-read + claim -> submit (once) -> post -> release"
 
 # Database writes before handoff may be retried a few times; fenced rejections never are. A write
 # that still fails is not fatal: the critical section ends, the grant is released, and the run
@@ -401,7 +411,12 @@ class PayoutWorkflow:
         return result
 
     async def _on_holder(
-        self, activity: str, req: m.StepRequest, queue: str, retry: RetryPolicy
+        self,
+        activity: str,
+        req: m.StepRequest,
+        queue: str,
+        retry: RetryPolicy,
+        summary: str | None = None,
     ) -> m.PayoutView:
         # The critical-section activities run on the lock holder's own task queue. If that
         # worker dies, nothing polls the queue and schedule-to-start (or the heartbeat timeout,
@@ -419,6 +434,7 @@ class PayoutWorkflow:
             schedule_to_start_timeout=timedelta(seconds=self._input.holder_pickup_s),
             start_to_close_timeout=timedelta(seconds=60),
             heartbeat_timeout=timedelta(seconds=self._input.holder_heartbeat_timeout_s),
+            summary=summary,
         )
         self._observe(view)
         return view
@@ -449,7 +465,7 @@ class PayoutWorkflow:
     def _step(
         self, inp: m.PayoutInput, grant: m.AcquireResult, name: str, **kw: Any
     ) -> m.StepRequest:
-        deadline_s = inp.submit_deadline_s if name == "submit" else None
+        deadline_s = inp.submit_deadline_s if name in ("submit", "execute") else None
         return m.StepRequest(
             payout_id=inp.payout_id,
             account_id=inp.account_id,
@@ -463,11 +479,21 @@ class PayoutWorkflow:
         payout progressed (False: retry later after a backoff)."""
         queue = grant.worker_queue
         holder_timed_out = False
+        released = False  # by execute_payout, at the end of its last step
         try:
-            # FR-14: re-read after acquiring; holding the lock does not mean there is work.
-            view = await self._on_holder(
-                m.REREAD_AND_CLAIM, self._step(inp, grant, "claim"), queue, _DB_WRITE_RETRY
-            )
+            if workflow.patched(PATCH_MERGED_HOLDER):
+                view = await self._execute(inp, grant)
+                released = view.released
+                if "submit" in view.steps and view.state == PayoutState.CLAIMED.value:
+                    # NOT_SUBMITTED (circuit open, admission full, ...): try again later, under a
+                    # new grant, by the state-based path (which reads the attempt record first).
+                    self._last_error = f"not submitted: {view.detail}"
+                    return False
+            else:
+                # FR-14: re-read after acquiring; holding the lock does not mean there is work.
+                view = await self._on_holder(
+                    m.REREAD_AND_CLAIM, self._step(inp, grant, "claim"), queue, _DB_WRITE_RETRY
+                )
             return await self._advance(inp, grant, view)
         except ActivityError as err:
             self._last_error = _cause(err)
@@ -480,18 +506,39 @@ class PayoutWorkflow:
             holder_timed_out = isinstance(err.cause, ActivityTimeout)
             return holder_timed_out
         finally:
-            short = holder_timed_out and workflow.patched(PATCH_SHORT_RELEASE_AFTER_TIMEOUT)
-            if short and workflow.patched(PATCH_RELEASE_BESIDE_REACQUIRE):
-                # Not awaited: the run loop re-acquires at once. What prevents a double payout
-                # meanwhile is fencing, not this release: the next grant has a higher token,
-                # and the paydb and the proxy refuse the timed-out holder's writes under its
-                # own; the release itself is the server's compare-and-delete on this grant's
-                # (key, session, token), so it can never end the next one.
-                self._background_releases.append(
-                    asyncio.create_task(self._release(inp, grant, short=True))
-                )
-            else:
-                await self._release(inp, grant, short=short)
+            if not released:
+                short = holder_timed_out and workflow.patched(PATCH_SHORT_RELEASE_AFTER_TIMEOUT)
+                if short and workflow.patched(PATCH_RELEASE_BESIDE_REACQUIRE):
+                    # Not awaited: the run loop re-acquires at once. What prevents a double payout
+                    # meanwhile is fencing, not this release: the next grant has a higher token,
+                    # and the paydb and the proxy refuse the timed-out holder's writes under its
+                    # own; the release itself is the server's compare-and-delete on this grant's
+                    # (key, session, token), so it can never end the next one.
+                    self._background_releases.append(
+                        asyncio.create_task(self._release(inp, grant, short=True))
+                    )
+                else:
+                    await self._release(inp, grant, short=short)
+
+    async def _execute(self, inp: m.PayoutInput, grant: m.AcquireResult) -> m.PayoutView:
+        """UC-01 steps 3-9 as one holder activity (patch `merged-holder-steps`).
+
+        What prevents a double payout: ONE attempt (`_SUBMIT_ONCE`), because the activity may
+        reach the submit; it submits only a payout it claimed from PENDING itself; and any
+        failure or timeout (FENCED_OUT, LOCK_LOST, a dead or frozen holder, a database error
+        after the submit) ends this critical section without a retry: the next grant re-reads
+        the state and recovers by the proxy's attempt record (`_advance`: recover_from_attempt,
+        or a submit only when the record proves nothing was handed off), as for a failed
+        `submit_to_rail`. The proxy also refuses a second attempt for the payout (FR-18).
+        FR-14 holds: the activity re-reads the payout under the grant before anything else.
+        """
+        return await self._on_holder(
+            m.EXECUTE_PAYOUT,
+            self._step(inp, grant, "execute"),
+            grant.worker_queue,
+            _SUBMIT_ONCE,
+            summary=EXECUTE_SUMMARY,
+        )
 
     async def _advance(
         self, inp: m.PayoutInput, grant: m.AcquireResult, view: m.PayoutView

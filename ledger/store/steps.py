@@ -126,6 +126,53 @@ class WorkerSteps(FencedWrites):
             to_state=S.RAIL_ACKED,
         )
 
+    async def mark_submitted_and_acked(
+        self, payout_id: str, token: int, ctx: WorkContext, *, grant: GrantLike = None
+    ) -> Payout | AlreadyAdvanced:
+        """CLAIMED -> RAIL_SUBMITTED -> RAIL_ACKED in ONE transaction, for a submit whose rail
+        acknowledgement came back in the same answer (issue 16: one commit instead of two).
+
+        The same facts as `mark_submitted` then `mark_acked`: both audit rows, both outbox events,
+        both `payout.transition` events (after COMMIT), each fenced exactly as there. Moves no
+        money by itself: the proxy had already recorded the attempt and its ACKED outcome.
+        """
+        check_payout_id(payout_id)
+        check_token(token)
+        operation = "mark_submitted"
+        async with self._pool.acquire() as conn:
+            try:
+                async with committed(conn) as facts:
+                    account_id, _ = await self._granted_account(
+                        conn, payout_id, token, grant, operation
+                    )
+                    await self._stamp_balance(conn, account_id, token, operation, payout_id)
+                    first = await self._transition(
+                        conn,
+                        operation,
+                        facts=facts,
+                        payout_id=payout_id,
+                        token=token,
+                        ctx=ctx,
+                        from_state=S.CLAIMED,
+                        to_state=S.RAIL_SUBMITTED,
+                    )
+                    if isinstance(first, AlreadyAdvanced):
+                        return first
+                    operation = "mark_acked"
+                    return await self._transition(
+                        conn,
+                        operation,
+                        facts=facts,
+                        payout_id=payout_id,
+                        token=token,
+                        ctx=ctx,
+                        from_state=S.RAIL_SUBMITTED,
+                        to_state=S.RAIL_ACKED,
+                    )
+            except FencedOut as exc:
+                self._report_fenced_out(exc, payout_id, operation)
+                raise
+
     async def mark_declined(
         self,
         payout_id: str,

@@ -23,9 +23,9 @@ class MockWorld:
     state: str = "PENDING"
     funds_ok: bool = True
     next_token: int = 1
-    submit_script: list[str] = field(
-        default_factory=lambda: ["ack"]
-    )  # ack|decline|unknown|not_submitted
+    # ack|decline|unknown|not_submitted|frozen; "ack_then_fail": the rail acknowledged and the
+    # proxy recorded it, then the step failed before the payment database recorded anything.
+    submit_script: list[str] = field(default_factory=lambda: ["ack"])
     lookup_script: list[str] = field(default_factory=lambda: ["settled"])
     # "unavailable" | "held" | "dead_queue" | "frozen" (never answers nor heartbeats, like a
     # SIGSTOPped worker whose open long-poll took the task)
@@ -34,6 +34,9 @@ class MockWorld:
     claim_script: list[str] = field(default_factory=list)  # "fenced" | a state to report
     attempt: m.AttemptView | None = None
     calls: list[tuple[str, int]] = field(default_factory=list)
+    # The merged holder activity's runs (token, the steps it reported); its inner steps are in
+    # `calls` under their own names, as the separate activities record them.
+    executes: list[tuple[int, list[str]]] = field(default_factory=list)
     rejected: list[m.SignalRejection] = field(default_factory=list)
     revokes: list[m.RevokeRequest] = field(default_factory=list)
     escalations: int = 0
@@ -97,6 +100,9 @@ class MockWorld:
             if outcome == "not_submitted":
                 world.attempt = m.AttemptView(attempt_id="a", outcome="NOT_SUBMITTED")
                 return world.view(detail="CIRCUIT_OPEN", handoff_certainty="NOT_SUBMITTED")
+            if outcome == "ack_then_fail":
+                world.attempt = m.AttemptView(attempt_id="a", outcome="ACKED")
+                world.fail("submit", "payment database unreachable after the rail's ack")
             world.state = {"ack": "RAIL_ACKED", "decline": "FAILED", "unknown": "RAIL_AMBIGUOUS"}[
                 outcome
             ]
@@ -126,6 +132,27 @@ class MockWorld:
             world.calls.append(("release", req.token))
             if world.release_script and world.release_script.pop(0) == "frozen":
                 await _frozen()
+
+        @activity.defn(name=m.EXECUTE_PAYOUT)
+        async def execute(req: m.StepRequest) -> m.PayoutView:
+            """The merged step as the real one decides: submit only a payout this run claimed
+            from PENDING, post only after an ack, release only once terminal."""
+            steps = ["claim"]
+            before = world.state
+            view = await claim(req)
+            if before == "PENDING" and view.state == "CLAIMED":
+                view = await submit(req)
+                steps.append("submit")
+                if view.state == "RAIL_ACKED":
+                    view = await post(req)
+                    steps.append("post")
+            if view.state in ("POSTED", "FAILED", "ABANDONED"):
+                await release(req)
+                steps.append("release")
+                view.released = True
+            view.steps = steps
+            world.executes.append((req.token, steps))
+            return view
 
         @activity.defn(name=m.LOOKUP_RAIL)
         async def lookup(req: m.LookupRequest) -> m.LookupResult:
@@ -169,6 +196,7 @@ class MockWorld:
 
         return [
             acquire,
+            execute,
             claim,
             submit,
             recover,

@@ -19,6 +19,7 @@ from typing import Any
 
 import asyncpg
 import httpx
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
@@ -103,10 +104,26 @@ async def test_happy_path_pays_once_and_posts(
     await create_payout(system.database_url, payout_id, account_id, 2_500)
     handle = await start(temporal_env.client, workers, payout_id, account_id)
     result = await handle.result()
-    await record(handle, "happy_path")
+    # The merged holder step's shape; `happy_path.json` is the same run before the merge.
+    await record(handle, "merged_happy_path")
     assert result.state == "POSTED"
     assert len(system.movements(payout_id)) == 1
     assert await balance_and_breaks(system.database_url, account_id) == (7_500, 0)
+    # One merged holder activity did claim, submit, post and the release (patch
+    # merged-holder-steps): 3 workflow tasks, and what it did is in its result for operators.
+    history = await handle.fetch_history()
+    done = [
+        e.activity_task_completed_event_attributes
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED
+    ]
+    assert len(done) == 2  # acquire_lock, execute_payout: no separate release
+    executed = json.loads(done[1].result.payloads[0].data)
+    assert executed["steps"] == ["claim", "submit", "post", "release"] and executed["released"]
+    tasks = EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
+    assert sum(1 for e in history.events if e.event_type == tasks) == 3
+    # The grant was released by the activity: the account's lock is free at once.
+    assert lock_token(system, f"payout:{account_id}") is None
     # Findable by state with the real `temporal` CLI (the search attributes it upserted).
     address = temporal_env.client.service_client.config.target_host
     query = f'PayoutState="POSTED" AND PayoutAccountId="{account_id}"'
@@ -240,10 +257,14 @@ async def test_revoke_signal_fences_the_holder_and_the_payout_completes(
     handle = await start(temporal_env.client, workers, payout_id, account_id, submit_deadline_s=5.0)
 
     async def submitting() -> bool:
-        return (await handle.query(PayoutWorkflow.status)).state == "CLAIMED"
+        # The proxy recorded the attempt and waits for the (slow) rail, inside the merged step.
+        async with httpx.AsyncClient(base_url=system.proxy_url, headers=headers()) as http:
+            attempts = (await http.get(f"/v1/payouts/{payout_id}/attempts")).json()
+        return any(a["outcome"] is None for a in attempts["attempts"])
 
     await wait_for(submitting)
     first_token = (await handle.query(PayoutWorkflow.status)).token
+    assert first_token > 0
     await handle.signal(
         PayoutWorkflow.revoke, signed_command(system, "revoke", payout_id, "stuck holder drill")
     )
@@ -312,7 +333,9 @@ async def test_worker_killed_mid_submit_recovers_by_state(
         doomed.wait(10)
         async with in_process_workers(temporal_env.client, system, queue, count=1):
             result = await handle.result()
-        await record(handle, "worker_killed_recovered")
+        # Killed inside the merged holder step, after the submit was sent: recovered by the
+        # proxy's attempt record (`worker_killed_recovered.json`: the same before the merge).
+        await record(handle, "merged_worker_killed_recovered")
     finally:
         if doomed.poll() is None:
             stop(doomed)
@@ -321,6 +344,16 @@ async def test_worker_killed_mid_submit_recovers_by_state(
     assert result.token > first_token
     assert len(system.movements(payout_id)) == 1
     assert await balance_and_breaks(system.database_url, account_id) == (8_800, 0)
+    # The killed attempt was the merged step; it was not retried, and the next grant did not
+    # submit again: it recovered from the attempt record, then posted.
+    history = await handle.fetch_history()
+    scheduled = [
+        e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+    ]
+    assert scheduled.count(m.SUBMIT_TO_RAIL) == 0
+    assert m.RECOVER_FROM_ATTEMPT in scheduled and m.EXECUTE_PAYOUT in scheduled
 
 
 def test_worker_main_entry_point_is_importable() -> None:

@@ -8,6 +8,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
@@ -50,13 +51,54 @@ async def start(
 
 
 async def test_happy_path_runs_uc01_steps_in_order(temporal_env: WorkflowEnvironment) -> None:
-    """acquire, claim, submit, post, release: one submit, all under the same token."""
+    """acquire, claim, submit, post, release: one submit, all under the same token, the holder
+    steps inside ONE merged activity (patch merged-holder-steps) that also released the grant,
+    so no separate release was scheduled."""
     world = new_world()
     async with running(temporal_env, world) as q:
-        result = await (await start(temporal_env, q)).result()
+        handle = await start(temporal_env, q)
+        result = await handle.result()
     assert result.state == "POSTED"
     assert world.names() == ["acquire:ok", "claim", "submit", "post", "release"]
     assert {t for n, t in world.calls if n in ("claim", "submit", "post", "release")} == {1}
+    assert world.executes == [(1, ["claim", "submit", "post", "release"])]
+    history = await handle.fetch_history()
+    scheduled = [
+        e.activity_task_scheduled_event_attributes
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+    ]
+    assert [a.activity_type.name for a in scheduled] == [m.ACQUIRE_LOCK, m.EXECUTE_PAYOUT]
+    # The merged activity may reach the submit: one attempt, never retried by Temporal.
+    assert scheduled[1].retry_policy.maximum_attempts == 1
+    tasks = [
+        e for e in history.events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
+    ]
+    assert len(tasks) == 3  # was 6 with the separate claim, submit, post and release
+
+
+async def test_a_failure_after_the_merged_submit_recovers_by_evidence_without_resubmitting(
+    temporal_env: WorkflowEnvironment,
+) -> None:
+    """The rail acknowledged and the proxy recorded it, then the merged activity failed before
+    the payment database recorded the submission: no retry of the activity, no second submit;
+    the next grant reads the proxy's attempt record (ACKED) and completes the payout from it."""
+    world = new_world(submit_script=["ack_then_fail"])
+    async with running(temporal_env, world) as q:
+        result = await (await start(temporal_env, q)).result()
+    assert result.state == "POSTED"
+    assert [t for n, t in world.calls if n == "submit"] == [1]
+    assert world.failed_attempts == {"submit": 1}  # the merged activity ran once at token 1
+    after = world.calls[world.calls.index(("submit", 1)) + 1 :]
+    assert after == [
+        ("release", 1),  # the failed critical section's separate release
+        ("acquire:ok", 0),
+        ("claim", 2),
+        ("recover", 2),  # the attempt record (ACKED) decides: RAIL_ACKED, never a resubmit
+        ("post", 2),
+        ("release", 2),
+    ]
+    assert world.executes == [(2, ["claim"])]  # found CLAIMED: handed to state-based recovery
 
 
 async def test_decline_fails_without_posting(temporal_env: WorkflowEnvironment) -> None:

@@ -18,6 +18,7 @@ from temporalio.worker import Replayer
 from activities import models as m
 from workflows.payout import (
     PATCH_CONTINUE_AS_NEW,
+    PATCH_MERGED_HOLDER,
     PATCH_RELEASE_BESIDE_REACQUIRE,
     PayoutWorkflow,
 )
@@ -38,6 +39,10 @@ REQUIRED = {
     # rejections; the abandon refusal's patch marker), then a valid one carried out.
     "revoke_assertions_refused_then_valid",
     "abandon_assertions_refused_then_valid",
+    # test_payout_integration.py since patch merged-holder-steps: the one merged holder step,
+    # and the holder killed inside it after the submit, recovered by the attempt record.
+    "merged_happy_path",
+    "merged_worker_killed_recovered",
 }
 
 
@@ -143,3 +148,35 @@ def test_the_release_beside_reacquire_history_schedules_both_in_one_task() -> No
         m.RELEASE_LOCK,
     ]
     assert after_timeout("worker_killed_recovered")[0] == m.RELEASE_LOCK
+
+
+def test_the_merged_histories_run_the_merged_holder_step_behind_its_patch() -> None:
+    """The merged-shape histories schedule execute_payout (one attempt) behind the patch marker,
+    and no separate reread_and_claim; the pre-merge happy path has neither."""
+
+    def shape(name: str) -> tuple[list[str], list[str], list[int]]:
+        events = json.loads((HISTORIES / f"{name}.json").read_text())["events"]
+        names, attempts = [], []
+        for e in events:
+            attrs = e.get("activityTaskScheduledEventAttributes")
+            if attrs:
+                names.append(attrs["activityType"]["name"])
+                if attrs["activityType"]["name"] == m.EXECUTE_PAYOUT:
+                    attempts.append(attrs["retryPolicy"]["maximumAttempts"])
+        patches = [
+            json.loads(base64.b64decode(d))["id"]
+            for e in events
+            if e["eventType"] == "EVENT_TYPE_MARKER_RECORDED"
+            for d in [
+                e["markerRecordedEventAttributes"]["details"]["patch-data"]["payloads"][0]["data"]
+            ]
+        ]
+        return names, patches, attempts
+
+    names, patches, attempts = shape("merged_happy_path")
+    assert names == [m.ACQUIRE_LOCK, m.EXECUTE_PAYOUT] and attempts == [1]
+    assert PATCH_MERGED_HOLDER in patches
+    names, patches, _ = shape("merged_worker_killed_recovered")
+    assert m.EXECUTE_PAYOUT in names and m.SUBMIT_TO_RAIL not in names
+    names, patches, _ = shape("happy_path")
+    assert m.EXECUTE_PAYOUT not in names and PATCH_MERGED_HOLDER not in patches

@@ -51,6 +51,8 @@ async def test_a_frozen_holder_is_released_once_and_the_next_grant_executes(
     async with running(temporal_env, world) as q:
         handle = await start(temporal_env, q, **TAKEOVER)
         status = await wait_status(handle, lambda s: s.state == "POSTED", timeout_s=30)
+        # POSTED is visible before the last release has run: the run's end is after it.
+        await handle.result()
     # The frozen holder's submit timed out by heartbeat; its release was tried ONCE (it froze
     # too), not retried onto the same frozen queue; the next grant (token 2) did the work.
     assert [t for n, t in world.calls if n == "submit"] == [1, 2]

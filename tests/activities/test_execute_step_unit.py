@@ -1,0 +1,125 @@
+"""UNIT tests of the merged holder step's decisions (`execute_payout`), with a MOCK store and a
+MOCK proxy: which writes it makes, that it submits at most once and only a payout it claimed
+itself, that it releases the grant once the payout is terminal, and that each UC-01 step is
+named in its heartbeat details. The real components run the same step in
+tests/workflows/test_payout_integration.py. The lock server runs in-process over the FAKE
+backend, for a real grant and a real release.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from activities import models as m
+from activities.payout_activities import PayoutActivities
+from ledger import Payout, PayoutState
+from railproxy.client import SubmitResult
+from railproxy.models import HandoffCertainty, Outcome
+from tests.activities.test_claim_step_unit import MockStore, _activity_env, _step
+
+S = PayoutState
+
+
+class MergedStore(MockStore):
+    """The claim store plus the writes after the submit."""
+
+    async def _advance(self, name: str, token: int, to: PayoutState) -> Payout:
+        self.calls.append((name, token))
+        self._stamp(token)
+        self.state = to
+        return self._payout(to)
+
+    async def mark_submitted_and_acked(
+        self, payout_id: str, token: int, ctx: Any, *, grant: Any = None
+    ) -> Payout:
+        return await self._advance("mark_submitted_and_acked", token, S.RAIL_ACKED)
+
+    async def mark_submitted(
+        self, payout_id: str, token: int, ctx: Any, *, grant: Any = None
+    ) -> Payout:
+        return await self._advance("mark_submitted", token, S.RAIL_SUBMITTED)
+
+    async def mark_ambiguous(
+        self, payout_id: str, token: int, ctx: Any, *, reason: str, grant: Any = None
+    ) -> Payout:
+        return await self._advance("mark_ambiguous", token, S.RAIL_AMBIGUOUS)
+
+    async def post(self, payout_id: str, token: int, ctx: Any, *, grant: Any = None) -> Payout:
+        return await self._advance("post", token, S.POSTED)
+
+
+class CountingProxy:
+    def __init__(self, outcome: Outcome = Outcome.ACKED) -> None:
+        self.outcome = outcome
+        self.submits: list[int] = []
+        self.attempt_reads = 0
+
+    async def submit(self, req: Any) -> SubmitResult:
+        self.submits.append(req.token)
+        return SubmitResult(
+            handoff_certainty=HandoffCertainty.FINAL,
+            http_status=200,
+            outcome=self.outcome,
+            attempt_id=1,
+        )
+
+    async def get_attempts(self, payout_id: str) -> list[Any]:
+        self.attempt_reads += 1
+        return []
+
+
+async def _execute(
+    store: MergedStore, proxy: CountingProxy
+) -> tuple[m.PayoutView, PayoutActivities, list[Any]]:
+    beats: list[Any] = []
+    async with _step(store) as (acts, req):
+        acts._proxy = proxy  # type: ignore[assignment]
+        env = _activity_env()
+        env.on_heartbeat = lambda *details: beats.extend(details)
+        view = await env.run(acts.execute_payout, req)
+        return view, acts, beats
+
+
+async def test_unit_a_pending_payout_is_claimed_submitted_once_posted_and_released() -> None:
+    store, proxy = MergedStore(S.PENDING), CountingProxy()
+    view, acts, beats = await _execute(store, proxy)
+    token = store.fence
+    assert proxy.submits == [token]  # exactly one submission
+    # One transaction for RAIL_SUBMITTED then RAIL_ACKED; no attempt read after the fresh claim.
+    assert store.calls == [("claim", token), ("mark_submitted_and_acked", token), ("post", token)]
+    assert proxy.attempt_reads == 0
+    assert view.state == "POSTED" and view.released
+    assert view.steps == ["claim", "submit", "post", "release"]
+    assert acts._leases == {}  # the grant was given back inside the step
+    # Each step was named in a heartbeat as it began (what the Temporal UI shows while it runs).
+    named = [b["step"] for b in beats if isinstance(b, dict)]
+    assert [s for i, s in enumerate(named) if i == 0 or named[i - 1] != s] == [
+        "claim",
+        "submit",
+        "post",
+        "release",
+    ]
+
+
+async def test_unit_a_payout_found_claimed_is_not_submitted_but_handed_to_recovery() -> None:
+    """Claimed by an earlier holder (whose submit may have reached the rail): no submit here,
+    the attempt record is read as evidence and returned; the grant stays with the workflow."""
+    store, proxy = MergedStore(S.CLAIMED), CountingProxy()
+    view, acts, _ = await _execute(store, proxy)
+    assert proxy.submits == []
+    assert store.calls == [("stamp_account_fence", store.fence)]
+    assert proxy.attempt_reads == 1
+    assert view.state == "CLAIMED" and not view.released and view.steps == ["claim"]
+    assert len(acts._leases) == 1
+
+
+async def test_unit_an_unknown_outcome_is_ambiguous_and_keeps_the_grant() -> None:
+    """No ack: RAIL_SUBMITTED then RAIL_AMBIGUOUS (never resubmitted), nothing posted, and the
+    grant is left to the workflow, which releases it before resolving by lookups."""
+    store, proxy = MergedStore(S.PENDING), CountingProxy(Outcome.UNKNOWN)
+    view, _, _ = await _execute(store, proxy)
+    token = store.fence
+    assert proxy.submits == [token]
+    assert store.calls == [("claim", token), ("mark_submitted", token), ("mark_ambiguous", token)]
+    assert view.state == "RAIL_AMBIGUOUS" and not view.released
+    assert view.steps == ["claim", "submit"]
