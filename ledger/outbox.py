@@ -1,7 +1,13 @@
 """Outbox rows, written inside the caller's transaction (STD01-10, STD01-04 event context).
 
-The row commits or rolls back with the business change it reports; the publisher (a later issue)
-delivers unpublished rows at least once and never regenerates `event_id`.
+The row commits or rolls back with the business change it reports; the publisher delivers
+unpublished rows at least once and never regenerates `event_id`.
+
+What is emitted is what the finance ledger books (docs/outbox.md#what-is-emitted): every ledger
+posting (`ledger.posted`, funding and payout), every account opening, and the payout events no
+posting stands for (`PAYOUT_EVENTS`). A payout's other transitions (created, claimed, submitted,
+acked, and posted, which its `ledger.posted` already says with the amounts) are in the audit log
+and the payout row, never sent downstream.
 """
 
 from __future__ import annotations
@@ -16,6 +22,10 @@ from ledger.context import WorkContext
 
 #: Version of the paydb event contract; bump on an incompatible payload change.
 CONTRACT_VERSION = "paydb.v1"
+
+#: Payout states whose transition is emitted as `payout.<state>`: the outcomes without a posting
+#: (declined or abandoned) and the money-in-doubt state finance must hear of before it resolves.
+PAYOUT_EVENTS: frozenset[str] = frozenset({"RAIL_AMBIGUOUS", "FAILED", "ABANDONED"})
 
 
 async def write_event(

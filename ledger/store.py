@@ -35,7 +35,7 @@ from ledger.errors import (
     UnknownPayout,
 )
 from ledger.journal import FUNDING_SOURCE, RAIL_CLEARING, SYSTEM_ACCOUNTS, write_group
-from ledger.outbox import write_event
+from ledger.outbox import PAYOUT_EVENTS, write_event
 from ledger.records import (
     PAYOUT_COLUMNS,
     AlreadyAdvanced,
@@ -214,7 +214,6 @@ class PayoutStore:
                 to_state=S.PENDING,
                 details=payload,
             )
-            await write_event(conn, event_type="payout.created", ctx=ctx, payload=payload)
         return payout
 
     async def get_payout(self, payout_id: str) -> Payout:
@@ -652,21 +651,22 @@ class PayoutStore:
             to_state=to_state,
             details={"reason": reason, **(details or {}), "via": ctx.actor},
         )
-        await write_event(
-            conn,
-            event_type=f"payout.{to_state.lower()}",
-            ctx=ctx,
-            payload={
-                "payout_id": payout_id,
-                "account_id": payout.account_id,
-                "amount": payout.amount,
-                "from_state": from_state,
-                "to_state": to_state,
-                "token": token,
-                "client_reference": payout.client_reference,
-                "failure_reason": payout.failure_reason,
-            },
-        )
+        if to_state in PAYOUT_EVENTS:  # the others are not sent downstream (ledger.outbox)
+            await write_event(
+                conn,
+                event_type=f"payout.{to_state.lower()}",
+                ctx=ctx,
+                payload={
+                    "payout_id": payout_id,
+                    "account_id": payout.account_id,
+                    "amount": payout.amount,
+                    "from_state": from_state,
+                    "to_state": to_state,
+                    "token": token,
+                    "client_reference": payout.client_reference,
+                    "failure_reason": payout.failure_reason,
+                },
+            )
         # Stated only once COMMIT succeeded (`_committed`): a rolled-back posting of a frozen
         # worker must not leave a `payout.transition` to POSTED that never happened.
         facts.append(

@@ -51,9 +51,17 @@ async def test_correlation_ids_follow_the_seed_pattern(
         r["event_type"]: r["delivery_key"]
         for r in await outbox_rows(pool, "payload->>'payout_id' = $1", payout_id)
     }
-    assert keys["ledger.posted"] == f"{account}:{payout_id}:{group}"
-    assert keys["payout.posted"] == f"{account}:{payout_id}:payout.posted"
-    assert len(set(keys.values())) == 6
+    assert keys == {"ledger.posted": f"{account}:{payout_id}:{group}"}  # only the posting
+    declined = "po-declined-1"
+    await store.create_payout(declined, account, 10, ctx)
+    await store.claim(declined, 2, ctx)
+    await store.mark_submitted(declined, 2, ctx)
+    await store.mark_declined(declined, 2, ctx, reason="account_closed")
+    keys = {
+        r["event_type"]: r["delivery_key"]
+        for r in await outbox_rows(pool, "payload->>'payout_id' = $1", declined)
+    }
+    assert keys == {"payout.failed": f"{account}:{declined}:payout.failed"}
 
 
 async def test_same_posting_delivered_twice_is_one_record(
