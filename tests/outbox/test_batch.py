@@ -21,6 +21,7 @@ import pytest
 
 from common.credentials import Kind, issue_tokens, read_token, write_credentials
 from ledger import PayoutStore, WorkContext
+from ledger.delivery import DownstreamClient, Outcome
 from ledger.publisher import Publisher
 from payouts.embedded import free_port
 from tests.outbox.conftest import (
@@ -76,6 +77,23 @@ async def test_batch_answers_each_item_as_the_single_write_would(finledger: FinL
     bad = await finledger.call("POST", "/v1/records:batch", json={"records": []})
     assert bad.status_code == 422
     assert await finledger.count() == 2
+
+
+async def test_a_batch_refused_whole_is_sent_item_by_item(finledger: FinLedger) -> None:
+    """A batch the ledger cannot parse (one item without an account) is refused whole (422):
+    the client sends each item alone, so only the bad item is permanent."""
+    client = DownstreamClient(finledger.url, timeout_s=5)
+    bad = _record("acct-a", {"amount": 2}) | {"account_id": ""}
+    try:
+        attempts = await client.send_batch(
+            [("k:good", _record("acct-a", {"amount": 1})), ("k:bad", bad)]
+        )
+    finally:
+        await client.aclose()
+    assert [a.outcome for a in attempts] == [Outcome.COMPLETED, Outcome.PERMANENT_FAILURE]
+    assert [r["correlation_id"] for r in await finledger.records()] == ["k:good"]
+    history = (await finledger.requests())["requests"]
+    assert [(h["correlation_id"], h["batch"]) for h in history] == [("k:good", None)]
 
 
 async def _open_account(store: PayoutStore, ctx: WorkContext, account_id: str) -> None:
