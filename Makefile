@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 CHECKOV_VENV := $(VENV)/checkov
 CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
 
-.PHONY: venv compose-env test lint fmt typecheck bench-locks bench-floor bench-e2e demo chaos clean prometheus gameday
+.PHONY: venv compose-env test lint fmt typecheck bench-locks bench-floor bench-e2e bench-outbox demo chaos clean prometheus gameday
 
 venv: $(STAMP) $(CHECKOV_STAMP)
 
@@ -64,6 +64,12 @@ bench-floor: venv
 E2E_ARGS ?=
 bench-e2e: venv
 	$(BIN)/python -m lab.bench_e2e $(E2E_ARGS)
+
+# CPU per payout of the outbox path (publisher + finance ledger); docs/performance.md.
+# Sizes: make bench-outbox BENCH_OUTBOX_ARGS="--n 300 --rounds 3 --batch-size 20"
+BENCH_OUTBOX_ARGS ?=
+bench-outbox: venv
+	$(BIN)/python -m lab.bench_outbox $(BENCH_OUTBOX_ARGS)
 
 # The main job on embedded defaults: stack, 200 payouts over 50 accounts, the pause experiment,
 # reconciliation, invariants, and a report. Exits 0 only if every check holds.

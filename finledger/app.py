@@ -6,6 +6,7 @@ import asyncio
 from collections import Counter as Tally
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Depends, FastAPI, Path, Request
@@ -39,6 +40,37 @@ class RecordIn(BaseModel):
     occurred_at: str = Field(min_length=1, max_length=64)
     contract_version: str = Field(min_length=1, max_length=32)
     payload: dict[str, Any]
+
+
+class BatchItem(RecordIn):
+    """One record of a batch, with the key it is booked under (the single write's path)."""
+
+    correlation_id: str = Field(min_length=1, max_length=256, pattern=_IDENT)
+
+    def record(self) -> RecordIn:
+        return RecordIn.model_construct(**self.model_dump(exclude={"correlation_id"}))
+
+
+class BatchIn(BaseModel):
+    """Up to 1000 records in one request (the publisher's claimed batch)."""
+
+    records: list[BatchItem] = Field(min_length=1, max_length=1000)
+
+
+class ItemResult(BaseModel):
+    """One item's answer: `status` is what the single write would have answered (201 created,
+    200 duplicate, 409 conflict, 404 unknown account, 503 unavailable)."""
+
+    correlation_id: str
+    status: int
+    result: str | None = None  # created | duplicate (a 201/200)
+    seq: int | None = None
+    code: str | None = None  # CONFLICT | UNKNOWN_ACCOUNT | UNAVAILABLE
+    existing_fingerprint: str | None = None  # a 409's
+
+
+class BatchOut(BaseModel):
+    results: list[ItemResult]  # in the order of the request's records
 
 
 class DropConnection:
@@ -76,6 +108,9 @@ class LedgerState:
         self.writes = Counter(
             "finledger_writes", "Write requests by answer", ["answer"], registry=self.registry
         )
+        self.batches = Counter(
+            "finledger_batches", "Batch write requests answered", registry=self.registry
+        )
         self.reset()
 
     def reset(self) -> None:
@@ -87,11 +122,21 @@ class LedgerState:
         self.rule_uses = [0] * len(faults.rules)
 
 
-async def _write(
-    ledger: LedgerState, flags: dict[str, bool], correlation_id: str, body: RecordIn
-) -> Response:
+@dataclass(frozen=True)
+class Applied:
+    """The answer to one record write, whether it came alone or in a batch."""
+
+    status: int
+    content: dict[str, Any]
+    #: The reply must be lost (an injected dropped connection): for a batch, the whole reply.
+    drop: bool = False
+
+
+async def _apply(
+    ledger: LedgerState, correlation_id: str, body: RecordIn, *, batch: int | None = None
+) -> Applied:
     """One write: the fault decision, then the book (see `write_record`)."""
-    entry = ledger.book.begin(correlation_id)
+    entry = ledger.book.begin(correlation_id, batch=batch)
     decision = decide(ledger.faults, ledger.rule_uses, correlation_id, body.account_id)
     answer = "aborted"  # overwritten on every path that answers
     try:
@@ -99,31 +144,68 @@ async def _write(
             await asyncio.sleep(decision.latency_s)
         if decision.action is Action.FAIL:
             answer = f"fail_{decision.status}"
-            return JSONResponse(status_code=decision.status, content={"code": "UNAVAILABLE"})
+            return Applied(decision.status, {"code": "UNAVAILABLE"})
         if decision.action is Action.DROP:
             answer = "dropped"
-            flags["drop"] = True
-            return Response(status_code=500, content=b"x" * 64)
+            return Applied(500, {"code": "DROPPED"}, drop=True)
         if is_unknown_account(ledger.faults, body.account_id):
             answer = "unknown_account"
-            return JSONResponse(status_code=404, content={"code": "UNKNOWN_ACCOUNT"})
+            return Applied(404, {"code": "UNKNOWN_ACCOUNT"})
+        # Booked at most once per correlation id (the publisher's delivery key): a redelivery
+        # of the same record, alone or in a batch, answers duplicate (200) and books nothing.
         result, record = ledger.book.write(correlation_id, **body.model_dump())
         answer = result
         log.info("finledger.write", result=result, correlation_id=correlation_id)
         if decision.action is Action.DROP_AFTER_RECORD:
             answer = f"{result}_then_dropped"
-            flags["drop"] = True
-            return Response(status_code=500, content=b"x" * 64)
+            return Applied(500, {"code": "DROPPED"}, drop=True)
         if result == "conflict":
-            return JSONResponse(
-                status_code=409,
-                content={"code": "CONFLICT", "existing_fingerprint": record.fingerprint},
-            )
+            return Applied(409, {"code": "CONFLICT", "existing_fingerprint": record.fingerprint})
         content = {"status": result, "correlation_id": correlation_id, "seq": record.seq}
-        return JSONResponse(status_code=201 if result == "created" else 200, content=content)
+        return Applied(201 if result == "created" else 200, content)
     finally:
         ledger.book.end(entry, answer)
         ledger.writes.labels(answer=answer).inc()
+
+
+async def _write(
+    ledger: LedgerState, flags: dict[str, bool], correlation_id: str, body: RecordIn
+) -> Response:
+    applied = await _apply(ledger, correlation_id, body)
+    if applied.drop:
+        flags["drop"] = True
+        return Response(status_code=500, content=b"x" * 64)
+    return JSONResponse(status_code=applied.status, content=applied.content)
+
+
+async def _write_batch(
+    ledger: LedgerState, flags: dict[str, bool], body: BatchIn
+) -> BatchOut | Response:
+    """Every item applied as if it came alone (concurrently: a slow item delays the reply, not
+    the others' booking); one item's answer never changes another's. An injected drop on any
+    item loses the whole reply, after the other items were booked: the publisher resends the
+    batch and the book answers duplicate for what it already holds."""
+    batch = ledger.book.next_batch()
+    applied = await asyncio.gather(
+        *(_apply(ledger, item.correlation_id, item.record(), batch=batch) for item in body.records)
+    )
+    ledger.batches.inc()
+    if any(a.drop for a in applied):
+        flags["drop"] = True
+        return Response(status_code=500, content=b"x" * 64)
+    return BatchOut(
+        results=[
+            ItemResult(
+                correlation_id=item.correlation_id,
+                status=a.status,
+                result=a.content.get("status"),
+                seq=a.content.get("seq"),
+                code=a.content.get("code"),
+                existing_fingerprint=a.content.get("existing_fingerprint"),
+            )
+            for item, a in zip(body.records, applied, strict=True)
+        ]
+    )
 
 
 def create_app(settings: FinledgerSettings | None = None) -> FastAPI:
@@ -176,6 +258,18 @@ def create_app(settings: FinledgerSettings | None = None) -> FastAPI:
         """Record once per correlation id: 201 created, 200 duplicate, 409 conflict, 404 unknown
         account (permanent), 503 unavailable (transient; nothing recorded)."""
         return await _write(state(), request.scope[_FLAGS], correlation_id, body)
+
+    @app.post(
+        "/v1/records:batch",
+        response_model=BatchOut,
+        responses={400: {"description": "the body could not be parsed"}},
+        dependencies=writer,
+    )
+    async def write_batch(request: Request, body: BatchIn) -> Any:
+        """Record each item once per correlation id, exactly as `PUT /v1/records/{id}` would:
+        200 with one result per item, in order, each with the status the single write would
+        have answered. One item's failure (404, 409, 503) never fails the others."""
+        return await _write_batch(state(), request.scope[_FLAGS], body)
 
     @app.get("/v1/records", dependencies=readers)
     async def list_records(account_id: str | None = None) -> dict[str, Any]:

@@ -40,6 +40,7 @@ class RequestEntry:
     started: int  # logical clock ticks: a history, never wall-clock timings
     finished: int | None = None
     answer: str | None = None
+    batch: int | None = None  # which batch request carried it (None: a single write)
 
 
 @dataclass
@@ -47,18 +48,24 @@ class Book:
     records: dict[str, Record] = field(default_factory=dict)
     history: list[RequestEntry] = field(default_factory=list)
     _clock: int = 0
+    _batches: int = 0
 
     def clear(self) -> None:
         self.records.clear()
         self.history.clear()
         self._clock = 0
+        self._batches = 0
+
+    def next_batch(self) -> int:
+        self._batches += 1
+        return self._batches
 
     def tick(self) -> int:
         self._clock += 1
         return self._clock
 
-    def begin(self, correlation_id: str) -> RequestEntry:
-        entry = RequestEntry(correlation_id=correlation_id, started=self.tick())
+    def begin(self, correlation_id: str, *, batch: int | None = None) -> RequestEntry:
+        entry = RequestEntry(correlation_id=correlation_id, started=self.tick(), batch=batch)
         self.history.append(entry)
         return entry
 

@@ -6,10 +6,13 @@ Pure parts (classification, backoff) live here so they can be unit-tested withou
 
 from __future__ import annotations
 
+import asyncio
 import enum
+import json
 import os
 import random
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Self
 
@@ -142,6 +145,45 @@ class DownstreamClient:
         outcome = classify_status(response.status_code)
         error = None if response.is_success else f"HTTP {response.status_code} {response.text}"
         return Attempt(outcome, error[:500] if error else None)
+
+    async def send_batch(self, items: Sequence[tuple[str, dict[str, Any]]]) -> list[Attempt]:
+        """Send (delivery key, record) pairs in ONE request; one attempt per item, in order.
+
+        A lost reply (timeout, dropped connection, 5xx, 401/403) is a retryable failure of every
+        item: the ledger books each key at most once, so resending the whole batch is safe. A
+        batch refused as a whole for what it is (another 4xx: an item it cannot parse, a ledger
+        without the batch route) is sent item by item instead, so that only the item at fault
+        is classified permanent and nothing else is dead-lettered with it.
+        """
+        body = {"records": [{"correlation_id": key, **record} for key, record in items]}
+        try:
+            response = await self._client.post("/v1/records:batch", json=body)
+        except httpx.HTTPError as exc:
+            error = f"{type(exc).__name__}: {exc}"[:500]
+            return [Attempt(Outcome.RETRYABLE_FAILURE, error) for _ in items]
+        if response.status_code != 200:
+            if classify_status(response.status_code) is Outcome.PERMANENT_FAILURE:
+                return list(await asyncio.gather(*(self.send(k, r) for k, r in items)))
+            error = f"HTTP {response.status_code} {response.text}"[:500]
+            return [Attempt(Outcome.RETRYABLE_FAILURE, error) for _ in items]
+        try:
+            results = response.json()["results"]
+            keys = [str(r["correlation_id"]) for r in results]
+            statuses = [int(r["status"]) for r in results]
+        except (ValueError, KeyError, TypeError) as exc:
+            error = f"unreadable batch answer: {type(exc).__name__}: {exc}"[:500]
+            return [Attempt(Outcome.RETRYABLE_FAILURE, error) for _ in items]
+        if keys != [key for key, _ in items]:
+            error = "batch answer does not match the request's items"
+            return [Attempt(Outcome.RETRYABLE_FAILURE, error) for _ in items]
+        attempts = []
+        for result, status in zip(results, statuses, strict=True):
+            outcome = classify_status(status)
+            ok = 200 <= status < 300
+            attempts.append(
+                Attempt(outcome, None if ok else f"HTTP {status} {json.dumps(result)}"[:500])
+            )
+        return attempts
 
     async def record_count(self) -> int:
         """How many records the ledger holds (for `make demo` and tests)."""

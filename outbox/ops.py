@@ -1,7 +1,7 @@
 """The outbox delivery SQL: claim, record an outcome, summary, and the operator actions.
 
-Every statement here is short: a claim commits before any HTTP call is made (STD01-03), and an
-outcome is one UPDATE fenced by the claim (publisher id + attempt number).
+Every statement here is short: a claim commits before any HTTP call is made (STD01-03), and a
+batch's outcomes are one UPDATE, each row fenced by its claim (publisher id + attempt number).
 """
 
 from __future__ import annotations
@@ -87,36 +87,50 @@ async def claim_batch(
     return sorted(claimed, key=lambda c: c.occurred_at)
 
 
-async def record_outcome(
-    pool: asyncpg.Pool,
-    row: Claimed,
-    *,
-    publisher_id: str,
-    status: Status,
-    outcome: Outcome,
-    error: str | None,
-    retry_in_s: float | None,
-) -> bool:
-    """Write one attempt's result back; False when the claim was lost (lease expired and the
-    row was reclaimed or finished by someone else), in which case nothing is written."""
+@dataclass(frozen=True)
+class Verdict:
+    """What one attempt's result writes back to its row."""
+
+    row: Claimed
+    status: Status
+    outcome: Outcome
+    error: str | None
+    retry_in_s: float | None
+    reason: str = ""  # why a dead letter: permanent | attempts_exhausted (logged, not stored)
+
+
+async def record_outcomes(
+    pool: asyncpg.Pool, verdicts: list[Verdict], *, publisher_id: str
+) -> set[uuid.UUID]:
+    """Write a whole batch's results back in ONE UPDATE, each row fenced exactly as
+    a single outcome would be (our claim: publisher id + attempt number, still pending);
+    returns the event ids written. A row missing from the result had lost its claim (lease
+    expired, reclaimed or finished by someone else): nothing was written for it."""
+    if not verdicts:
+        return set()
     async with pool.acquire() as conn:
-        result = await conn.execute(
-            "UPDATE paydb.outbox SET status = $4, last_outcome = $5, last_error = $6,"
-            " next_retry_at = CASE WHEN $7::float8 IS NULL THEN NULL"
-            "   ELSE now() + make_interval(secs => $7::float8) END,"
-            " delivered_at = CASE WHEN $4 = 'delivered' THEN now() END,"
-            " published_at = CASE WHEN $4 = 'delivered' THEN now() END,"
+        rows = await conn.fetch(
+            "UPDATE paydb.outbox o SET status = v.status, last_outcome = v.outcome,"
+            " last_error = v.error,"
+            " next_retry_at = CASE WHEN v.retry_in_s IS NULL THEN NULL"
+            "   ELSE now() + make_interval(secs => v.retry_in_s) END,"
+            " delivered_at = CASE WHEN v.status = 'delivered' THEN now() END,"
+            " published_at = CASE WHEN v.status = 'delivered' THEN now() END,"
             " claimed_by = NULL, claimed_until = NULL"
-            " WHERE event_id = $1 AND claimed_by = $2 AND attempts = $3 AND status = 'pending'",
-            row.event_id,
+            " FROM unnest($2::uuid[], $3::int[], $4::text[], $5::text[], $6::text[],"
+            "   $7::float8[]) AS v(event_id, attempts, status, outcome, error, retry_in_s)"
+            " WHERE o.event_id = v.event_id AND o.claimed_by = $1 AND o.attempts = v.attempts"
+            "   AND o.status = 'pending'"
+            " RETURNING o.event_id",
             publisher_id,
-            row.attempts,
-            str(status),
-            str(outcome),
-            error,
-            retry_in_s,
+            [v.row.event_id for v in verdicts],
+            [v.row.attempts for v in verdicts],
+            [str(v.status) for v in verdicts],
+            [str(v.outcome) for v in verdicts],
+            [v.error for v in verdicts],
+            [v.retry_in_s for v in verdicts],
         )
-    return bool(result == "UPDATE 1")
+    return {r["event_id"] for r in rows}
 
 
 async def outbox_summary(pool: asyncpg.Pool) -> dict[str, Any]:

@@ -1,14 +1,16 @@
 """The outbox publisher: delivers paydb outbox rows to the finance ledger (issue 8).
 
 Delivery is at least once, deduplicated downstream by the row's delivery key, so the effect is
-once. One cycle: claim a batch (short transaction, committed), send each row over HTTP with no
-transaction open, write each outcome back in one fenced UPDATE. Rows are woken by LISTEN/NOTIFY
-(the insert trigger of migration 002) with a polling fallback.
+once. One cycle: claim a batch (short transaction, committed), send the whole batch in ONE HTTP
+request with no transaction open (the ledger answers per item), write every item's outcome back
+in ONE UPDATE, each row fenced by its claim. Rows are woken by LISTEN/NOTIFY (the insert trigger
+of migration 002) with a polling fallback.
 
-Order: NOT guaranteed, not even per account. Rows are claimed oldest first, but a batch is sent
-concurrently, a failing row backs off while later ones go ahead (head-of-line protection), and
-several publishers run at once. Each record carries its `occurred_at` and event id; the ledger
-deduplicates by correlation id and finance orders by `occurred_at`.
+Order: NOT guaranteed, not even per account. Rows are claimed oldest first, but the ledger
+applies a batch's items concurrently, a failing row backs off while later ones go ahead
+(head-of-line protection), and several publishers run at once. Each record carries its
+`occurred_at` and event id; the ledger deduplicates by correlation id and finance orders by
+`occurred_at`.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from outbox.delivery import (
     backoff_delay,
 )
 from outbox.metrics import OutboxMetrics
-from outbox.ops import Claimed, claim_batch, outbox_summary, record_outcome
+from outbox.ops import Claimed, Verdict, claim_batch, outbox_summary, record_outcomes
 
 __all__ = ["CHANNEL", "Publisher", "outbox_summary"]
 
@@ -79,8 +81,23 @@ class Publisher:
         rows = await claim_batch(
             self._pool, publisher_id=s.publisher_id, limit=s.batch_size, lease_s=s.lease_s
         )
-        # The claim is committed before any HTTP call: no transaction spans the network.
-        return list(await asyncio.gather(*(self._deliver(row) for row in rows)))
+        if not rows:
+            return []
+        # The claim is committed before the HTTP call: no transaction spans the network.
+        # Sending the same record twice cannot book it twice: the ledger keys each item by the
+        # row's delivery key (UNIQUE here too), so a resent batch (lost reply, timeout, crash
+        # and resend) answers "duplicate" for every item it already booked.
+        attempts = await self._client.send_batch([(r.delivery_key, r.record()) for r in rows])
+        verdicts = []
+        for row, attempt in zip(rows, attempts, strict=True):
+            status, retry_in_s, reason = self._next_status(row, attempt.outcome)
+            verdicts.append(
+                Verdict(row, status, attempt.outcome, attempt.error, retry_in_s, reason)
+            )
+        written = await record_outcomes(self._pool, verdicts, publisher_id=s.publisher_id)
+        for v in verdicts:
+            self._report(v, written=v.row.event_id in written)
+        return [(v.row, v.outcome) for v in verdicts]
 
     async def drain(self) -> int:
         """Process batches until one comes back short; returns how many rows were attempted."""
@@ -96,21 +113,9 @@ class Publisher:
         self.metrics.observe_summary(summary)
         return summary
 
-    async def _deliver(self, row: Claimed) -> tuple[Claimed, Outcome]:
-        # Sending the same record twice cannot book it twice: the ledger keys it by the row's
-        # delivery key (UNIQUE here too), so a retry or a crash-and-resend answers "duplicate".
-        attempt = await self._client.send(row.delivery_key, row.record())
-        outcome = attempt.outcome
-        status, retry_in_s, reason = self._next_status(row, outcome)
-        written = await record_outcome(
-            self._pool,
-            row,
-            publisher_id=self.settings.publisher_id,
-            status=status,
-            outcome=outcome,
-            error=attempt.error,
-            retry_in_s=retry_in_s,
-        )
+    def _report(self, v: Verdict, *, written: bool) -> None:
+        """Metrics and the event for one item, once its outcome is committed (or lost)."""
+        row, outcome = v.row, v.outcome
         self.metrics.deliveries.labels(outcome=str(outcome)).inc()
         fields = {
             "event_id": str(row.event_id),
@@ -123,15 +128,12 @@ class Publisher:
         if not written:
             # Our lease ran out and another publisher owns the row now; its result stands.
             log.warning("outbox.claim_lost", **fields)
-        elif status is Status.DELIVERY_FAILED:
-            log.error("outbox.dead_lettered", reason=reason, error=attempt.error, **fields)
-        elif status is Status.PENDING:
-            log.warning(
-                "outbox.retry_scheduled", retry_in_s=retry_in_s, error=attempt.error, **fields
-            )
+        elif v.status is Status.DELIVERY_FAILED:
+            log.error("outbox.dead_lettered", reason=v.reason, error=v.error, **fields)
+        elif v.status is Status.PENDING:
+            log.warning("outbox.retry_scheduled", retry_in_s=v.retry_in_s, error=v.error, **fields)
         else:
             log.info(_EVENTS[outcome], **fields)
-        return row, outcome
 
     def _next_status(self, row: Claimed, outcome: Outcome) -> tuple[Status, float | None, str]:
         if outcome in (Outcome.COMPLETED, Outcome.DUPLICATE_COMPLETED):
