@@ -39,18 +39,18 @@ import httpx
 from lab import bench_floor
 from lab.bench_locks import loadavg
 from lab.experiments import LOCK_TTL_S, isolated_ports, json_events, pause_experiment
+from ledger.states import TERMINAL_STATES
 from payouts.commands import (
     PayoutSpec,
     connect_temporal,
     create_payouts,
-    payout_state_counts,
     seed_accounts,
     start_workflows,
 )
+from payouts.follow import settle_payouts
 from stack.config import StackConfig
 from stack.system import Stack
 
-TERMINAL = ("POSTED", "FAILED", "ABANDONED")
 #: The degraded rail's latency tail (STD01-13, issue 16: "3 s tail"): lognormal p99.
 DEGRADED_P99_MS = 3000.0
 
@@ -108,22 +108,14 @@ async def _wait_terminal(
     sysm: System, ids: list[str], what: str, progress: Progress
 ) -> Counter[str]:
     """Poll the payment database until every payout is terminal (or the settle timeout)."""
-    deadline = time.monotonic() + sysm.options.settle_timeout_s
-    last = ""
-    states: Counter[str] = Counter()
-    while time.monotonic() < deadline:
-        states = await payout_state_counts(sysm.pool, ids)
-        done = sum(states[s] for s in TERMINAL)
-        line = f"{what}: {done}/{len(ids)} terminal " + " ".join(
-            f"{k}={v}" for k, v in sorted(states.items())
-        )
-        if line != last:
-            progress(line)
-            last = line
-        if done == len(ids):
-            break
-        await asyncio.sleep(0.5)
-    return states
+    return await settle_payouts(
+        sysm.pool,
+        ids,
+        timeout_s=sysm.options.settle_timeout_s,
+        progress=progress,
+        interval_s=0.5,
+        label=f"{what}: ",
+    )
 
 
 def history_breakdown(events: list[Any]) -> dict[str, float]:
@@ -180,7 +172,7 @@ async def _figures(sysm: System, ids: list[str]) -> dict[str, Any]:
         "   AND a.to_state = ANY($2::text[])) AT TIME ZONE 'UTC' AS terminal"
         " FROM paydb.payouts p WHERE p.payout_id = ANY($1::text[])",
         ids,
-        list(TERMINAL),
+        [str(s) for s in TERMINAL_STATES],
     )
     sem = asyncio.Semaphore(16)
     hist = dict(zip(ids, await asyncio.gather(*(_history(sysm, i, sem) for i in ids)), strict=True))

@@ -24,12 +24,10 @@ import httpx
 
 from lab.experiments import isolated_ports, json_events, pause_experiment
 from payouts.batch import generate
-from payouts.follow import payout_state_counts
+from payouts.follow import settle_payouts, terminal_count
 from payouts.workload import create_payouts, seed_accounts, start_workflows
 from stack.config import StackConfig
 from stack.system import Stack
-
-TERMINAL = ("POSTED", "FAILED", "ABANDONED")
 
 
 @dataclass
@@ -59,14 +57,6 @@ def _pct(values: list[float], q: float) -> float:
     if len(values) == 1:
         return values[0]
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
-
-
-async def _states(database_url: str, ids: list[str]) -> Counter[str]:
-    conn = await asyncpg.connect(database_url)
-    try:
-        return await payout_state_counts(conn, ids)
-    finally:
-        await conn.close()
 
 
 async def _latencies(database_url: str, ids: list[str]) -> tuple[list[float], list[float]]:
@@ -122,7 +112,7 @@ async def run_demo(options: DemoOptions, progress: Callable[[str], None]) -> dic
         per_payout = Counter(counts.get(pid, 0) for pid in ids)
         report["rail_movements_per_payout"] = {str(k): v for k, v in sorted(per_payout.items())}
         await asyncio.sleep(2.0)  # let the reconciliation window close past the last write
-        settled = sum(states.get(s, 0) for s in TERMINAL) == len(ids)
+        settled = terminal_count(dict(states)) == len(ids)
         report.update(await _reconcile_and_check(stack, window_start, settled=settled))
         report["fenced_out_in_workload"] = sum(
             1
@@ -248,21 +238,13 @@ async def _workload(
         f"started {len(specs)} payouts over {options.accounts} accounts "
         f"with {options.workers} workers"
     )
-    deadline = time.monotonic() + options.settle_timeout_s
-    states: Counter[str] = Counter()
-    last = ""
-    while time.monotonic() < deadline:
-        states = await _states(stack.database_url, ids)
-        done = sum(states[s] for s in TERMINAL)
-        line = f"{done}/{len(ids)} terminal  " + "  ".join(
-            f"{k}={v}" for k, v in sorted(states.items())
+    conn = await asyncpg.connect(stack.database_url)
+    try:
+        states = await settle_payouts(
+            conn, ids, timeout_s=options.settle_timeout_s, progress=progress
         )
-        if line != last:
-            progress(line)
-            last = line
-        if done == len(ids):
-            break
-        await asyncio.sleep(1.0)
+    finally:
+        await conn.close()
     return ids, window_start, states
 
 
@@ -307,7 +289,7 @@ async def _outbox(stack: Stack) -> dict[str, Any]:
 
 def _checks(report: dict[str, Any], options: DemoOptions, ids: list[str]) -> list[Check]:
     states: dict[str, int] = report["states"]
-    terminal = sum(states.get(s, 0) for s in TERMINAL)
+    terminal = terminal_count(dict(states))
     per_payout = report["rail_movements_per_payout"]
     dupes = sum(v for k, v in per_payout.items() if int(k) > 1)
     checks = [

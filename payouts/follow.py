@@ -1,8 +1,9 @@
 """Following payouts to terminal states: the one state-count query and `payout create --wait`'s
 progress bar.
 
-Owns: `payout_state_counts` (polled by `--wait`, the demo and the end-to-end benchmark) and
-`follow_payouts`. Must never: write anything.
+Owns: `payout_state_counts` (the one query every follower polls), `settle_payouts` (the demo's
+and the end-to-end benchmark's wait, reporting each changed count line) and `follow_payouts`
+(`--wait`'s progress bar). Must never: write anything.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import asyncio
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 
 import asyncpg
 
@@ -39,6 +41,34 @@ async def payout_state_counts(
         ids,
     )
     return Counter({r["state"]: int(r["n"]) for r in rows})
+
+
+async def settle_payouts(
+    db: asyncpg.Connection | asyncpg.Pool,
+    ids: list[str],
+    *,
+    timeout_s: float,
+    progress: Callable[[str], None],
+    interval_s: float = 1.0,
+    label: str = "",
+) -> Counter[str]:
+    """Poll until every payout of `ids` is terminal or `timeout_s` has passed, reporting each
+    changed count line through `progress`; returns the last counts (the caller judges them)."""
+    deadline = time.monotonic() + timeout_s
+    states: Counter[str] = Counter()
+    last = ""
+    while time.monotonic() < deadline:
+        states = await payout_state_counts(db, ids)
+        done = terminal_count(dict(states))
+        counts = "  ".join(f"{k}={v}" for k, v in sorted(states.items()))
+        line = f"{label}{done}/{len(ids)} terminal  {counts}"
+        if line != last:
+            progress(line)
+            last = line
+        if done == len(ids):
+            break
+        await asyncio.sleep(interval_s)
+    return states
 
 
 async def follow_payouts(db_url: str, payout_ids: list[str], timeout_s: float) -> dict[str, int]:
