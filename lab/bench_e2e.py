@@ -38,6 +38,7 @@ import httpx
 
 from lab import bench_floor
 from lab.bench_locks import loadavg
+from lab.cpu import per_item_ms, snapshot
 from lab.experiments import LOCK_TTL_S, isolated_ports, json_events, pause_experiment
 from ledger.states import TERMINAL_STATES
 from payouts.commands import (
@@ -205,11 +206,25 @@ async def system_burst(sysm: System, n: int, progress: Progress, what: str) -> d
     specs = _specs(await _accounts(sysm, n), uuid.uuid4().hex[:6])
     ids = [s.payout_id for s in specs]
     await create_payouts(sysm.stack.database_url, specs)
+    before = _cpu(sysm)
     await start_workflows(
         sysm.stack.temporal_address, sysm.stack.config.task_queue, specs, client=sysm.client
     )
     states = await _wait_terminal(sysm, ids, what, progress)
-    return await _figures(sysm, ids) | {"states": dict(states)}
+    cpu = per_item_ms(before, _cpu(sysm), n)
+    return await _figures(sysm, ids) | {"states": dict(states), "cpu_ms_per_payout": cpu}
+
+
+def _cpu(sysm: System) -> dict[str, float]:
+    """CPU seconds so far of each stack process (workers summed), and of this process (it only
+    starts the workflows and polls: its share is the benchmark's own)."""
+    pids = {name: info.pid for name, info in sysm.stack.processes.items() if info.pid}
+    cpu = snapshot(pids)
+    out: dict[str, float] = {"bench": time.process_time()}
+    for name, seconds in cpu.items():
+        key = "workers" if name.startswith("worker-") else name
+        out[key] = out.get(key, 0.0) + seconds
+    return out
 
 
 async def system_steady(sysm: System, rate: float, progress: Progress) -> dict[str, Any]:
@@ -424,6 +439,11 @@ def _system_mean(runs: list[dict[str, Any]]) -> dict[str, Any]:
         k: round(statistics.mean(r["breakdown_ms"][k] for r in runs), 1)
         for k in runs[0]["breakdown_ms"]
     }
+    cpus = [r["cpu_ms_per_payout"] for r in runs if "cpu_ms_per_payout" in r]
+    if cpus:
+        out["cpu_ms_per_payout"] = {
+            k: round(statistics.mean(c.get(k, 0.0) for c in cpus), 1) for k in cpus[0]
+        }
     out["terminal"] = sum(r["terminal"] for r in runs)
     out["payouts"] = sum(r["n"] for r in runs)
     states: Counter[str] = Counter()
@@ -495,6 +515,12 @@ def table(result: dict[str, Any]) -> str:
     for name in ("system", "steady", "degraded"):
         b = result[name]["breakdown_ms"]
         lines.append(f"  {name:<14}" + "".join(f"{b[k]!s:>16}" for k in _breakdown_cols))
+    cpu = result["system"].get("cpu_ms_per_payout")
+    if cpu:
+        lines.append(
+            "system burst CPU per payout, ms: "
+            + " ".join(f"{k}={v}" for k, v in sorted(cpu.items(), key=lambda kv: -kv[1]))
+        )
     d, t = result["degraded"], result["takeover"]
     lines.append(
         f"degraded: breaker opened {d['breaker_opened']}x, outage {d['outage_s']}s, "

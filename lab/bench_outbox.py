@@ -35,39 +35,13 @@ from common.credentials import Kind, issue_tokens, read_token, write_credentials
 from common.logs import configure_logging
 from common.migrate import migrate
 from common.pgutil import create_database, drop_database
+from lab.cpu import process_cpu_s, tree_cpu_s
 from ledger import PayoutStore, WorkContext
 from outbox.delivery import OutboxSettings
 from outbox.publisher import Publisher
 from stack.embedded import EmbeddedPostgres, free_port
 
-_TICK = os.sysconf("SC_CLK_TCK")
 _IDENTITIES: dict[str, Kind] = {"bench-operator": "operator", "outbox": "component"}
-
-
-def _cpu_s(pid: int) -> float:
-    """utime + stime of one process, in seconds (0 if it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / _TICK
-
-
-def _tree_cpu_s(root: int) -> float:
-    """CPU of `root`, of its children that ended (reaped: cutime + cstime) and of the live ones
-    (a postmaster's backends and workers)."""
-    fields = Path(f"/proc/{root}/stat").read_text().rsplit(")", 1)[1].split()
-    total = sum(int(f) for f in fields[11:15]) / _TICK
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == root:
-            total += (int(fields[11]) + int(fields[12])) / _TICK
-    return total
 
 
 def _parent(pid: int) -> int:
@@ -120,9 +94,9 @@ async def _round(
     try:
         await migrate(url, schemas={"paydb"})
         postmaster = await _postmaster(url)
-        pg0 = _tree_cpu_s(postmaster)
+        pg0 = tree_cpu_s(postmaster)
         await _payouts(url, n)
-        pg_writes = _tree_cpu_s(postmaster) - pg0
+        pg_writes = tree_cpu_s(postmaster) - pg0
         async with httpx.AsyncClient(base_url=ledger_url, headers=op, timeout=30) as http:
             (await http.post("/admin/reset")).raise_for_status()
             pool = await asyncpg.create_pool(url, min_size=2, max_size=min(batch, 10) + 2)
@@ -138,14 +112,18 @@ async def _round(
                 publisher_id="bench-publisher",
             )
             publisher = Publisher(pool, settings)
-            fl0, pg0, me0 = _cpu_s(ledger_pid), _tree_cpu_s(postmaster), time.process_time()
+            fl0, pg0, me0 = (
+                process_cpu_s(ledger_pid),
+                tree_cpu_s(postmaster),
+                time.process_time(),
+            )
             try:
                 delivered = await publisher.drain()
             finally:
                 await publisher.aclose()
                 await pool.close()
             me = time.process_time() - me0
-            fl, pg = _cpu_s(ledger_pid) - fl0, _tree_cpu_s(postmaster) - pg0
+            fl, pg = process_cpu_s(ledger_pid) - fl0, tree_cpu_s(postmaster) - pg0
             history = (await http.get("/admin/requests")).json()["requests"]
             records = int((await http.get("/v1/count")).json()["count"])
         requests = len({h["batch"] for h in history if h.get("batch") is not None})

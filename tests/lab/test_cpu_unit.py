@@ -1,0 +1,39 @@
+"""lab.cpu: the /proc readers the benchmarks charge CPU with."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from lab.cpu import per_item_ms, process_cpu_s, snapshot, tree_cpu_s
+
+
+def test_a_busy_child_is_charged_to_its_parents_tree() -> None:
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time\nt=time.process_time()\nwhile time.process_time()-t<0.3: pass\ninput()",
+        ],
+        stdin=subprocess.PIPE,
+    )
+    try:
+        while process_cpu_s(child.pid) < 0.25:
+            pass
+        assert tree_cpu_s(os.getpid()) >= process_cpu_s(os.getpid()) + 0.2
+    finally:
+        child.communicate(b"\n", timeout=10)
+    # reaped: still charged, now through cutime + cstime
+    assert tree_cpu_s(os.getpid()) >= process_cpu_s(os.getpid()) + 0.2
+
+
+def test_a_gone_process_reads_zero() -> None:
+    assert process_cpu_s(2**22 + 1) == 0.0
+    assert tree_cpu_s(2**22 + 1) == 0.0
+    assert snapshot({"gone": 2**22 + 1}) == {"gone": 0.0}
+
+
+def test_per_item_milliseconds_and_total() -> None:
+    out = per_item_ms({"a": 1.0, "b": 2.0}, {"a": 1.5, "b": 3.0}, 10)
+    assert out == {"a": 50.0, "b": 100.0, "total": 150.0}
