@@ -7,6 +7,7 @@ the real `lint-imports` command.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -81,3 +82,59 @@ def test_a_planted_import_breaks_its_contract(
     assert result.returncode != 0, result.stdout
     assert "BROKEN" in result.stdout
     assert any(broken in line and "BROKEN" in line for line in result.stdout.splitlines())
+
+
+CYCLES = """
+import json, sys
+import grimp
+packages = json.loads(sys.argv[1])
+graph = grimp.build_graph(*packages, exclude_type_checking_imports=True)
+index, low, stack, on, cycles, counter = {}, {}, [], set(), [], [0]
+sys.setrecursionlimit(10_000)
+def visit(v):  # Tarjan's strongly connected components
+    index[v] = low[v] = counter[0]; counter[0] += 1; stack.append(v); on.add(v)
+    for w in graph.find_modules_directly_imported_by(v):
+        if w not in index:
+            visit(w); low[v] = min(low[v], low[w])
+        elif w in on:
+            low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+        comp = []
+        while True:
+            w = stack.pop(); on.discard(w); comp.append(w)
+            if w == v:
+                break
+        if len(comp) > 1:
+            cycles.append(sorted(comp))
+for m in sorted(graph.modules):
+    if m not in index:
+        visit(m)
+print(json.dumps(cycles))
+"""
+
+
+def _cycles(tree: Path) -> list[list[str]]:
+    out = subprocess.run(
+        [sys.executable, "-c", CYCLES, json.dumps(PACKAGES)],
+        cwd=tree,
+        env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    return list(json.loads(out))
+
+
+def test_no_circle_of_imports(tmp_path: Path) -> None:
+    """Runtime imports form no cycle anywhere in the tree (TYPE_CHECKING-only imports, which
+    never run, excepted); the planted pair below is the negative control."""
+    tree = _copy(tmp_path)
+    assert _cycles(tree) == []
+    for module, planted in (
+        ("lab/cpu.py", "import lab.bench_outbox"),
+        ("lab/bench_outbox.py", "import lab.cpu"),
+    ):
+        target = tree / module
+        target.write_text(target.read_text() + f"\n{planted}  # planted by the negative control\n")
+    assert ["lab.bench_outbox", "lab.cpu"] in _cycles(tree)
