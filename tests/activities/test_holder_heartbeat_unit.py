@@ -1,5 +1,5 @@
 """UNIT test: every critical-section step heartbeats for as long as it runs (`_holder_step` in
-activities/payout_activities.py), so that a step waiting on a contended row lock is not timed
+activities/payout/base.py), so that a step waiting on a contended row lock is not timed
 out by the workflow's short heartbeat timeout as if its worker had died."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""UNIT tests of the idle-lease sweeper in PayoutActivities (activities/payout_activities.py).
+"""UNIT tests of the idle-lease sweeper in PayoutActivities (activities/payout/lock_steps.py).
 
 The lock server's HTTP app runs in-process over the FAKE in-memory backend (the same one the
 SDK's unit tests use), because what is under test is the activities' bookkeeping: which grants

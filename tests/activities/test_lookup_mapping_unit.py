@@ -1,4 +1,4 @@
-"""UNIT tests of lookup_rail's mapping (activities/payout_activities.py), with a MOCK proxy
+"""UNIT tests of lookup_rail's mapping (activities/payout/lookups.py), with a MOCK proxy
 client: the worker passes the payout to the proxy and maps its verdict; "absent" comes only from
 the proxy's proven `absent`, never from the worker's clock or the rail's raw `not_found`."""
 

@@ -1,0 +1,285 @@
+"""The critical-section steps of UC-01 and UC-04, run under the account's grant on the holder's
+own queue: re-read and claim, submit, recover from an attempt, post, resolve, abandon.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import Awaitable
+from datetime import datetime, timedelta
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities import models as m
+from activities.payout.base import PayoutActivitiesBase, _holder_step
+from activities.payout.support import GrantArg, S, _fenced, _lost, _view, log
+from ledger import AlreadyAdvanced, Payout
+from ledger.errors import InvalidOperatorAssertion
+from railproxy.client import SubmitResult
+from railproxy.models import (
+    GrantIn,
+    HandoffCertainty,
+    Outcome,
+    SubmitContext,
+    SubmitRequest,
+)
+
+_MAX_ID = 128
+
+
+class CriticalSteps(PayoutActivitiesBase):
+    """The separate holder steps; the merged `execute_payout` (`execute.py`) reuses `_submit`."""
+
+    @activity.defn(name=m.REREAD_AND_CLAIM)
+    @_holder_step
+    async def reread_and_claim(self, req: m.StepRequest) -> m.PayoutView:
+        """UC-01 steps 3-4: re-read inside the lease; claim only a PENDING payout (FR-14).
+
+        Whatever the state, the account's balance-row fence carries this token when the step
+        returns (the claim stamps it; otherwise `stamp_account_fence` does): a holder that takes
+        over a payout in flight fences the older holder out of the payment database before it
+        does anything else, not only once it happens to write (INV-01, FR-15).
+        """
+        payout = await self._current(req.payout_id)
+        if payout.state == S.PENDING:
+            payout = await self._write(
+                req,
+                lambda g: self._store.claim(
+                    req.payout_id, req.token, self._ctx(req.context), grant=g
+                ),
+            )
+        else:
+            await self._stamp_account_fence(req)
+        attempt = None
+        if payout.state in (S.CLAIMED, S.RAIL_SUBMITTED):
+            # Recovery evidence (FR-24): what the proxy recorded, never how much time passed.
+            attempt = await self._attempt(req.payout_id)
+        return _view(payout, attempt)
+
+    @activity.defn(name=m.SUBMIT_TO_RAIL)
+    @_holder_step
+    async def submit_to_rail(self, req: m.StepRequest) -> m.PayoutView:
+        """UC-01 steps 5-7. Scheduled with maximum_attempts=1 and never retried here either.
+
+        What stops a second payment: the proxy refuses a token below the account's highest
+        (FR-17) and any second attempt for this payout whatever the token (FR-18), and it records
+        the attempt before forwarding (FR-19), so recovery can always see it.
+        """
+        # `_holder_step` heartbeats from the start: if this process stalls anywhere in the step
+        # (a GC pause, a SIGSTOP), the heartbeat timeout hands the payout to recovery within
+        # seconds.
+        payout = await self._current(req.payout_id)
+        if payout.state != S.CLAIMED:
+            return _view(payout, detail="not_claimed")
+        return await self._submit(req, payout)
+
+    async def _submit(self, req: m.StepRequest, payout: Payout) -> m.PayoutView:
+        """The one submission of a CLAIMED payout, for `submit_to_rail` and `execute_payout`:
+        both are scheduled with maximum_attempts=1 and call this at most once per attempt.
+        The proxy refuses a second attempt for the payout (FR-18) and a token below the
+        account's highest (FR-17), and records the attempt before forwarding (FR-19)."""
+        grant = await self._grant(req)
+        deadline = (
+            datetime.fromisoformat(req.context.deadline_at)
+            if req.context.deadline_at
+            else self._now() + timedelta(seconds=30)
+        )
+        submit = SubmitRequest(
+            payout_id=payout.payout_id,
+            account_id=payout.account_id,
+            amount=payout.amount,
+            client_reference=payout.client_reference,
+            token=req.token,
+            # The proxy verifies the lock service's signature before anything else (INV-07).
+            grant=None if grant is None else GrantIn(**grant.to_json()),
+            context=SubmitContext(
+                correlation_id=req.context.correlation_id[:_MAX_ID],
+                causation_id=(req.context.causation_id or payout.payout_id)[:_MAX_ID],
+                deadline_at=deadline,
+            ),
+        )
+        if self._pause_before_submit:
+            self._pause_before_submit = False
+            log.warning(
+                "experiment.pausing",
+                worker_id=self._worker_id,
+                token=req.token,
+                payout_id=payout.payout_id,
+            )
+            os.kill(os.getpid(), signal.SIGSTOP)  # resumes here on SIGCONT, unaware of the gap
+            log.warning(
+                "experiment.resumed",
+                worker_id=self._worker_id,
+                token=req.token,
+                still_held=self._held_quietly(req),
+            )
+        # Once sent, the exchange is not cut short by an activity cancellation: cancelling an
+        # HTTP call cannot un-send money, it only loses the answer. The proxy records the outcome
+        # either way; recovery reads it from there.
+        exchange = asyncio.create_task(self._submit_logged(submit, req.context.correlation_id))
+        result = await asyncio.shield(exchange)
+        return await self._apply_submit_result(req, payout, result)
+
+    async def _submit_logged(self, submit: SubmitRequest, correlation_id: str) -> SubmitResult:
+        result = await self._proxy.submit(submit)
+        log.info(
+            "rail.submit",
+            payout_id=submit.payout_id,
+            account_id=submit.account_id,
+            token=submit.token,
+            handoff_certainty=result.handoff_certainty.value,
+            outcome=result.outcome.value if result.outcome else None,
+            code=result.code,
+            correlation_id=correlation_id,
+        )
+        return result
+
+    async def _apply_submit_result(
+        self, req: m.StepRequest, payout: Payout, result: SubmitResult
+    ) -> m.PayoutView:
+        ctx = self._ctx(req.context)
+        if result.code == "INVALID_GRANT":
+            # Nothing was forwarded or recorded; our grant cannot be used there: re-acquire.
+            raise _lost(req, "rail proxy refused the grant")
+        if result.code == "STALE_TOKEN":
+            # The second enforcement point fenced us out: a newer grant exists.
+            raise _fenced(
+                f"rail proxy: token {result.presented_token} below {result.highest_token}"
+            )
+        if result.handoff_certainty == HandoffCertainty.NOT_SUBMITTED or result.outcome is None:
+            # Nothing left our control (or we cannot tell yet: PROXY_NO_ANSWER). The payout stays
+            # CLAIMED; the next round reads the proxy's attempt record before doing anything.
+            return _view(
+                payout,
+                detail=result.code or "not_submitted",
+                handoff_certainty=result.handoff_certainty.value,
+            )
+        if result.outcome == Outcome.ACKED:
+            # RAIL_SUBMITTED and RAIL_ACKED follow each other here: one transaction, one commit
+            # (the same two audit rows and events; issue 16).
+            payout = await self._write(
+                req,
+                lambda g: self._store.mark_submitted_and_acked(
+                    payout.payout_id, req.token, ctx, grant=g
+                ),
+            )
+        else:
+            payout = await self._write(
+                req,
+                lambda g: self._store.mark_submitted(payout.payout_id, req.token, ctx, grant=g),
+            )
+        payout = await self._record_outcome(req, payout, result.outcome)
+        attempt = m.AttemptView(
+            attempt_id=str(result.attempt_id), outcome=result.outcome.value, token=req.token
+        )
+        return _view(payout, handoff_certainty=result.handoff_certainty.value, attempt=attempt)
+
+    async def _record_outcome(
+        self, req: m.StepRequest, payout: Payout, outcome: Outcome | None
+    ) -> Payout:
+        ctx = self._ctx(req.context)
+        if payout.state != S.RAIL_SUBMITTED:
+            return payout
+        if outcome == Outcome.ACKED:
+            return await self._write(
+                req, lambda g: self._store.mark_acked(payout.payout_id, req.token, ctx, grant=g)
+            )
+        if outcome == Outcome.DECLINED:
+            return await self._write(
+                req,
+                lambda g: self._store.mark_declined(
+                    payout.payout_id, req.token, ctx, reason="declined_by_rail", grant=g
+                ),
+            )
+        # UNKNOWN, or no outcome recorded: money may have moved. Never resubmitted (FR-23).
+        return await self._write(
+            req,
+            lambda g: self._store.mark_ambiguous(
+                payout.payout_id,
+                req.token,
+                ctx,
+                reason="no_outcome_recorded" if outcome is None else "outcome_unknown",
+                grant=g,
+            ),
+        )
+
+    @activity.defn(name=m.RECOVER_FROM_ATTEMPT)
+    @_holder_step
+    async def recover_from_attempt(self, req: m.StepRequest) -> m.PayoutView:
+        """UC-04: a payout left CLAIMED or RAIL_SUBMITTED by a holder that died or was fenced.
+
+        The proxy's attempt record decides: it was recorded before forwarding, so its absence
+        proves nothing was sent, and an attempt with no outcome is ambiguous, never resubmitted.
+        """
+        payout = await self._current(req.payout_id)
+        attempt = await self._attempt(req.payout_id)
+        if payout.state == S.CLAIMED:
+            if attempt is None:
+                return _view(payout)  # nothing was handed off: the workflow may submit
+            payout = await self._write(
+                req,
+                lambda g: self._store.mark_submitted(
+                    payout.payout_id, req.token, self._ctx(req.context), grant=g
+                ),
+            )
+        if payout.state == S.RAIL_SUBMITTED:
+            payout = await self._record_outcome(req, payout, attempt.outcome if attempt else None)
+        return _view(payout, attempt)
+
+    @activity.defn(name=m.POST_TO_LEDGER)
+    @_holder_step
+    async def post_to_ledger(self, req: m.StepRequest) -> m.PayoutView:
+        """UC-01 step 8: ledger rows, balance and POSTED in one fenced transaction."""
+        payout = await self._write(
+            req,
+            lambda g: self._store.post(req.payout_id, req.token, self._ctx(req.context), grant=g),
+        )
+        return _view(payout)
+
+    @activity.defn(name=m.RESOLVE_AMBIGUOUS)
+    @_holder_step
+    async def resolve_ambiguous(self, req: m.StepRequest) -> m.PayoutView:
+        ctx = self._ctx(req.context)
+        if req.resolution == "settled":
+
+            def write(g: GrantArg) -> Awaitable[Payout | AlreadyAdvanced]:
+                return self._store.resolve_settled(req.payout_id, req.token, ctx, grant=g)
+        elif req.resolution == "absent":
+
+            def write(g: GrantArg) -> Awaitable[Payout | AlreadyAdvanced]:
+                return self._store.resolve_absent(req.payout_id, req.token, ctx, grant=g)
+        else:
+            raise ApplicationError(f"unknown resolution {req.resolution!r}", non_retryable=True)
+        return _view(await self._write(req, write))
+
+    @activity.defn(name=m.ABANDON_PAYOUT)
+    @_holder_step
+    async def abandon_payout(self, req: m.StepRequest) -> m.PayoutView:
+        """Break-glass RAIL_AMBIGUOUS -> ABANDONED, with the operator as the audited actor: the
+        identity inside the verified operator assertion. A refused assertion changes nothing and
+        is final (non-retryable `OperatorAssertionRefused`): the workflow records the rejection."""
+        ctx = self._ctx(req.context)  # "via" this worker; the store audits the operator
+        try:
+            return _view(
+                await self._write(
+                    req,
+                    lambda g: self._store.abandon(
+                        req.payout_id,
+                        req.token,
+                        ctx,
+                        operator=req.operator,
+                        reason=req.reason,
+                        grant=g,
+                        assertion=req.assertion,
+                    ),
+                )
+            )
+        except InvalidOperatorAssertion as exc:
+            raise ApplicationError(
+                f"operator assertion refused ({exc.reason}): {exc}",
+                type=m.ASSERTION_REFUSED,
+                non_retryable=True,
+            ) from exc

@@ -1,0 +1,108 @@
+"""The merged holder step `execute_payout` (patch `merged-holder-steps`): UC-01 steps 3-9 in
+one activity.
+"""
+
+from __future__ import annotations
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities import models as m
+from activities.payout.base import _holder_step
+from activities.payout.critical import CriticalSteps
+from activities.payout.support import S, _fenced, _lost, _progress, _view
+from ledger import AlreadyAdvanced, FencedOut, Payout
+from ledger.errors import InvalidGrant, InvalidTransition
+from ledger.states import TERMINAL_STATES
+
+
+class ExecuteStep(CriticalSteps):
+    """execute_payout and its claim and finish (release of a terminal payout's grant)."""
+
+    # ------------------------------------------------------------------ holder queue
+
+    @activity.defn(name=m.EXECUTE_PAYOUT)
+    @_holder_step
+    async def execute_payout(self, req: m.StepRequest) -> m.PayoutView:
+        """UC-01 steps 3-9 in one holder activity (patch `merged-holder-steps`): re-read and
+        claim, submit, post, and the release of the grant once the payout is terminal.
+
+        What prevents a double payout: the workflow schedules this activity with
+        maximum_attempts=1, so no retry can reach the submit twice; the submit happens only when
+        THIS attempt moved the payout PENDING -> CLAIMED (a payout found CLAIMED or later is
+        returned to the workflow, whose state-based recovery reads the proxy's attempt record
+        as evidence, exactly as after `reread_and_claim`); and the proxy itself refuses a second
+        attempt for the payout (FR-18) and any token below the account's highest (FR-17). A
+        failure or timeout anywhere after the claim leaves the payout CLAIMED, RAIL_SUBMITTED
+        or RAIL_ACKED, and the workflow's next grant recovers from there by evidence, never by
+        submitting again on a guess.
+
+        Each step is visible while it runs (the heartbeat details: `{"step", "state"}`) and
+        after (the result's `steps`), and the workflow upserts the payout's state.
+        """
+        steps: list[str] = []
+        _progress("claim", "reading")
+        payout = await self._current(req.payout_id)
+        claimed_here = False
+        if payout.state == S.PENDING:
+            claimed_here, payout = await self._claim(req)
+        else:
+            await self._stamp_account_fence(req)
+        steps.append("claim")
+        if not claimed_here or payout.state != S.CLAIMED:
+            # Found in flight (another holder's work) or FAILED at the claim (insufficient
+            # funds): hand the state and its evidence to the workflow, as `reread_and_claim` does.
+            attempt = None
+            if payout.state in (S.CLAIMED, S.RAIL_SUBMITTED):
+                attempt = await self._attempt(req.payout_id)
+            return await self._finish(req, _view(payout, attempt), steps)
+        # Claimed from PENDING by this attempt: no edge leads back to PENDING and a submit needs
+        # CLAIMED, so nobody has submitted this payout and the proxy can hold no attempt for it.
+        # The attempt read `reread_and_claim` makes here would find nothing: skipped.
+        _progress("submit", str(payout.state))
+        view = await self._submit(req, payout)
+        steps.append("submit")
+        if view.state != S.RAIL_ACKED:
+            # NOT_SUBMITTED (still CLAIMED: the workflow backs off), FAILED (declined) or
+            # RAIL_AMBIGUOUS (resolved by lookups, never resubmitted).
+            return await self._finish(req, view, steps)
+        _progress("post", view.state)
+        posted = await self._write(
+            req,
+            lambda g: self._store.post(req.payout_id, req.token, self._ctx(req.context), grant=g),
+        )
+        steps.append("post")
+        done = _view(posted, view.attempt, handoff_certainty=view.handoff_certainty)
+        return await self._finish(req, done, steps)
+
+    async def _claim(self, req: m.StepRequest) -> tuple[bool, Payout]:
+        """The fenced claim of a PENDING payout; True when this call made the transition (not
+        another holder before it: then the payout is re-read)."""
+        grant = await self._grant(req)
+        ctx = self._ctx(req.context)
+        try:
+            result = await self._store.claim(req.payout_id, req.token, ctx, grant=grant)
+        except FencedOut as exc:
+            raise _fenced(exc) from exc
+        except InvalidGrant as exc:
+            raise _lost(req, f"payment database refused the grant: {exc.reason}") from exc
+        except InvalidTransition as exc:
+            raise ApplicationError(str(exc), type=m.INVALID_TRANSITION, non_retryable=True) from exc
+        if isinstance(result, AlreadyAdvanced):
+            return False, await self._current(req.payout_id)
+        self._crash_if_armed(req, result)
+        return True, result
+
+    async def _finish(
+        self, req: m.StepRequest, view: m.PayoutView, steps: list[str]
+    ) -> m.PayoutView:
+        """UC-01 step 9 folded into the last step: a terminal payout's grant is released here,
+        and the workflow schedules no separate release. Not terminal: the workflow goes on
+        under the grant (recovery, backoff, lookups) and releases it itself."""
+        if view.state in {str(s) for s in TERMINAL_STATES}:
+            _progress("release", view.state)
+            await self._release(req)
+            steps.append("release")
+            view.released = True
+        view.steps = steps
+        return view

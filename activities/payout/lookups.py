@@ -1,0 +1,77 @@
+"""The shared-queue steps that need no grant: read-only rail lookups (UC-05), the escalation
+of an ambiguous payout past its SLA, and the audit of a refused operator command.
+"""
+
+from __future__ import annotations
+
+import httpx
+from temporalio import activity
+
+from activities import models as m
+from activities.payout.base import PayoutActivitiesBase
+from activities.payout.support import log
+from railproxy.errors import LookupUnavailable, ProxyClientError
+
+
+class LookupSteps(PayoutActivitiesBase):
+    """lookup_rail, escalate_ambiguous and record_signal_rejected (shared queue)."""
+
+    @activity.defn(name=m.LOOKUP_RAIL)
+    async def lookup_rail(self, req: m.LookupRequest) -> m.LookupResult:
+        """Read-only evidence for an ambiguous payout (UC-05): never submits anything.
+
+        A `not_found` is "absent" only when the proxy says it proves absence (its attempt records,
+        the rail's completeness window and the Connection's margins, A-08); this worker's clock
+        plays no part. Otherwise the payout stays ambiguous ("pending") and ages.
+        """
+        try:
+            found = await self._proxy.lookup(req.client_reference, payout_id=req.payout_id)
+        except (LookupUnavailable, ProxyClientError, httpx.HTTPError) as exc:
+            return m.LookupResult(status="unavailable", detail=str(exc))
+        if found.status in ("settled", "declined", "pending"):
+            return m.LookupResult(status=found.status)
+        # Money could move while our ledger says FAILED if a not_found were taken as absence
+        # before the rail's window covers the attempt: only the proxy's proven `absent` counts.
+        if found.absent:
+            return m.LookupResult(status="absent", detail=found.reason)
+        return m.LookupResult(status="pending", detail=found.reason or "absence not proven")
+
+    @activity.defn(name=m.ESCALATE_AMBIGUOUS)
+    async def escalate_ambiguous(self, req: m.StepRequest) -> None:
+        """The resolution SLA passed (A-10): audit it, then alert. Retried without limit by the
+        workflow, so the alert follows the committed audit row: a database outage delays the
+        alert instead of repeating it on every attempt."""
+        await self._store.record_audit(
+            actor=self._worker_id,
+            action="ambiguity_escalated",
+            payout_id=req.payout_id,
+            account_id=req.account_id,
+        )
+        log.error(
+            "alert",
+            name="ambiguity_sla_exceeded",
+            payout_id=req.payout_id,
+            account_id=req.account_id,
+            correlation_id=req.context.correlation_id,
+        )
+
+    @activity.defn(name=m.RECORD_SIGNAL_REJECTED)
+    async def record_signal_rejected(self, rej: m.SignalRejection) -> None:
+        """Audit an operator command the workflow refused or could not carry out (FR-30).
+        Retried without limit; the event follows the committed row, once per fact."""
+        workflow_id = activity.info().workflow_id or ""
+        payout_id = workflow_id.removeprefix("payout-")
+        await self._store.record_audit(
+            actor=rej.operator or "unknown-operator",
+            action=f"signal_rejected:{rej.signal}",
+            payout_id=payout_id if payout_id != workflow_id else None,
+            details={"reason": rej.reason, "why": rej.why},
+        )
+        log.warning(
+            "operator.signal_rejected",
+            signal=rej.signal,
+            operator=rej.operator,
+            reason=rej.reason,
+            why=rej.why,
+            workflow_id=workflow_id,
+        )

@@ -1,0 +1,139 @@
+"""Module-level helpers of the payout activities: the errors a fenced or lost grant raises,
+the workflow-facing views of a payout, and the heartbeat of a running holder step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities import models as m
+from common.lockkey import lock_key
+from common.logs import get_logger
+from ledger import FencedOut, Payout, PayoutState
+from lockservice.client import Lease
+from lockservice.grants import SignedGrant
+from railproxy.models import (
+    AttemptRecord,
+    Outcome,
+)
+
+log = get_logger("activities.payout")
+S = PayoutState
+
+
+def _fenced(err: FencedOut | str) -> ApplicationError:
+    return ApplicationError(str(err), type=m.FENCED_OUT, non_retryable=True)
+
+
+def _lost(req: m.StepRequest, reason: str) -> ApplicationError:
+    log.warning(
+        "lock.lost_detected",
+        key=lock_key(req.account_id),
+        token=req.token,
+        reason=reason,
+        payout_id=req.payout_id,
+    )
+    return ApplicationError(
+        f"grant {req.token} lost: {reason}", type=m.LOCK_LOST, non_retryable=True
+    )
+
+
+def _latest_live_attempt(attempts: list[AttemptRecord]) -> AttemptRecord | None:
+    """The attempt that counts: the latest one that may have reached the rail."""
+    live = [a for a in attempts if a.outcome != Outcome.NOT_SUBMITTED]
+    return max(live, key=lambda a: a.attempt_id) if live else None
+
+
+def _attempt_view(a: AttemptRecord | None) -> m.AttemptView | None:
+    if a is None:
+        return None
+    return m.AttemptView(
+        attempt_id=str(a.attempt_id),
+        outcome=a.outcome.value if a.outcome else None,
+        token=a.token,
+        recorded_at=a.recorded_at.isoformat(),
+    )
+
+
+def _view(
+    p: Payout, attempt: AttemptRecord | m.AttemptView | None = None, **kw: Any
+) -> m.PayoutView:
+    return m.PayoutView(
+        payout_id=p.payout_id,
+        account_id=p.account_id,
+        state=str(p.state),
+        amount=p.amount,
+        fence=p.fence,
+        client_reference=p.client_reference,
+        failure_reason=p.failure_reason,
+        attempt=attempt if isinstance(attempt, m.AttemptView) else _attempt_view(attempt),
+        **kw,
+    )
+
+
+#: The UC-01 step a running holder activity is at (`_progress`), sent with every heartbeat: the
+#: Temporal UI and `temporal workflow describe` show it as the pending activity's last heartbeat
+#: details, so each step of the merged `execute_payout` stays identifiable while it runs.
+_PROGRESS: contextvars.ContextVar[list[dict[str, str]] | None] = contextvars.ContextVar(
+    "holder_progress", default=None
+)
+
+
+def _progress(step: str, state: str) -> None:
+    """Record (and heartbeat at once) that the running holder activity is at `step`."""
+    details = _PROGRESS.get()
+    if details is None:
+        return
+    details[:] = [{"step": step, "state": state}]
+    activity.heartbeat(*details)
+
+
+@contextlib.asynccontextmanager
+async def _heartbeating(
+    interval_s: float = 1.0, details: list[dict[str, str]] | None = None
+) -> AsyncIterator[None]:
+    """Heartbeat while a long step runs, so a dead worker is noticed by its heartbeat timeout;
+    each heartbeat carries the step's current `details` (see `_progress`)."""
+
+    async def beat() -> None:
+        while True:
+            activity.heartbeat(*(details or ()))
+            await asyncio.sleep(interval_s)
+
+    task = asyncio.create_task(beat())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def _past_start_to_close(info: activity.Info, margin_s: float = 1.0) -> bool:
+    """Whether Temporal has (nearly) timed out this activity attempt, on this host's clock."""
+    limit = info.start_to_close_timeout
+    if limit is None:
+        return False
+    return datetime.now(UTC) >= info.started_time + limit - timedelta(seconds=margin_s)
+
+
+@dataclass
+class _HeldGrant:
+    """A grant this process holds, and how the critical-section steps are using it."""
+
+    lease: Lease
+    active: int = 0  # steps running under it now
+    idle_since: float = field(default_factory=time.monotonic)
+
+
+GrantArg = SignedGrant | None
