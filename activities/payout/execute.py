@@ -19,8 +19,6 @@ from ledger.states import TERMINAL_STATES
 class ExecuteStep(CriticalSteps):
     """execute_payout and its claim and finish (release of a terminal payout's grant)."""
 
-    # ------------------------------------------------------------------ holder queue
-
     @activity.defn(name=m.EXECUTE_PAYOUT)
     @_holder_step
     async def execute_payout(self, req: m.StepRequest) -> m.PayoutView:

@@ -1,5 +1,6 @@
 """Module-level helpers of the payout activities: the errors a fenced or lost grant raises,
-the workflow-facing views of a payout, and the heartbeat of a running holder step.
+the workflow-facing views of a payout, and the heartbeat (and progress details) of a running
+step; `_holder_step`, which uses them, is in `activities/payout/base.py`.
 """
 
 from __future__ import annotations
@@ -22,10 +23,7 @@ from common.logs import get_logger
 from ledger import FencedOut, Payout, PayoutState
 from lockservice.client import Lease
 from lockservice.grants import SignedGrant
-from railproxy.models import (
-    AttemptRecord,
-    Outcome,
-)
+from railproxy.models import AttemptRecord, Outcome
 
 log = get_logger("activities.payout")
 S = PayoutState
