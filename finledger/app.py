@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter as Tally
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -210,17 +210,10 @@ async def _write_batch(
 
 def create_app(settings: FinledgerSettings | None = None) -> FastAPI:
     settings = settings or FinledgerSettings()
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.ledger = LedgerState(settings)
-        log.info("finledger.started", port=settings.port)
-        yield
-
     app = FastAPI(
         title="finance ledger stand-in",
         version="1",
-        lifespan=lifespan,
+        lifespan=_lifespan(settings),
         responses=REFUSAL_RESPONSES,  # every route but /health and /metrics needs a credential
         dependencies=[Depends(reject_unknown_query)],
     )
@@ -237,6 +230,31 @@ def create_app(settings: FinledgerSettings | None = None) -> FastAPI:
     def state() -> LedgerState:
         ledger: LedgerState = app.state.ledger
         return ledger
+
+    _add_record_routes(app, state, writer, readers)
+    _add_operation_routes(app, state)
+    _add_admin_routes(app, state, readers, operators)
+    return app
+
+
+def _lifespan(
+    settings: FinledgerSettings,
+) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """Start-up: a fresh ledger state (book, faults, metrics) for the app."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.ledger = LedgerState(settings)
+        log.info("finledger.started", port=settings.port)
+        yield
+
+    return lifespan
+
+
+def _add_record_routes(
+    app: FastAPI, state: Callable[[], LedgerState], writer: list[Any], readers: list[Any]
+) -> None:
+    """The book: the single and the batch write (the outbox publisher only) and what it holds."""
 
     @app.put(
         "/v1/records/{correlation_id}",
@@ -281,6 +299,11 @@ def create_app(settings: FinledgerSettings | None = None) -> FastAPI:
     async def count() -> dict[str, int]:
         return {"count": len(state().book.records)}
 
+
+def _add_operation_routes(app: FastAPI, state: Callable[[], LedgerState]) -> None:
+    """Health (503 while the faults say the ledger is down) and metrics: open (network
+    isolation)."""
+
     @app.get("/health")
     async def health() -> Any:
         if state().faults.down:
@@ -290,6 +313,13 @@ def create_app(settings: FinledgerSettings | None = None) -> FastAPI:
     @app.get("/metrics", include_in_schema=False)  # Prometheus text, as on every service
     async def metrics() -> Response:
         return Response(generate_latest(state().registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def _add_admin_routes(
+    app: FastAPI, state: Callable[[], LedgerState], readers: list[Any], operators: list[Any]
+) -> None:
+    """The test controls: the faults (read by the checkers too), the reset, and the request
+    history the tests read as evidence."""
 
     @app.get("/admin/faults", response_model=Faults, dependencies=readers)
     async def get_faults() -> Faults:
@@ -318,5 +348,3 @@ def create_app(settings: FinledgerSettings | None = None) -> FastAPI:
             "in_flight": sum(1 for e in history if e["finished"] is None),
             "counts": dict(Tally(e["correlation_id"] for e in history)),
         }
-
-    return app

@@ -25,317 +25,46 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import secrets
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from fastapi import Depends, FastAPI, Query, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi import Depends, FastAPI, Query
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    Counter,
-    Histogram,
-    generate_latest,
-)
-from pydantic import BaseModel, Field
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from common.correlation import CorrelationMiddleware
-from common.credentials import Credentials, Identity, load_optional, require
+from common.credentials import Credentials, load_optional
 from common.logs import get_logger
 from common.strict_query import reject_unknown_query
 from lockservice import api
-from lockservice.api import Grant, LockBackend, NotAcquired, Session
-from lockservice.assertions import (
-    DEFAULT_TTL_S,
-    AssertionRefused,
-    AssertionVerifier,
-    OperatorAssertion,
-    sign_assertion,
-)
+from lockservice.api import LockBackend, NotAcquired
+from lockservice.assertions import DEFAULT_TTL_S
+from lockservice.breakglass import _add_break_glass_routes
 from lockservice.grants import GrantSigner
+from lockservice.serverstate import _Access, _Metrics, _State
 from lockservice.watermark import Watermark
+from lockservice.wire import (
+    _ERRORS,
+    _KEY_PATTERN,
+    _PREFIX_PATTERN,
+    AcquireIn,
+    GrantBody,
+    HistoryOut,
+    LockInfoOut,
+    OpenSessionIn,
+    SessionOut,
+    _add_error_shapes,
+    _error,
+    _grant_json,
+    _iso,
+    _session_json,
+)
 
-T = TypeVar("T")
 #: How long /health waits for the backend's answer before it reports it unavailable.
 _HEALTH_PROBE_S = 2.0
 _log = get_logger("lockservice.server")
-
-_KEY_PATTERN = r"^[A-Za-z0-9:_\-./]+$"
-# Tokens are signed 64-bit integers in both backends. The wire bound is 2**63 - 2**10, the
-# largest bound a JSON Schema validator comparing as a double reads exactly (2**63 - 1 reads as
-# 2**63, so a client trusting the spec would send 2**63 and be refused). The last 1,024 tokens
-# of the space would need 2**40 - 1,024 grants of one key in the final epoch: never issued.
-_MAX_TOKEN = (1 << 63) - (1 << 10)
-_SESSION_ID = Field(min_length=1, max_length=128)
-#: Audit text (operator, reason): no control characters (PostgreSQL refuses a NUL in text, and
-#: a newline would forge a log line), and at least one character that is not whitespace
-#: (api.validate_operator strips it; the control-character range also covers \x1c-\x1f, which
-#: Python's str.isspace() counts as whitespace and the regex engine's \s does not).
-_NOT_BLANK = r"^[^\x00-\x1f\x7f]*[^\s\x00-\x1f\x7f][^\x00-\x1f\x7f]*$"
-#: A key prefix: what a key may contain, possibly nothing.
-_PREFIX_PATTERN = _KEY_PATTERN.replace("]+$", "]*$")
-
-# --------------------------------------------------------------------------- wire models
-# Constraints mirror lockservice.api so that the OpenAPI spec documents them; api's validators
-# stay the source of truth and run again in every handler.
-
-
-class OpenSessionIn(BaseModel):
-    ttl_s: float | None = Field(default=None, ge=api.MIN_TTL_S, le=api.MAX_TTL_S)
-
-
-class SessionOut(BaseModel):
-    session_id: str
-    ttl_s: float
-    expires_at: datetime
-
-
-class AcquireIn(BaseModel):
-    session_id: str = _SESSION_ID
-    key: str = Field(min_length=1, max_length=api.MAX_KEY_LENGTH, pattern=_KEY_PATTERN)
-    wait_s: float = Field(default=0.0, ge=0.0, le=api.MAX_WAIT_S)
-
-
-class GrantBody(BaseModel):
-    key: str = Field(min_length=1, max_length=api.MAX_KEY_LENGTH, pattern=_KEY_PATTERN)
-    token: int = Field(ge=0, le=_MAX_TOKEN)
-    session_id: str = _SESSION_ID
-    acquired_at: datetime
-    expires_at: datetime
-
-    #: The lock service's signature over the grant (lockservice.grants); ignored on input.
-    kid: str | None = None
-    signature: str | None = None
-
-    def to_grant(self) -> Grant:
-        return Grant(self.key, self.token, self.session_id, self.acquired_at, self.expires_at)
-
-
-class LockInfoOut(BaseModel):
-    key: str
-    holder_session: str | None
-    token: int | None
-    acquired_at: datetime | None
-    expires_at: datetime | None
-    waiters: int
-    last_token: int | None
-
-
-class GrantRecordOut(BaseModel):
-    key: str
-    token: int
-    session_id: str
-    acquired_at: datetime
-    ended_at: datetime | None
-    end_reason: str | None
-
-
-class HistoryOut(BaseModel):
-    grants: list[GrantRecordOut]
-    truncated: bool
-    #: grants that ended before it may have been pruned (etcd retention); null: none were
-    retained_since: datetime | None = None
-
-
-class RevokeIn(BaseModel):
-    key: str = Field(min_length=1, max_length=api.MAX_KEY_LENGTH, pattern=_KEY_PATTERN)
-    #: Ignored: the audit names the authenticated operator (common.credentials), never a
-    #: free-text name. Accepted so that older clients keep working.
-    operator: str | None = Field(default=None, max_length=200, pattern=_NOT_BLANK)
-    reason: str = Field(min_length=1, max_length=2000, pattern=_NOT_BLANK)
-    #: A worker-sent revoke (the `revoke` signal): the payout the signal was for, and the
-    #: operator assertion it carried (lockservice.assertions), verified here.
-    payout_id: str | None = Field(default=None, max_length=128)
-    assertion: dict[str, Any] | None = None
-
-
-class AssertionIn(BaseModel):
-    action: str = Field(pattern="^(revoke|abandon)$")
-    payout_id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.@:\-]+$")
-    reason: str = Field(min_length=1, max_length=2000)
-    #: Optional: binds the assertion to one lock key as well as the payout.
-    key: str | None = Field(
-        default=None, min_length=1, max_length=api.MAX_KEY_LENGTH, pattern=_KEY_PATTERN
-    )
-
-
-class AssertionOut(BaseModel):
-    identity: str
-    action: str
-    payout_id: str
-    key: str
-    reason: str
-    issued_at: datetime
-    expires_at: datetime
-    nonce: str
-    kid: str
-    signature: str
-
-
-class RevokeOut(BaseModel):
-    key: str
-    revoked_token: int | None
-    operator: str
-    reason: str
-    at: datetime
-
-
-class BumpEpochIn(BaseModel):
-    # Bounded further by the backend: at most api.MAX_EPOCH_STEP above the current epoch.
-    min_epoch: int = Field(ge=0, le=api.MAX_EPOCH)
-    #: Ignored, as in RevokeIn: the authenticated operator is audited.
-    operator: str | None = Field(default=None, max_length=200, pattern=_NOT_BLANK)
-    reason: str = Field(min_length=1, max_length=2000, pattern=_NOT_BLANK)
-
-
-class BumpEpochOut(BaseModel):
-    epoch: int
-
-
-class ErrorBody(BaseModel):
-    code: str
-    message: str
-    reason: str | None = None  # only for not_acquired: "held" or "timeout"
-
-
-#: Every status a /v1 route can answer besides its success: 400 a body that is not JSON at all
-#: (Starlette's parser, before validation), 401/403 (common.credentials), 404, 409, 422, 503
-#: as above.
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    s: {"model": ErrorBody} for s in (400, 401, 403, 404, 409, 422, 503)
-}
-
-#: Who may call what (docs/architecture.md, Trust).
-#: The worker holds grants; the invariant checker reads the
-#: grant history; inspect is for operators (and the checker); force-revoke and bump-epoch are
-#: break-glass: operators only. /health, /livez and /metrics stay open (network isolation).
-WORKER = "worker"
-READERS = ("worker", "invariants", "reconciler")
-
-# --------------------------------------------------------------------------- plumbing
-
-
-def _iso(dt: datetime | None) -> str | None:
-    return None if dt is None else dt.isoformat()
-
-
-def _grant_json(g: Grant, signer: GrantSigner) -> dict[str, Any]:
-    signed = signer.sign(g)  # every grant that leaves this server is signed (INV-07)
-    return {
-        "key": g.key,
-        "token": g.token,
-        "session_id": g.session_id,
-        "acquired_at": _iso(g.acquired_at),
-        "expires_at": _iso(g.expires_at),
-        "kid": signed.kid,
-        "signature": signed.signature,
-    }
-
-
-def _error(status: int, code: str, message: str, **extra: Any) -> JSONResponse:
-    return JSONResponse({"code": code, "message": message, **extra}, status_code=status)
-
-
-_STATUS_OF: dict[type[api.LockError], int] = {  # first match wins: subclasses first
-    api.EpochRefused: 409,
-    api.InvalidRequest: 422,
-    api.SessionNotFound: 404,
-    api.NotHeld: 409,
-    api.BackendUnavailable: 503,
-}
-
-
-def _status_of(exc: api.LockError) -> int:
-    for cls, status in _STATUS_OF.items():
-        if isinstance(exc, cls):
-            return status
-    return 500
-
-
-class _Metrics:
-    """Per-app registry, so that several apps in one process (tests, bench) never collide."""
-
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        self.requests = Counter(
-            "lock_requests",
-            "Lock-server requests by operation and outcome.",
-            ["op", "outcome"],
-            registry=self.registry,
-        )
-        self.seconds = Histogram(
-            "lock_request_seconds",
-            "Lock-server request handling time by operation.",
-            ["op"],
-            registry=self.registry,
-            buckets=(0.0005, 0.001, 0.002, 0.003, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1, 5, 30),
-        )
-
-
-_OUTCOME_OF: dict[type[Exception], str] = {
-    api.InvalidRequest: "invalid",
-    api.SessionNotFound: "session_not_found",
-    api.NotHeld: "not_held",
-    api.BackendUnavailable: "unavailable",
-}
-
-
-@dataclass
-class _State:
-    backend: LockBackend | None
-    metrics: _Metrics
-    default_ttl_s: float
-    signer: GrantSigner
-    #: Restored-data detection (lockservice.watermark); None: off (no LOCK_STATE_DIR).
-    watermark: Watermark | None = None
-    #: Accepted bearer tokens (common.credentials); None: authentication off (tests only;
-    #: `main` refuses to start without LOCK_CREDENTIALS_PATH).
-    credentials: Credentials | None = None
-    #: Lifetime of the operator assertions this server issues (lockservice.assertions).
-    assertion_ttl_s: float = DEFAULT_TTL_S
-    #: Off (experiment switch): a worker-sent force-revoke needs no operator assertion.
-    verify_assertions: bool = True
-
-    def assertion_verifier(self) -> AssertionVerifier:
-        # This server's own public key: it checks what it signed, by its own clock.
-        return AssertionVerifier({self.signer.kid: self.signer.public_key()})
-
-    def be(self) -> LockBackend:
-        if self.backend is None:  # only between process start and the end of lifespan start-up
-            raise api.BackendUnavailable("lock backend not connected yet")
-        return self.backend
-
-    async def run(self, op: str, call: Callable[[], Awaitable[T]]) -> T:
-        """Time and count one backend call; errors propagate to the exception handlers."""
-        started = time.perf_counter()
-        outcome = "ok"
-        try:
-            return await call()
-        except api.LockError as exc:
-            outcome = next((o for c, o in _OUTCOME_OF.items() if isinstance(exc, c)), "error")
-            raise
-        except (OSError, TimeoutError):
-            outcome = "unavailable"
-            raise
-        except Exception:
-            outcome = "error"
-            raise
-        finally:
-            self.metrics.seconds.labels(op).observe(time.perf_counter() - started)
-            self.metrics.requests.labels(op, outcome).inc()
-
-
-def _op_of(request: Request) -> str:
-    route = request.scope.get("route")
-    return str(getattr(route, "name", None) or "unknown")
 
 
 # --------------------------------------------------------------------------- the app
@@ -395,33 +124,6 @@ async def _checked_acquire(state: _State, session_id: str, key: str, wait: float
     return result
 
 
-@dataclass(frozen=True)
-class _Access:
-    """Who may call which route (docs/architecture.md, Trust), as FastAPI dependencies."""
-
-    #: The worker, which holds grants (sessions, acquire, renew, release).
-    holder: list[Any]
-    #: Reads of the grant state: the worker, the invariant checker, the reconciler, operators.
-    reader: list[Any]
-    #: Break-glass and the operator assertions: operators only.
-    operator_only: Any
-    #: Force-revoke also from the worker: the `payouts payout revoke` signal reaches the lock
-    #: server through the worker's revoke activity. A signal is not authenticated (anyone who
-    #: can reach Temporal can send one), so the worker's revoke is carried out only with the
-    #: operator assertion this server signed for that payout and action
-    #: (lockservice.assertions), and the identity inside it is audited.
-    revoker: Any
-
-    @classmethod
-    def of(cls, credentials: Credentials | None) -> _Access:
-        return cls(
-            holder=[Depends(require(credentials, components=(WORKER,)))],
-            reader=[Depends(require(credentials, operator=True, components=READERS))],
-            operator_only=Depends(require(credentials, operator=True)),
-            revoker=Depends(require(credentials, operator=True, components=(WORKER,))),
-        )
-
-
 def _build(state: _State, lifespan: Callable[[FastAPI], Any] | None) -> FastAPI:
     """The app: middleware, error shapes, then the route table by concern, in the order the
     OpenAPI spec lists them."""
@@ -443,50 +145,6 @@ def _build(state: _State, lifespan: Callable[[FastAPI], Any] | None) -> FastAPI:
     _add_break_glass_routes(app, state, access)
     _add_operation_routes(app, state)
     return app
-
-
-def _add_error_shapes(app: FastAPI, m: _Metrics) -> None:
-    """Every error as the JSON body `{"code", "message"}` with the status of the module doc."""
-
-    @app.exception_handler(api.LockError)
-    async def _lock_error(request: Request, exc: api.LockError) -> JSONResponse:
-        return _error(_status_of(exc), exc.code, str(exc) or exc.code)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        m.requests.labels(_op_of(request), "invalid").inc()
-        parts = []
-        for err in exc.errors()[:5]:
-            where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
-            parts.append(f"{where or 'body'}: {err.get('msg', 'invalid')}")
-        return _error(422, api.InvalidRequest.code, "; ".join(parts) or "invalid request")
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
-        code = {
-            401: "unauthorized",
-            403: "forbidden",
-            404: "not_found",
-            405: "method_not_allowed",
-        }.get(exc.status_code, "http_error")
-        response = _error(exc.status_code, code, str(exc.detail))
-        # Keep the exception's headers: a 405 must say which methods are allowed (RFC 9110).
-        for name, value in (exc.headers or {}).items():
-            response.headers[name] = value
-        return response
-
-    @app.exception_handler(OSError)
-    @app.exception_handler(TimeoutError)
-    async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
-        # A backend driver error that escaped the backend's own mapping: still fail closed.
-        _log.warning("lock.backend_error", op=_op_of(request), error=type(exc).__name__)
-        return _error(503, api.BackendUnavailable.code, "lock backend unavailable")
-
-
-def _session_json(s: Session) -> JSONResponse:
-    return JSONResponse(
-        {"session_id": s.session_id, "ttl_s": s.ttl_s, "expires_at": _iso(s.expires_at)}
-    )
 
 
 def _add_session_routes(app: FastAPI, state: _State, access: _Access) -> None:
@@ -649,59 +307,6 @@ def _add_inspect_routes(app: FastAPI, state: _State, access: _Access) -> None:
         )
 
 
-def _add_break_glass_routes(app: FastAPI, state: _State, access: _Access) -> None:
-    """Force-revoke, the operator assertions that let a worker carry one out, and the epoch
-    bump of the restore procedure: every change here is audited under the caller's identity."""
-    run, operator_only, revoker = state.run, access.operator_only, access.revoker
-
-    @app.post("/v1/locks/revoke", name="force_revoke", response_model=RevokeOut, responses=_ERRORS)
-    async def force_revoke(body: RevokeIn, who: Identity = revoker) -> Response:
-        """Break-glass: ends the current grant and advances the token (FR-08). The backend emits
-        the `lock.revoked` audit event and the `alert` event, naming the authenticated operator
-        (the body's `operator` is ignored)."""
-        key = api.validate_key(body.key)
-        actor, reason = who.name, body.reason
-        if who.kind == "component":
-            refused, actor, reason = _asserted_revoke(state, body, key)
-            if refused is not None:
-                return refused
-        operator, reason = api.validate_operator(actor, reason)
-        r = await run("force_revoke", lambda: state.be().force_revoke(key, operator, reason))
-        return JSONResponse(
-            {
-                "key": r.key,
-                "revoked_token": r.revoked_token,
-                "operator": r.operator,
-                "reason": r.reason,
-                "at": _iso(r.at),
-            }
-        )
-
-    @app.post(
-        "/v1/operator-assertions",
-        name="issue_operator_assertion",
-        response_model=AssertionOut,
-        responses=_ERRORS,
-    )
-    async def issue_operator_assertion(
-        body: AssertionIn, who: Identity = operator_only
-    ) -> Response:
-        """Operators only: a short-lived signed statement that the authenticated operator asks
-        for `action` on `payout_id`, for `payouts payout revoke|abandon` to carry in its
-        Temporal signal (no secret travels in Temporal history). Changes nothing here."""
-        return JSONResponse(_issue_assertion(state, body, who).to_json())
-
-    @app.post("/v1/epoch/bump", name="bump_epoch", response_model=BumpEpochOut, responses=_ERRORS)
-    async def bump_epoch(body: BumpEpochIn, who: Identity = operator_only) -> Response:
-        """Restore procedure: every key's next token moves above anything issued before.
-        Operators only; the authenticated operator is audited."""
-        operator, reason = api.validate_operator(who.name, body.reason)
-        epoch = await run(
-            "bump_epoch", lambda: state.be().bump_epoch(body.min_epoch, operator, reason)
-        )
-        return JSONResponse({"epoch": epoch})
-
-
 def _add_operation_routes(app: FastAPI, state: _State) -> None:
     """Health, liveness and metrics: open to anyone who can reach the port (network
     isolation), outside the OpenAPI spec except /health."""
@@ -728,54 +333,6 @@ def _add_operation_routes(app: FastAPI, state: _State) -> None:
     @app.get("/metrics", name="metrics", include_in_schema=False)
     async def metrics() -> Response:
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
-
-
-def _issue_assertion(state: _State, body: AssertionIn, who: Identity) -> OperatorAssertion:
-    """A signed operator assertion for `who`, valid from now for the configured lifetime; bad
-    input (e.g. a blank reason) is a 422 and nothing is signed. Emits the issuance event."""
-    now = datetime.now(UTC)
-    try:
-        a = sign_assertion(
-            state.signer,
-            identity=who.name,
-            action=body.action,
-            payout_id=body.payout_id,
-            reason=body.reason,
-            issued_at=now,
-            expires_at=now + timedelta(seconds=state.assertion_ttl_s),
-            nonce=secrets.token_urlsafe(16),
-            key=body.key or "",
-        )
-    except ValueError as exc:
-        raise api.InvalidRequest(str(exc)) from None
-    _log.info(
-        "lock.operator_assertion_issued",
-        operator=a.identity,
-        action=a.action,
-        payout_id=a.payout_id,
-        expires_at=a.expires_at.isoformat(),
-        kid=a.kid,
-    )
-    return a
-
-
-def _asserted_revoke(
-    state: _State, body: RevokeIn, key: str
-) -> tuple[JSONResponse | None, str, str]:
-    """A worker-sent revoke: (refusal, actor, reason). With verification on, the actor and
-    reason are those of the operator assertion, checked for action `revoke`, the payout the
-    worker names and (if the assertion names one) this key, by this server's clock; a refusal
-    is a 403 and nothing is revoked. Off (experiment switch): the free-text name, marked."""
-    if not state.verify_assertions:
-        return None, f"worker/unverified:{(body.operator or 'unknown')[:100]}", body.reason
-    try:
-        a = state.assertion_verifier().verify(
-            body.assertion, action="revoke", payout_id=body.payout_id or "", key=key
-        )
-    except AssertionRefused as exc:
-        refusal = _error(403, f"operator_assertion_{exc.code}", str(exc)[:300])
-        return refusal, "", ""
-    return None, a.identity, a.reason
 
 
 # --------------------------------------------------------------------------- process entry

@@ -1,0 +1,139 @@
+"""The lock server's per-app state and access rules: who may call which route (as FastAPI
+dependencies over common.credentials, docs/architecture.md, Trust), and what every route runs
+with: the backend, the grant signer, the restore watermark, the credentials and the metrics.
+
+One `_State` per app (lockservice.server builds it), never module-level state, so that several
+apps in one process (tests, benchmarks) never share a backend or a metric. Metric labels are the
+operation and the outcome only, never a key, session or token (NFR-09).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from fastapi import Depends, Request
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from common.credentials import Credentials, require
+from lockservice import api
+from lockservice.api import LockBackend
+from lockservice.assertions import DEFAULT_TTL_S, AssertionVerifier
+from lockservice.grants import GrantSigner
+from lockservice.watermark import Watermark
+
+T = TypeVar("T")
+
+#: Who may call what (docs/architecture.md, Trust).
+#: The worker holds grants; the invariant checker reads the
+#: grant history; inspect is for operators (and the checker); force-revoke and bump-epoch are
+#: break-glass: operators only. /health, /livez and /metrics stay open (network isolation).
+WORKER = "worker"
+READERS = ("worker", "invariants", "reconciler")
+
+
+class _Metrics:
+    """Per-app registry, so that several apps in one process (tests, bench) never collide."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "lock_requests",
+            "Lock-server requests by operation and outcome.",
+            ["op", "outcome"],
+            registry=self.registry,
+        )
+        self.seconds = Histogram(
+            "lock_request_seconds",
+            "Lock-server request handling time by operation.",
+            ["op"],
+            registry=self.registry,
+            buckets=(0.0005, 0.001, 0.002, 0.003, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1, 5, 30),
+        )
+
+
+_OUTCOME_OF: dict[type[Exception], str] = {
+    api.InvalidRequest: "invalid",
+    api.SessionNotFound: "session_not_found",
+    api.NotHeld: "not_held",
+    api.BackendUnavailable: "unavailable",
+}
+
+
+@dataclass
+class _State:
+    backend: LockBackend | None
+    metrics: _Metrics
+    default_ttl_s: float
+    signer: GrantSigner
+    #: Restored-data detection (lockservice.watermark); None: off (no LOCK_STATE_DIR).
+    watermark: Watermark | None = None
+    #: Accepted bearer tokens (common.credentials); None: authentication off (tests only;
+    #: `main` refuses to start without LOCK_CREDENTIALS_PATH).
+    credentials: Credentials | None = None
+    #: Lifetime of the operator assertions this server issues (lockservice.assertions).
+    assertion_ttl_s: float = DEFAULT_TTL_S
+    #: Off (experiment switch): a worker-sent force-revoke needs no operator assertion.
+    verify_assertions: bool = True
+
+    def assertion_verifier(self) -> AssertionVerifier:
+        # This server's own public key: it checks what it signed, by its own clock.
+        return AssertionVerifier({self.signer.kid: self.signer.public_key()})
+
+    def be(self) -> LockBackend:
+        if self.backend is None:  # only between process start and the end of lifespan start-up
+            raise api.BackendUnavailable("lock backend not connected yet")
+        return self.backend
+
+    async def run(self, op: str, call: Callable[[], Awaitable[T]]) -> T:
+        """Time and count one backend call; errors propagate to the exception handlers."""
+        started = time.perf_counter()
+        outcome = "ok"
+        try:
+            return await call()
+        except api.LockError as exc:
+            outcome = next((o for c, o in _OUTCOME_OF.items() if isinstance(exc, c)), "error")
+            raise
+        except (OSError, TimeoutError):
+            outcome = "unavailable"
+            raise
+        except Exception:
+            outcome = "error"
+            raise
+        finally:
+            self.metrics.seconds.labels(op).observe(time.perf_counter() - started)
+            self.metrics.requests.labels(op, outcome).inc()
+
+
+def _op_of(request: Request) -> str:
+    route = request.scope.get("route")
+    return str(getattr(route, "name", None) or "unknown")
+
+
+@dataclass(frozen=True)
+class _Access:
+    """Who may call which route (docs/architecture.md, Trust), as FastAPI dependencies."""
+
+    #: The worker, which holds grants (sessions, acquire, renew, release).
+    holder: list[Any]
+    #: Reads of the grant state: the worker, the invariant checker, the reconciler, operators.
+    reader: list[Any]
+    #: Break-glass and the operator assertions: operators only.
+    operator_only: Any
+    #: Force-revoke also from the worker: the `payouts payout revoke` signal reaches the lock
+    #: server through the worker's revoke activity. A signal is not authenticated (anyone who
+    #: can reach Temporal can send one), so the worker's revoke is carried out only with the
+    #: operator assertion this server signed for that payout and action
+    #: (lockservice.assertions), and the identity inside it is audited.
+    revoker: Any
+
+    @classmethod
+    def of(cls, credentials: Credentials | None) -> _Access:
+        return cls(
+            holder=[Depends(require(credentials, components=(WORKER,)))],
+            reader=[Depends(require(credentials, operator=True, components=READERS))],
+            operator_only=Depends(require(credentials, operator=True)),
+            revoker=Depends(require(credentials, operator=True, components=(WORKER,))),
+        )
