@@ -10,7 +10,7 @@ import functools
 import os
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +43,22 @@ from railproxy.models import AttemptRecord
 
 if TYPE_CHECKING:
     from activities.payout_activities import PayoutActivities
+
+
+@contextlib.contextmanager
+def store_refusals(req: m.StepRequest) -> Iterator[None]:
+    """The payment store's refusals of a fenced write, as the activity errors the workflow acts
+    on; every one is non-retryable, so no refused write is ever repeated under the same token."""
+    try:
+        yield
+    except FencedOut as exc:
+        raise _fenced(exc) from exc
+    except InvalidGrant as exc:
+        # Our own grant refused (expired by its statement, a key this store does not accept):
+        # writing under it is over; the workflow re-acquires, as for a lost lock.
+        raise _lost(req, f"payment database refused the grant: {exc.reason}") from exc
+    except InvalidTransition as exc:
+        raise ApplicationError(str(exc), type=m.INVALID_TRANSITION, non_retryable=True) from exc
 
 
 class PayoutActivitiesBase:
@@ -138,16 +154,8 @@ class PayoutActivitiesBase:
     ) -> Payout:
         """Run one fenced write; FencedOut aborts the grant, AlreadyAdvanced re-reads."""
         grant = await self._grant(req)
-        try:
+        with store_refusals(req):
             result = await write(grant)
-        except FencedOut as exc:
-            raise _fenced(exc) from exc
-        except InvalidGrant as exc:
-            # Our own grant refused (expired by its statement, a key this store does not accept):
-            # writing under it is over; the workflow re-acquires, as for a lost lock.
-            raise _lost(req, f"payment database refused the grant: {exc.reason}") from exc
-        except InvalidTransition as exc:
-            raise ApplicationError(str(exc), type=m.INVALID_TRANSITION, non_retryable=True) from exc
         if isinstance(result, AlreadyAdvanced):
             # UC-01 alternate (a): another holder moved it on. Not an error: re-read and go on.
             return await self._current(req.payout_id)

@@ -5,14 +5,12 @@ one activity.
 from __future__ import annotations
 
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
 
 from activities import models as m
-from activities.payout.base import _holder_step
+from activities.payout.base import _holder_step, store_refusals
 from activities.payout.critical import CriticalSteps
-from activities.payout.support import S, _fenced, _lost, _progress, _view
-from ledger import AlreadyAdvanced, FencedOut, Payout
-from ledger.errors import InvalidGrant, InvalidTransition
+from activities.payout.support import S, _progress, _view
+from ledger import AlreadyAdvanced, Payout
 from ledger.states import TERMINAL_STATES
 
 
@@ -78,14 +76,8 @@ class ExecuteStep(CriticalSteps):
         another holder before it: then the payout is re-read)."""
         grant = await self._grant(req)
         ctx = self._ctx(req.context)
-        try:
+        with store_refusals(req):
             result = await self._store.claim(req.payout_id, req.token, ctx, grant=grant)
-        except FencedOut as exc:
-            raise _fenced(exc) from exc
-        except InvalidGrant as exc:
-            raise _lost(req, f"payment database refused the grant: {exc.reason}") from exc
-        except InvalidTransition as exc:
-            raise ApplicationError(str(exc), type=m.INVALID_TRANSITION, non_retryable=True) from exc
         if isinstance(result, AlreadyAdvanced):
             return False, await self._current(req.payout_id)
         self._crash_if_armed(req, result)
