@@ -72,11 +72,16 @@ class FencedWrites(GrantChecks):
         reason: str | None = None,
         details: dict[str, Any] | None = None,
         audit_actor: str | None = None,
+        then: tuple[str, PayoutState] | None = None,
     ) -> Payout | AlreadyAdvanced:
         """A transition of the payout row (plus its audit and outbox rows), fenced on the payout
         row AND on the account's balance row: the lock protects the account's payout stream
         (A-15), so a holder superseded on the account cannot advance any of its payouts, even
-        one the new holder has not touched yet (INV-01)."""
+        one the new holder has not touched yet (INV-01).
+
+        `then` (operation, state): a second transition from `to_state`, in the SAME database
+        transaction and fenced the same way, unless the first found the payout already moved on
+        (`mark_submitted_and_acked`)."""
         check_payout_id(payout_id)
         check_token(token)
         async with self._pool.acquire() as conn:
@@ -86,7 +91,7 @@ class FencedWrites(GrantChecks):
                         conn, payout_id, token, grant, operation
                     )
                     await self._stamp_balance(conn, account_id, token, operation, payout_id)
-                    return await self._transition(
+                    result = await self._transition(
                         conn,
                         operation,
                         facts=facts,
@@ -98,6 +103,19 @@ class FencedWrites(GrantChecks):
                         reason=reason,
                         details=details,
                         audit_actor=audit_actor,
+                    )
+                    if then is None or isinstance(result, AlreadyAdvanced):
+                        return result
+                    operation, next_state = then
+                    return await self._transition(
+                        conn,
+                        operation,
+                        facts=facts,
+                        payout_id=payout_id,
+                        token=token,
+                        ctx=ctx,
+                        from_state=to_state,
+                        to_state=next_state,
                     )
             except FencedOut as exc:
                 self._report_fenced_out(exc, payout_id, operation)

@@ -136,42 +136,16 @@ class WorkerSteps(FencedWrites):
         both `payout.transition` events (after COMMIT), each fenced exactly as there. Moves no
         money by itself: the proxy had already recorded the attempt and its ACKED outcome.
         """
-        check_payout_id(payout_id)
-        check_token(token)
-        operation = "mark_submitted"
-        async with self._pool.acquire() as conn:
-            try:
-                async with committed(conn) as facts:
-                    account_id, _ = await self._granted_account(
-                        conn, payout_id, token, grant, operation
-                    )
-                    await self._stamp_balance(conn, account_id, token, operation, payout_id)
-                    first = await self._transition(
-                        conn,
-                        operation,
-                        facts=facts,
-                        payout_id=payout_id,
-                        token=token,
-                        ctx=ctx,
-                        from_state=S.CLAIMED,
-                        to_state=S.RAIL_SUBMITTED,
-                    )
-                    if isinstance(first, AlreadyAdvanced):
-                        return first
-                    operation = "mark_acked"
-                    return await self._transition(
-                        conn,
-                        operation,
-                        facts=facts,
-                        payout_id=payout_id,
-                        token=token,
-                        ctx=ctx,
-                        from_state=S.RAIL_SUBMITTED,
-                        to_state=S.RAIL_ACKED,
-                    )
-            except FencedOut as exc:
-                self._report_fenced_out(exc, payout_id, operation)
-                raise
+        return await self._simple(
+            "mark_submitted",
+            payout_id,
+            token,
+            ctx,
+            grant=grant,
+            from_state=S.CLAIMED,
+            to_state=S.RAIL_SUBMITTED,
+            then=("mark_acked", S.RAIL_ACKED),
+        )
 
     async def mark_declined(
         self,
