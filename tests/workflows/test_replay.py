@@ -1,6 +1,7 @@
 """Replay tests: histories recorded from real runs (tests/workflows/test_payout_integration.py
 and, for `continued_as_new`, test_payout_resilience.py; for the operator-assertion ones,
-test_operator_assertions.py; with RECORD_HISTORIES=1) must replay against the current PayoutWorkflow without a
+test_operator_assertions.py; for the Temporal restart one, test_temporal_restart.py; with
+RECORD_HISTORIES=1) must replay against the current PayoutWorkflow without a
 non-determinism error; a deliberately non-deterministic change must be caught."""
 
 from __future__ import annotations
@@ -43,6 +44,10 @@ REQUIRED = {
     # and the holder killed inside it after the submit, recovered by the attempt record.
     "merged_happy_path",
     "merged_worker_killed_recovered",
+    # test_temporal_restart.py: Temporal restarted while a grant was in flight and down past
+    # the acquire's start-to-close; the acquire timed out, the workflow backed off and paid
+    # under a re-acquired grant.
+    "temporal_restart_acquire_timed_out",
 }
 
 
