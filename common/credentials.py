@@ -162,14 +162,31 @@ def require(
     operator (when `operator`) nor one of `components`: 403. Raised before the handler runs, so
     nothing changes. `credentials` None is authentication off: every caller is ANONYMOUS (the
     negative control; a service's process entry refuses to start without a credentials file)."""
-    allowed = frozenset(components)
+    check = authorizer(credentials, operator=operator, components=components)
 
     async def dependency(
         bearer: HTTPAuthorizationCredentials | None = Depends(_bearer_scheme),  # noqa: B008
     ) -> Identity:
+        return check(None if bearer is None else bearer.credentials)
+
+    return dependency
+
+
+def authorizer(
+    credentials: Credentials | None,
+    *,
+    operator: bool = False,
+    components: Collection[str] = (),
+) -> Callable[[str | None], Identity]:
+    """The decision `require` makes, as a plain function of the presented bearer token (None:
+    none): the caller's Identity, or HTTPException 401/403 exactly as `require` answers. For a
+    server that must decide without FastAPI's dependency machinery (lockservice's hot routes)."""
+    allowed = frozenset(components)
+
+    def check(token: str | None) -> Identity:
         if credentials is None:
             return ANONYMOUS
-        ident = credentials.authenticate(None if bearer is None else bearer.credentials)
+        ident = credentials.authenticate(token)
         if ident is None:
             raise HTTPException(
                 status_code=401,
@@ -182,7 +199,17 @@ def require(
             return ident
         raise HTTPException(status_code=403, detail=f"{ident.name} may not call this endpoint")
 
-    return dependency
+    return check
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an `Authorization: Bearer <token>` header value, parsed as the dependency
+    `require` uses parses it (FastAPI's HTTPBearer: scheme case-insensitive), else None."""
+    scheme, _, token = (authorization or "").partition(" ")
+    token = token.strip()
+    if not (authorization and scheme and token) or scheme.lower() != "bearer":
+        return None
+    return token
 
 
 # --------------------------------------------------------------------------- client side

@@ -43,6 +43,7 @@ from lockservice.api import LockBackend, NotAcquired
 from lockservice.assertions import DEFAULT_TTL_S
 from lockservice.breakglass import _add_break_glass_routes
 from lockservice.grants import GrantSigner
+from lockservice.hotroute import hot_route
 from lockservice.serverstate import _Access, _Metrics, _State
 from lockservice.watermark import Watermark
 from lockservice.wire import (
@@ -194,17 +195,31 @@ def _add_session_routes(app: FastAPI, state: _State, access: _Access) -> None:
         return Response(status_code=204)
 
 
+def _hot_post(app: FastAPI, access: _Access, path: str, **kw: Any) -> Callable[[Any], Any]:
+    """`@app.post(path, ...)` for a worker's hot route: the same route, spec and answers, with
+    lockservice.hotroute's fast path for a well-formed, authorised request."""
+    route_class = hot_route(access.holder_dependency, access.holder_check)
+
+    def register(endpoint: Any) -> Any:
+        app.router.add_api_route(
+            path,
+            endpoint,
+            methods=["POST"],
+            responses=_ERRORS,
+            dependencies=access.holder,
+            route_class_override=route_class,
+            **kw,
+        )
+        return endpoint
+
+    return register
+
+
 def _add_grant_routes(app: FastAPI, state: _State, access: _Access) -> None:
     """Acquire, renew and release: every grant answered is signed (INV-07)."""
-    holder, run = access.holder, state.run
+    run = state.run
 
-    @app.post(
-        "/v1/locks/acquire",
-        name="acquire",
-        response_model=GrantBody,
-        responses=_ERRORS,
-        dependencies=holder,
-    )
+    @_hot_post(app, access, "/v1/locks/acquire", name="acquire", response_model=GrantBody)
     async def acquire(body: AcquireIn) -> Response:
         key, wait = api.validate_key(body.key), api.validate_wait(body.wait_s)
         result = await run("acquire", lambda: _checked_acquire(state, body.session_id, key, wait))
@@ -215,13 +230,7 @@ def _add_grant_routes(app: FastAPI, state: _State, access: _Access) -> None:
             return _error(409, "not_acquired", f"{key} not acquired", reason=result.reason)
         return JSONResponse(_grant_json(result, state.signer))
 
-    @app.post(
-        "/v1/locks/renew",
-        name="renew",
-        response_model=GrantBody,
-        responses=_ERRORS,
-        dependencies=holder,
-    )
+    @_hot_post(app, access, "/v1/locks/renew", name="renew", response_model=GrantBody)
     async def renew(body: GrantBody) -> Response:
         grant = body.to_grant()
         api.validate_key(grant.key)
@@ -229,9 +238,7 @@ def _add_grant_routes(app: FastAPI, state: _State, access: _Access) -> None:
         _log.info("lock.renewed", key=grant.key, token=grant.token)
         return JSONResponse(_grant_json(renewed, state.signer))
 
-    @app.post(
-        "/v1/locks/release", name="release", status_code=204, responses=_ERRORS, dependencies=holder
-    )
+    @_hot_post(app, access, "/v1/locks/release", name="release", status_code=204)
     async def release(body: GrantBody) -> Response:
         grant = body.to_grant()
         api.validate_key(grant.key)

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from fastapi import Depends, Request
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from common.credentials import Credentials, require
+from common.credentials import Credentials, Identity, authorizer, require
 from lockservice import api
 from lockservice.api import LockBackend
 from lockservice.assertions import DEFAULT_TTL_S, AssertionVerifier
@@ -52,6 +52,21 @@ class _Metrics:
             registry=self.registry,
             buckets=(0.0005, 0.001, 0.002, 0.003, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1, 5, 30),
         )
+        # The labelled children, looked up once: `labels()` takes a lock and builds a tuple per
+        # call. Bounded: the keys are route names and outcomes (never a key, session or token).
+        self._timers: dict[str, Any] = {}
+        self._counts: dict[tuple[str, str], Any] = {}
+
+    def record(self, op: str, outcome: str, seconds: float) -> None:
+        """One backend call of `op` that ended with `outcome` after `seconds`."""
+        timer = self._timers.get(op)
+        if timer is None:
+            timer = self._timers[op] = self.seconds.labels(op)
+        count = self._counts.get((op, outcome))
+        if count is None:
+            count = self._counts[op, outcome] = self.requests.labels(op, outcome)
+        timer.observe(seconds)
+        count.inc()
 
 
 _OUTCOME_OF: dict[type[Exception], str] = {
@@ -103,8 +118,7 @@ class _State:
             outcome = "error"
             raise
         finally:
-            self.metrics.seconds.labels(op).observe(time.perf_counter() - started)
-            self.metrics.requests.labels(op, outcome).inc()
+            self.metrics.record(op, outcome, time.perf_counter() - started)
 
 
 def _op_of(request: Request) -> str:
@@ -128,12 +142,19 @@ class _Access:
     #: operator assertion this server signed for that payout and action
     #: (lockservice.assertions), and the identity inside it is audited.
     revoker: Any
+    #: The holder's dependency (in `holder`) and the same decision as a plain function, for the
+    #: hot routes' fast path (lockservice.hotroute).
+    holder_dependency: Callable[..., Any]
+    holder_check: Callable[[str | None], Identity]
 
     @classmethod
     def of(cls, credentials: Credentials | None) -> _Access:
+        holder = require(credentials, components=(WORKER,))
         return cls(
-            holder=[Depends(require(credentials, components=(WORKER,)))],
+            holder=[Depends(holder)],
             reader=[Depends(require(credentials, operator=True, components=READERS))],
             operator_only=Depends(require(credentials, operator=True)),
             revoker=Depends(require(credentials, operator=True, components=(WORKER,))),
+            holder_dependency=holder,
+            holder_check=authorizer(credentials, components=(WORKER,)),
         )
