@@ -37,7 +37,7 @@ from temporalio.worker import Worker
 from activities import backlog_metrics, worker_http
 from activities.payout_activities import PayoutActivities
 from activities.reconcile import ReconcileActivities
-from common.credentials import read_token
+from common.credentials import CredentialsError, read_token
 from common.exiting import exit_now
 from common.logs import configure_logging, get_logger
 from common.pgutil import create_pool
@@ -145,7 +145,16 @@ class StartupRefused(Exception):
 async def check_start(settings: WorkerSettings) -> None:
     """Refuse fencing off outside experiment mode, and experiment mode unless the rail proxy is
     in (verified) experiment mode itself: so a worker with fencing off only ever talks to a
-    proxy that talks to the rail stub, never to a real rail."""
+    proxy that talks to the rail stub, never to a real rail. A token file that is set but cannot
+    be read is refused here too, before anything (a port, a pool, a connection) has started."""
+    for variable, path in (
+        ("WORKER_TOKEN_FILE", settings.token_file),
+        ("RECONCILE_TOKEN_FILE", settings.reconcile_token_file),
+    ):
+        try:
+            read_token(token_file=path, what=variable)
+        except CredentialsError as exc:
+            raise StartupRefused(f"{exc}; refusing to start") from exc
     off = [
         name
         for name, on in (

@@ -48,7 +48,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from cryptography.exceptions import InvalidSignature
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
@@ -199,7 +199,18 @@ class GrantSigner:
 
     @classmethod
     def from_pem_file(cls, path: str | Path, kid: str) -> GrantSigner:
-        key = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
+        """The signer of the key in `path`; `ValueError` (one line naming the file) when it
+        cannot be read or is not an unencrypted Ed25519 private key in PEM."""
+        try:
+            pem = Path(path).read_bytes()
+        except OSError as exc:
+            raise ValueError(f"{path}: cannot read the signing key ({exc.strerror})") from exc
+        try:
+            key = serialization.load_pem_private_key(pem, password=None)
+        except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
+            # TypeError: an encrypted key (no password here); ValueError: not a PEM key at all.
+            why = str(exc).split(". See ", 1)[0]  # cryptography appends a FAQ link
+            raise ValueError(f"{path}: not a PEM private key ({why})") from exc
         if not isinstance(key, Ed25519PrivateKey):
             raise ValueError(f"{path}: not an Ed25519 private key")
         return cls(key, kid)
