@@ -48,8 +48,7 @@ from railproxy.client import RailProxyClient
 from reconcile.reconciler import (
     AMBIGUITY_SLA_S,
     RAIL_ADMIN_URL,
-    reconciler_token,
-    stub_movement_source,
+    component_movement_source,
 )
 from workflows.payout import PayoutWorkflow
 from workflows.reconcile import ReconcileWorkflow
@@ -256,9 +255,9 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
         ):
             reconciler = ReconcileActivities(
                 rec_pool,
-                stub_movement_source(
-                    settings.reconcile_rail_admin_url,
-                    token=reconciler_token(settings.reconcile_token_file),
+                # Its own credential only: never the operator's (least privilege).
+                component_movement_source(
+                    settings.reconcile_rail_admin_url, settings.reconcile_token_file
                 ),
                 sla=timedelta(seconds=settings.reconcile_ambiguity_sla_s),
             )
@@ -327,6 +326,12 @@ async def _workers(
         max_concurrent_activities=settings.max_concurrent_activities,
     )
     async with shared, holder:
+        if not settings.reconcile_token_file:
+            log.warning(
+                "worker.reconcile_credential_missing",
+                why="RECONCILE_TOKEN_FILE is not set: this worker's reconcile activity fails "
+                "(retried) instead of reading the rail's movement log",
+            )
         log.info(
             "worker.started",
             worker_id=settings.worker_id,
