@@ -365,13 +365,26 @@ def load_public_keys(spec: str) -> dict[str, Ed25519PublicKey]:
         paths = {p.stem: p for p in sorted(folder.glob("*.pem"))}
     keys: dict[str, Ed25519PublicKey] = {}
     for kid, path in paths.items():
-        key = serialization.load_pem_public_key(path.read_bytes())
+        key = _public_key(path)
         if not isinstance(key, Ed25519PublicKey):
             raise ValueError(f"{path}: not an Ed25519 public key")
         keys[check_kid(kid)] = key
     if not keys:
         raise ValueError(f"{spec}: no public keys found")
     return keys
+
+
+def _public_key(path: Path) -> object:
+    """The key in `path`; `ValueError` naming the file when it cannot be read or parsed."""
+    try:
+        pem = path.read_bytes()
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read the public key ({exc.strerror})") from exc
+    try:
+        return serialization.load_pem_public_key(pem)
+    except (ValueError, UnsupportedAlgorithm) as exc:
+        why = str(exc).split(". See ", 1)[0]  # cryptography appends a FAQ link
+        raise ValueError(f"{path}: not a PEM public key ({why})") from exc
 
 
 @dataclass(frozen=True, slots=True)
