@@ -37,7 +37,7 @@ from temporalio.worker import Worker
 from activities import backlog_metrics, worker_http
 from activities.payout_activities import PayoutActivities
 from activities.reconcile import ReconcileActivities
-from common.credentials import read_token
+from common.credentials import CredentialsError, read_token
 from common.exiting import exit_now
 from common.logs import configure_logging, get_logger
 from common.pgutil import create_pool
@@ -48,8 +48,7 @@ from railproxy.client import RailProxyClient
 from reconcile.reconciler import (
     AMBIGUITY_SLA_S,
     RAIL_ADMIN_URL,
-    reconciler_token,
-    stub_movement_source,
+    component_movement_source,
 )
 from workflows.payout import PayoutWorkflow
 from workflows.reconcile import ReconcileWorkflow
@@ -145,7 +144,16 @@ class StartupRefused(Exception):
 async def check_start(settings: WorkerSettings) -> None:
     """Refuse fencing off outside experiment mode, and experiment mode unless the rail proxy is
     in (verified) experiment mode itself: so a worker with fencing off only ever talks to a
-    proxy that talks to the rail stub, never to a real rail."""
+    proxy that talks to the rail stub, never to a real rail. A token file that is set but cannot
+    be read is refused here too, before anything (a port, a pool, a connection) has started."""
+    for variable, path in (
+        ("WORKER_TOKEN_FILE", settings.token_file),
+        ("RECONCILE_TOKEN_FILE", settings.reconcile_token_file),
+    ):
+        try:
+            read_token(token_file=path, what=variable)
+        except CredentialsError as exc:
+            raise StartupRefused(f"{exc}; refusing to start") from exc
     off = [
         name
         for name, on in (
@@ -247,9 +255,9 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
         ):
             reconciler = ReconcileActivities(
                 rec_pool,
-                stub_movement_source(
-                    settings.reconcile_rail_admin_url,
-                    token=reconciler_token(settings.reconcile_token_file),
+                # Its own credential only: never the operator's (least privilege).
+                component_movement_source(
+                    settings.reconcile_rail_admin_url, settings.reconcile_token_file
                 ),
                 sla=timedelta(seconds=settings.reconcile_ambiguity_sla_s),
             )
@@ -318,6 +326,12 @@ async def _workers(
         max_concurrent_activities=settings.max_concurrent_activities,
     )
     async with shared, holder:
+        if not settings.reconcile_token_file:
+            log.warning(
+                "worker.reconcile_credential_missing",
+                why="RECONCILE_TOKEN_FILE is not set: this worker's reconcile activity fails "
+                "(retried) instead of reading the rail's movement log",
+            )
         log.info(
             "worker.started",
             worker_id=settings.worker_id,

@@ -18,6 +18,8 @@ import contextlib
 import asyncpg
 from prometheus_client import Gauge
 
+from common.outage import CONNECTION_LOST
+
 #: The states whose oldest member's age is an alerting SLI (a closed set: the only label value).
 AGED_STATES = ("PENDING", "RAIL_AMBIGUOUS")
 REFRESH_S = 2.0
@@ -61,6 +63,8 @@ async def refresh_forever(pool: asyncpg.Pool, interval_s: float = REFRESH_S) -> 
         OLDEST_AGE.labels(state=state)
         COUNT.labels(state=state)
     while True:
-        with contextlib.suppress(asyncpg.PostgresError, OSError, TimeoutError):
+        # Any database error, an outage included (common.outage: also a connection left
+        # mid-protocol by a restart, which used to escape and end this loop for good).
+        with contextlib.suppress(*CONNECTION_LOST, asyncpg.PostgresError):
             await asyncio.wait_for(refresh_once(pool), timeout=interval_s * 2)
         await asyncio.sleep(interval_s)

@@ -3,7 +3,8 @@
 Owns: bearer-token credentials (`common.credentials`), the correlation id (`common.correlation`),
 strict query parameters (`common.strict_query`), structured logging (`common.logs`), the database
 pool and the migration runner with the per-component roles (`common.pgutil`, `common.migrate`,
-`common.db_roles`), the lock-key format (`common.lockkey`), the one launcher of the HTTP
+`common.db_roles`), which database errors are an outage and answering them 503
+(`common.outage`), the lock-key format (`common.lockkey`), the one launcher of the HTTP
 services (`common.launcher`), lazy package exports (`common.lazy`), the process exit and
 start-up refusals (`common.exiting`) and the container health probe (`common.healthcheck`).
 Must never: import anything of the project (every other package may import it, so an import of

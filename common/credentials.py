@@ -72,6 +72,8 @@ def token_digest(token: str) -> str:
 
 def _check_private(path: Path) -> None:
     mode = path.stat().st_mode
+    if not stat.S_ISREG(mode):
+        raise CredentialsError(f"{path}: not a regular file")
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise CredentialsError(
             f"{path}: readable by others (mode {stat.S_IMODE(mode):o}); use 0600"
@@ -94,6 +96,8 @@ class Credentials:
             raise CredentialsError(f"{p}: cannot read credentials ({exc.strerror})") from exc
         except json.JSONDecodeError as exc:
             raise CredentialsError(f"{p}: not JSON ({exc.msg}, line {exc.lineno})") from exc
+        except UnicodeDecodeError as exc:
+            raise CredentialsError(f"{p}: not UTF-8 text (byte {exc.start})") from exc
         return cls(_parse(raw, p))
 
     @property
@@ -229,6 +233,8 @@ def read_token(
         text = p.read_text(encoding="utf-8").strip()
     except OSError as exc:
         raise CredentialsError(f"{what} file {p}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise CredentialsError(f"{what} file {p}: not UTF-8 text (byte {exc.start})") from exc
     if not text:
         raise CredentialsError(f"{what} file {p} is empty")
     return text.splitlines()[0].strip()
@@ -328,3 +334,14 @@ def refuse_without(path: object, variable: str, service: str) -> None:
         Credentials.load(str(path))
     except CredentialsError as exc:
         refuse(service, f"{variable}: {exc}: refusing to start")
+
+
+def refuse_unreadable_token(path: object, variable: str, service: str) -> None:
+    """A process entry: exit 2 with one stderr line if the token file `variable` names cannot be
+    read, is not UTF-8 or is empty, before anything has started (a process that found out later
+    would have half-started: a pool open, a port bound). Unset is allowed: no credential is sent,
+    and an authenticating server refuses the calls."""
+    try:
+        read_token(token_file=None if path is None else str(path), what=variable)
+    except CredentialsError as exc:
+        refuse(service, f"{exc}: refusing to start")

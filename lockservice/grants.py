@@ -48,7 +48,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from cryptography.exceptions import InvalidSignature
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
@@ -199,7 +199,18 @@ class GrantSigner:
 
     @classmethod
     def from_pem_file(cls, path: str | Path, kid: str) -> GrantSigner:
-        key = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
+        """The signer of the key in `path`; `ValueError` (one line naming the file) when it
+        cannot be read or is not an unencrypted Ed25519 private key in PEM."""
+        try:
+            pem = Path(path).read_bytes()
+        except OSError as exc:
+            raise ValueError(f"{path}: cannot read the signing key ({exc.strerror})") from exc
+        try:
+            key = serialization.load_pem_private_key(pem, password=None)
+        except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
+            # TypeError: an encrypted key (no password here); ValueError: not a PEM key at all.
+            why = str(exc).split(". See ", 1)[0]  # cryptography appends a FAQ link
+            raise ValueError(f"{path}: not a PEM private key ({why})") from exc
         if not isinstance(key, Ed25519PrivateKey):
             raise ValueError(f"{path}: not an Ed25519 private key")
         return cls(key, kid)
@@ -354,13 +365,26 @@ def load_public_keys(spec: str) -> dict[str, Ed25519PublicKey]:
         paths = {p.stem: p for p in sorted(folder.glob("*.pem"))}
     keys: dict[str, Ed25519PublicKey] = {}
     for kid, path in paths.items():
-        key = serialization.load_pem_public_key(path.read_bytes())
+        key = _public_key(path)
         if not isinstance(key, Ed25519PublicKey):
             raise ValueError(f"{path}: not an Ed25519 public key")
         keys[check_kid(kid)] = key
     if not keys:
         raise ValueError(f"{spec}: no public keys found")
     return keys
+
+
+def _public_key(path: Path) -> object:
+    """The key in `path`; `ValueError` naming the file when it cannot be read or parsed."""
+    try:
+        pem = path.read_bytes()
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read the public key ({exc.strerror})") from exc
+    try:
+        return serialization.load_pem_public_key(pem)
+    except (ValueError, UnsupportedAlgorithm) as exc:
+        why = str(exc).split(". See ", 1)[0]  # cryptography appends a FAQ link
+        raise ValueError(f"{path}: not a PEM public key ({why})") from exc
 
 
 @dataclass(frozen=True, slots=True)

@@ -409,25 +409,17 @@ def app_from_settings(settings: Any) -> FastAPI:
 
 def main() -> None:
     """Build the backend from `LOCK_*` settings and serve until SIGINT/SIGTERM."""
-    from common.exiting import refuse
+    from common.credentials import refuse_without
     from common.launcher import serve
     from lockservice.settings import LockSettings
 
     settings = LockSettings()
-    if not settings.signing_key_path:
-        # Safe default: a lock server that cannot sign would issue grants nobody can verify.
-        refuse(
-            "lock-server",
-            "LOCK_SIGNING_KEY_PATH is not set (the Ed25519 private key, PEM, that signs every "
-            "grant): refusing to start",
-        )
-    if not settings.credentials_path:
-        # Safe default: without it every caller could acquire, revoke and bump the epoch.
-        refuse(
-            "lock-server",
-            "LOCK_CREDENTIALS_PATH is not set (the accepted bearer-token digests, "
-            "common.credentials): refusing to start",
-        )
+    # Both files are loaded here first, before logging is configured, for a clean refusal (one
+    # line on stderr, exit 2, nothing started); `app_from_settings` loads them again for any
+    # other way of serving the app.
+    _refuse_without_signer(settings)
+    # Safe default: without it every caller could acquire, revoke and bump the epoch.
+    refuse_without(settings.credentials_path, "LOCK_CREDENTIALS_PATH", "lock-server")
     # No access log (common.launcher): it would print session ids in paths on every heartbeat.
     serve(
         lambda: app_from_settings(settings),
@@ -436,3 +428,20 @@ def main() -> None:
         port=settings.port,
         log_level=settings.log_level,
     )
+
+
+def _refuse_without_signer(settings: Any) -> None:
+    """Exit 2 with one stderr line unless LOCK_SIGNING_KEY_PATH names a key that loads."""
+    from common.exiting import refuse
+
+    if not settings.signing_key_path:
+        # Safe default: a lock server that cannot sign would issue grants nobody can verify.
+        refuse(
+            "lock-server",
+            "LOCK_SIGNING_KEY_PATH is not set (the Ed25519 private key, PEM, that signs every "
+            "grant): refusing to start",
+        )
+    try:
+        GrantSigner.from_pem_file(settings.signing_key_path, settings.signing_key_id)
+    except ValueError as exc:  # unreadable, not a key, or a bad LOCK_SIGNING_KEY_ID
+        refuse("lock-server", f"LOCK_SIGNING_KEY_PATH: {exc}: refusing to start")

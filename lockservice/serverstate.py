@@ -18,6 +18,7 @@ from fastapi import Depends, Request
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from common.credentials import Credentials, Identity, authorizer, require
+from common.outage import connection_lost
 from lockservice import api
 from lockservice.api import LockBackend
 from lockservice.assertions import DEFAULT_TTL_S, AssertionVerifier
@@ -111,11 +112,8 @@ class _State:
         except api.LockError as exc:
             outcome = next((o for c, o in _OUTCOME_OF.items() if isinstance(exc, c)), "error")
             raise
-        except (OSError, TimeoutError):
-            outcome = "unavailable"
-            raise
-        except Exception:
-            outcome = "error"
+        except Exception as exc:  # a driver error the backend did not map: the same outcome
+            outcome = "unavailable" if connection_lost(exc) else "error"  # as the answer
             raise
         finally:
             self.metrics.record(op, outcome, time.perf_counter() - started)

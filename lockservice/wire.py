@@ -19,6 +19,7 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from common.logs import get_logger
+from common.outage import answer_outages
 from lockservice import api
 from lockservice.api import Grant, Session
 from lockservice.grants import GrantSigner
@@ -235,12 +236,12 @@ def _add_error_shapes(app: FastAPI, m: _Metrics) -> None:
             response.headers[name] = value
         return response
 
-    @app.exception_handler(OSError)
-    @app.exception_handler(TimeoutError)
-    async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
+    def _unavailable(request: Request, exc: Exception) -> Response:
         # A backend driver error that escaped the backend's own mapping: still fail closed.
         _log.warning("lock.backend_error", op=_op_of(request), error=type(exc).__name__)
         return _error(503, api.BackendUnavailable.code, "lock backend unavailable")
+
+    answer_outages(app, _unavailable)
 
 
 def _session_json(s: Session) -> JSONResponse:

@@ -24,6 +24,7 @@ import asyncpg
 
 from common.credentials import read_token
 from common.logs import get_logger
+from common.outage import CONNECTION_LOST
 from outbox.delivery import (
     DownstreamClient,
     OutboxSettings,
@@ -46,7 +47,10 @@ _EVENTS = {
     Outcome.DUPLICATE_COMPLETED: "outbox.duplicate",
     Outcome.CONFLICT_BLOCKED: "outbox.conflict_blocked",
 }
-_DB_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError)
+#: A database error the loop outlives (logged, the next poll tries again): an outage
+#: (common.outage, which includes a connection left mid-protocol and a command timeout, both of
+#: which used to escape and end the publisher) or any error the server answered.
+_DB_ERRORS = (*CONNECTION_LOST, asyncpg.PostgresError)
 
 
 class Publisher:

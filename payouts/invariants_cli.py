@@ -18,6 +18,7 @@ from typing import Any
 
 import asyncpg
 
+from common.credentials import CredentialsError
 from common.logs import configure_logging
 from invariants.checker import (
     GrantSource,
@@ -73,9 +74,15 @@ async def _run(args: argparse.Namespace, settings: InvariantSettings) -> Invaria
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
+    settings = InvariantSettings()
+    try:  # before connecting: a token file that cannot be read is one line, nothing started
+        settings.token()
+    except CredentialsError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return 2
     configure_logging("invariants")
     try:
-        report = asyncio.run(_run(args, InvariantSettings()))
+        report = asyncio.run(_run(args, settings))
     except (InvariantError, OSError, asyncpg.PostgresError) as exc:
         sys.stderr.write(f"error: {exc}\n")
         return 2

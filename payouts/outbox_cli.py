@@ -22,7 +22,12 @@ from typing import Any
 import asyncpg
 from prometheus_client import start_http_server
 
-from common.credentials import CredentialsError, authenticate_operator, operator_token
+from common.credentials import (
+    CredentialsError,
+    authenticate_operator,
+    operator_token,
+    refuse_unreadable_token,
+)
 from common.logs import configure_logging
 from common.pgutil import create_pool
 from outbox.delivery import OPERABLE, OutboxError, OutboxSettings, Status
@@ -54,7 +59,10 @@ async def _run(url: str) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    configure_logging("outbox", level=OutboxSettings().log_level)
+    settings = OutboxSettings()
+    # Before anything starts: the publisher reads its token only after opening its pool.
+    refuse_unreadable_token(settings.token_file, "OUTBOX_TOKEN_FILE", "outbox")
+    configure_logging("outbox", level=settings.log_level)
     return asyncio.run(_run(database_url(args, "OUTBOX_DATABASE_URL")))
 
 

@@ -33,6 +33,7 @@ from temporalio.client import (
 )
 
 from activities.reconcile_models import ReconcileInput
+from common.credentials import CredentialsError
 from common.logs import configure_logging, get_logger
 from payouts.settings import database_url
 from reconcile.reconciler import (
@@ -139,16 +140,16 @@ def report_dict(report: ReconcileReport) -> dict[str, Any]:
     return body
 
 
-async def _run(args: argparse.Namespace, settings: ReconcileSettings) -> ReconcileReport:
+async def _run(
+    args: argparse.Namespace, settings: ReconcileSettings, token: str | None
+) -> ReconcileReport:
     window = last_closed_window(settings, datetime.now(UTC))
     window = Window(start=args.window_start or window.start, end=args.window_end or window.end)
     conn = await asyncpg.connect(database_url(args, "RECONCILE_DATABASE_URL"))
     try:
         return await reconcile(
             conn,
-            stub_movement_source(
-                args.rail_admin_url or settings.rail_admin_url, token=settings.token()
-            ),
+            stub_movement_source(args.rail_admin_url or settings.rail_admin_url, token=token),
             window,
             ambiguity_sla=timedelta(seconds=settings.ambiguity_sla_s),
             sample_size=settings.sample_size,
@@ -158,9 +159,15 @@ async def _run(args: argparse.Namespace, settings: ReconcileSettings) -> Reconci
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    settings = ReconcileSettings()
+    try:  # before connecting: a token file that cannot be read is one line, nothing started
+        token = settings.token()
+    except CredentialsError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return 2
     configure_logging("reconcile")
     try:
-        report = asyncio.run(_run(args, ReconcileSettings()))
+        report = asyncio.run(_run(args, settings, token))
     except ReconcileError as exc:
         sys.stderr.write(f"error: {exc}\n")
         return 2

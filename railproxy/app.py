@@ -20,10 +20,17 @@ from common.credentials import load_optional, require
 from common.lockkey import lock_key
 from common.logs import get_logger
 from common.migrate import migrate
+from common.outage import answer_outages
 from common.pgutil import create_pool
 from common.strict_query import reject_unknown_query
 from railproxy import store
-from railproxy.errors import InvalidGrant, LookupUnavailable, Rejected, StaleToken
+from railproxy.errors import (
+    InvalidGrant,
+    LookupUnavailable,
+    Rejected,
+    StaleToken,
+    StoreUnavailable,
+)
 from railproxy.metrics import ProxyMetrics
 from railproxy.models import (
     IDENT,
@@ -97,6 +104,23 @@ def _error_handlers(app: FastAPI) -> None:
         for name, value in (exc.headers or {}).items():  # a 405 keeps its Allow header
             response.headers[name] = value
         return response
+
+    def store_unavailable(request: Request, exc: Exception) -> JSONResponse:
+        """The outage contract (common.outage): a lost, closing or refused database connection
+        that a route let escape (a read of attempts) is 503, callers retry; never a 500. Its
+        certainty is UNKNOWN: this handler cannot know whether the request forwarded anything
+        (every step of a submission maps its own store errors first, with what it knows)."""
+        log.warning("railproxy.store_unavailable", path=request.url.path, error=type(exc).__name__)
+        return _error(
+            503,
+            ErrorBody(
+                code=StoreUnavailable.code,
+                message=f"the proxy's database is unavailable: {type(exc).__name__}",
+                handoff_certainty=HandoffCertainty.UNKNOWN,
+            ),
+        )
+
+    answer_outages(app, store_unavailable)
 
 
 def create_app(settings: ProxySettings | None = None) -> FastAPI:

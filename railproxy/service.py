@@ -32,6 +32,7 @@ import asyncpg
 
 from common.lockkey import lock_key
 from common.logs import get_logger
+from common.outage import CONNECTION_LOST
 from lockservice.grants import GrantError, GrantExpired, GrantVerifier, check_not_expired
 from railproxy import absence, rail, store
 from railproxy.errors import DeadlineExceeded, InvalidGrant, RailNotReached, StoreUnavailable
@@ -40,14 +41,16 @@ from railproxy.models import CERTAINTY_OF, LookupResponse, Outcome, SubmitReques
 from railproxy.resilience import Bulkhead, CircuitBreaker, Evidence, TokenBucket, Transition
 from railproxy.settings import ProxySettings
 
-# A database restart can leave a pooled connection mid-protocol (InternalClientError): it is a
-# store failure like any other, never a 500.
-_STORE_ERRORS = (
-    asyncpg.PostgresError,
-    OSError,
-    asyncpg.InterfaceError,
-    asyncpg.InternalClientError,
-)
+# The store failures a submission step answers 503 STORE_UNAVAILABLE (callers retry): an outage
+# (common.outage: a lost or closing connection, a pool or command timeout, a connection left
+# mid-protocol by a database restart) or a transaction the server rolled back (serialization
+# failure, deadlock: safe to run again). Anything else the store raises is a bug (a syntax
+# error, a constraint the store does not map itself) and stays a 500, whose certainty the
+# client takes as UNKNOWN: loud, and never retried as if it were an outage.
+_STORE_ERRORS = (*CONNECTION_LOST, asyncpg.exceptions.TransactionRollbackError)
+#: After forwarding, the rail's answer is returned whatever happened to its record: an outcome
+#: left unwritten stays in flight, which recovery treats as ambiguous, never as resubmittable.
+_OUTCOME_WRITE_ERRORS = (*_STORE_ERRORS, asyncpg.PostgresError)
 
 log = get_logger("railproxy")
 
@@ -246,7 +249,7 @@ class RailProxy:
                     error_class=answer.error_class,
                 )
                 return
-            except _STORE_ERRORS as exc:
+            except _OUTCOME_WRITE_ERRORS as exc:
                 log.warning(
                     "rail.outcome_write_failed",
                     attempt_id=attempt_id,

@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 
+from common.credentials import CredentialsError
 from lockservice.grants import GrantVerifier, verifier_from_settings
 from railproxy.errors import StartupRefused
 from railproxy.rail import rail_auth_headers
@@ -42,6 +43,10 @@ async def check_start(
             "RAILPROXY_EXPERIMENT_MODE=true against the rail stub"
         )
     load_verifier(settings)  # fails before anything starts if the keys are missing or bad
+    try:  # the lifespan reads it only after migrating and opening the pool
+        rail_auth_headers(settings)
+    except CredentialsError as exc:
+        raise StartupRefused(f"{exc}; refusing to start") from exc
     if settings.experiment_mode:
         await verify_rail_is_stub(settings, off, transport=transport)
 

@@ -58,6 +58,7 @@ __all__ = [
     "ReconcileSettings",
     "Window",
     "WindowNotClosed",
+    "component_movement_source",
     "reconcile",
     "reconciler_token",
     "stub_movement_source",
@@ -85,9 +86,29 @@ AMBIGUITY_SLA_S = 4 * 3600.0  # A-10
 
 def reconciler_token(token_file: str | None) -> str | None:
     """The reconciler's bearer token (component `reconciler`) from `RECONCILE_TOKEN_FILE`, else
-    (an operator running the command by hand) the operator's."""
+    (an operator running the command by hand) the operator's. For the command line only: a
+    component never falls back to it (`component_movement_source`)."""
     own = read_token(token_file=token_file, what="RECONCILE_TOKEN_FILE")
     return own or operator_token()
+
+
+def component_movement_source(rail_admin_url: str, token_file: str | None) -> MovementSource:
+    """The movement log as the worker's reconcile activity reads it: with the `reconciler`
+    component's own token (`RECONCILE_TOKEN_FILE`) only, never the operator's (least privilege:
+    an operator's token would attribute the worker's reads to a person). Unset, every read fails
+    (MovementLogUnavailable, retried by the workflow; another worker may have it) naming the
+    variable, and the rail is not called."""
+    token = read_token(token_file=token_file, what="RECONCILE_TOKEN_FILE")
+    if token is not None:
+        return stub_movement_source(rail_admin_url, token=token)
+
+    async def refuse() -> Sequence[RailMovement]:
+        raise MovementLogUnavailable(
+            "RECONCILE_TOKEN_FILE is not set: this worker reads the rail's movement log only "
+            "with the reconciler's own credential; nothing was read"
+        )
+
+    return refuse
 
 
 class ReconcileSettings(BaseSettings):

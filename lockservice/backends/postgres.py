@@ -27,6 +27,7 @@ from typing import Any
 
 import asyncpg
 
+from common.outage import CONNECTION_LOST, connection_lost
 from lockservice import events
 from lockservice.api import (
     TOKEN_EPOCH_STRIDE,
@@ -59,19 +60,10 @@ _WAIT_CAP_S = 5.0
 #: Spread over a key's waiters, so they do not all call the database the instant its holder's
 #: lease runs out.
 _EXPIRY_JITTER_S = 0.05
-
-_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
-    OSError,
-    TimeoutError,
-    asyncpg.PostgresConnectionError,
-    asyncpg.InterfaceError,
-    asyncpg.exceptions.OperatorInterventionError,  # admin shutdown, cannot connect now
-    asyncpg.exceptions.InsufficientResourcesError,  # too many connections
-    # A connection the server dropped while it sat idle, used before its EOF was read: the
-    # protocol is still consuming the server's FATAL message (lockservice.backends.pgconns
-    # terminates it; the next call gets a new one).
-    asyncpg.exceptions.InternalClientError,
-)
+#: A lost, closing or refused connection (common.outage), e.g. one the server dropped while it
+#: sat idle, used before its EOF was read (lockservice.backends.pgconns terminates it; the next
+#: call gets a new one).
+_CONNECTION_ERRORS = CONNECTION_LOST
 
 
 @contextlib.contextmanager
@@ -80,6 +72,8 @@ def _unavailable_on_connection_error() -> Iterator[None]:
     try:
         yield
     except _CONNECTION_ERRORS as exc:
+        if not connection_lost(exc):
+            raise
         raise BackendUnavailable(f"postgres lock backend unreachable: {exc!r}") from exc
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import stat
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
@@ -137,5 +138,10 @@ def test_key_files_private_0600_and_public_dir_loads(tmp_path: Path) -> None:
     assert set(listed) == {"k1"}
     with pytest.raises(ValueError):
         load_public_keys(str(tmp_path / "nothing-here"))
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_bytes(b"\xff not a key")
+    for bad in (garbage, tmp_path / "missing.pem", tmp_path):  # a one-line error naming it
+        with pytest.raises(ValueError, match=f"^{re.escape(str(bad))}: "):
+            load_public_keys(f"k1={bad}")
     with pytest.raises(ValueError):
         GrantVerifier({})
