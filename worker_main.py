@@ -38,7 +38,7 @@ from activities import backlog_metrics, worker_http
 from activities.payout_activities import PayoutActivities
 from activities.reconcile import ReconcileActivities
 from common.credentials import CredentialsError, read_token
-from common.exiting import exit_now
+from common.exiting import exit_now, load_settings
 from common.logs import configure_logging, get_logger
 from common.pgutil import create_pool
 from ledger import PayoutStore
@@ -377,7 +377,7 @@ def main(argv: list[str] | None = None) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.parse_args(argv)
-    settings = WorkerSettings()
+    settings = load_settings("worker", WorkerSettings)
     # Checked first, before logging is configured, for a clean refusal (one line on stderr,
     # exit 2, nothing started); `run` checks again for any other caller.
     try:

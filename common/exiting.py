@@ -1,8 +1,10 @@
 """Ending a process with the exit code it meant: a refusal to start, or a process that used the
 Temporal SDK.
 
-Owns: `exit_now`, and `refuse` (a process that must not start says why in one line on stderr
-and exits 2, before it has started anything: the safe default of every entry point).
+Owns: `exit_now`, `refuse` (a process that must not start says why in one line on stderr
+and exits 2, before it has started anything: the safe default of every entry point), and
+`load_settings` (a settings value that does not parse, e.g. `LOCK_PORT=abc`, is such a refusal,
+naming the variable, instead of a traceback).
 
 The Temporal SDK's Rust runtime keeps native threads that may still touch the GIL while CPython
 finalizes; about one short-lived client process in five then dies with `Fatal Python error:
@@ -19,7 +21,12 @@ import contextlib
 import logging
 import os
 import sys
-from typing import NoReturn
+from typing import NoReturn, TypeVar
+
+from pydantic import ValidationError
+from pydantic_settings import BaseSettings
+
+S = TypeVar("S", bound=BaseSettings)
 
 
 def exit_now(code: int) -> NoReturn:
@@ -37,6 +44,21 @@ def refuse(process: str, why: str) -> NoReturn:
     logging is configured and before anything (a port, a pool, a migration) has started."""
     sys.stderr.write(f"{process}: {why}\n")
     raise SystemExit(2)
+
+
+def load_settings(process: str, cls: type[S]) -> S:
+    """`cls()` from the environment, or a refusal (exit 2) naming each variable that does not
+    parse and why, with its value left out (it may be a secret's path or a URL with a password).
+    """
+    try:
+        return cls()
+    except ValidationError as exc:
+        prefix = str(cls.model_config.get("env_prefix") or "")
+        problems = [
+            f"{prefix}{'_'.join(str(p) for p in e['loc']).upper()}: {e['msg']}"
+            for e in exc.errors(include_url=False, include_input=False)
+        ]
+        refuse(process, "invalid settings: " + "; ".join(problems))
 
 
 def exit_code(exc: SystemExit) -> int:

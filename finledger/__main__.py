@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from common.credentials import refuse_without
+from common.exiting import load_settings
 from common.launcher import serve
 from finledger.app import create_app
 from finledger.settings import FinledgerSettings
 
 
 def main() -> None:
-    settings = FinledgerSettings()
+    settings = load_settings("finledger", FinledgerSettings)
     refuse_without(settings.credentials_path, "FINLEDGER_CREDENTIALS_PATH", "finledger")
     serve(
         lambda: create_app(settings),

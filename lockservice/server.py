@@ -410,10 +410,11 @@ def app_from_settings(settings: Any) -> FastAPI:
 def main() -> None:
     """Build the backend from `LOCK_*` settings and serve until SIGINT/SIGTERM."""
     from common.credentials import refuse_without
+    from common.exiting import load_settings
     from common.launcher import serve
     from lockservice.settings import LockSettings
 
-    settings = LockSettings()
+    settings = load_settings("lock-server", LockSettings)
     # Both files are loaded here first, before logging is configured, for a clean refusal (one
     # line on stderr, exit 2, nothing started); `app_from_settings` loads them again for any
     # other way of serving the app.

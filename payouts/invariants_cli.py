@@ -19,6 +19,7 @@ from typing import Any
 import asyncpg
 
 from common.credentials import CredentialsError
+from common.exiting import load_settings
 from common.logs import configure_logging
 from invariants.checker import (
     GrantSource,
@@ -74,7 +75,7 @@ async def _run(args: argparse.Namespace, settings: InvariantSettings) -> Invaria
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    settings = InvariantSettings()
+    settings = load_settings("check-invariants", InvariantSettings)
     try:  # before connecting: a token file that cannot be read is one line, nothing started
         settings.token()
     except CredentialsError as exc:

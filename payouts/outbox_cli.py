@@ -28,6 +28,7 @@ from common.credentials import (
     operator_token,
     refuse_unreadable_token,
 )
+from common.exiting import load_settings
 from common.logs import configure_logging
 from common.pgutil import create_pool
 from outbox.delivery import OPERABLE, OutboxError, OutboxSettings, Status
@@ -40,8 +41,7 @@ def _out(text: str) -> None:
     sys.stdout.write(text + "\n")
 
 
-async def _run(url: str) -> int:
-    settings = OutboxSettings()
+async def _run(url: str, settings: OutboxSettings) -> int:
     publisher_pool = await create_pool(url, min_size=1, max_size=min(settings.batch_size, 10) + 2)
     publisher = Publisher(publisher_pool, settings)
     if settings.metrics_port:
@@ -59,11 +59,11 @@ async def _run(url: str) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    settings = OutboxSettings()
+    settings = load_settings("outbox", OutboxSettings)
     # Before anything starts: the publisher reads its token only after opening its pool.
     refuse_unreadable_token(settings.token_file, "OUTBOX_TOKEN_FILE", "outbox")
     configure_logging("outbox", level=settings.log_level)
-    return asyncio.run(_run(database_url(args, "OUTBOX_DATABASE_URL")))
+    return asyncio.run(_run(database_url(args, "OUTBOX_DATABASE_URL"), settings))
 
 
 async def _list(url: str, status: Status | None, limit: int, as_json: bool) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from common.credentials import refuse_without
-from common.exiting import refuse
+from common.exiting import load_settings, refuse
 from common.launcher import serve
 from railproxy.app import create_app
 from railproxy.errors import StartupRefused
@@ -14,7 +14,7 @@ from railproxy.startup import check_start
 
 
 def main() -> None:
-    settings = ProxySettings()
+    settings = load_settings("railproxy", ProxySettings)
     refuse_without(settings.credentials_path, "RAILPROXY_CREDENTIALS_PATH", "railproxy")
     # Checked here first, before logging is configured, for a clean refusal (one line on stderr,
     # exit 2, nothing started); the app's lifespan checks again, so that any other way of

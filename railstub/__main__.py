@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from common.credentials import refuse_without
+from common.exiting import load_settings
 from common.launcher import serve
 from railstub.app import create_app
 from railstub.settings import StubSettings
 
 
 def main() -> None:
-    settings = StubSettings()
+    settings = load_settings("railstub", StubSettings)
     refuse_without(settings.credentials_path, "RAILSTUB_CREDENTIALS_PATH", "railstub")
     serve(
         lambda: create_app(settings),

@@ -231,3 +231,39 @@ def wait_serving(proc: subprocess.Popen[str], port: int) -> None:
         except httpx.TransportError:
             assert time.monotonic() < deadline, "never answered /health"
             time.sleep(0.1)
+
+
+#: A settings value of each service that does not parse (each is an integer or a float field).
+BAD_VALUES = [
+    ("lock-server", "LOCK_PORT"),
+    ("railstub", "RAILSTUB_PORT"),
+    ("finledger", "FINLEDGER_PORT"),
+    ("railproxy", "RAILPROXY_PORT"),
+    ("worker", "WORKER_MAX_CONCURRENT_ACTIVITIES"),
+    ("outbox", "OUTBOX_BATCH_SIZE"),
+]
+
+
+@pytest.mark.parametrize(("process", "variable"), BAD_VALUES)
+def test_a_value_that_does_not_parse_is_one_line_naming_it_and_exit_2(
+    process: str, variable: str
+) -> None:
+    """`LOCK_PORT=abc` and the like: a refusal naming the variable, not a traceback; the value
+    itself is not echoed (another variable's value may be a secret's path or a password)."""
+    argv, good_env, prefix = ENTRIES[process]
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(_PREFIXES)}
+    proc = subprocess.run(  # the timeout is a failure detector's bound, not a timing assertion
+        [sys.executable, *argv],
+        cwd=ROOT,
+        env=clean | good_env() | {variable: "not-a-number-x7"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-3000:])
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr[-3000:]
+    assert lines[0].startswith(f"{prefix}invalid settings: {variable}: "), lines[0]
+    assert "not-a-number-x7" not in lines[0]
+    assert proc.stdout == ""
