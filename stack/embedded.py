@@ -36,15 +36,25 @@ class EmbeddedServerError(RuntimeError):
 _LISTEN_PORTS = range(20000, 32000)
 
 
+#: Ports this process has handed out: a port is free when chosen but bound only later, by the
+#: server it was chosen for; two stacks started side by side in one process (a test running two
+#: chaos runs at once) must never be given the same one in between.
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port on loopback that nothing listens on right now, outside the ephemeral range."""
+    """A TCP port on loopback that nothing listens on right now, outside the ephemeral range,
+    and never one this process has handed out before."""
     for _ in range(200):
         port = random.choice(_LISTEN_PORTS)
+        if port in _HANDED_OUT:
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
+            _HANDED_OUT.add(port)
             return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # crowded: let the OS choose
         s.bind(("127.0.0.1", 0))
