@@ -1,15 +1,23 @@
 """Small seeded chaos runs on the real local stack (issue 7, STD01-13/14): one per backend with
 fencing on (every invariant must hold), and the fencing-off negative control (it must not).
 
-Each run starts its own stack on free ports, so these never collide with `payouts up`.
+Each run starts its own stack on free ports, so these never collide with `payouts up`. The two
+fencing-on runs run side by side in one event loop (`fencing_on_runs`), each on its own stack:
+most of a run is waiting (for the rail's records to reach past the skew margin, for leases to
+expire, for ambiguous payouts to be resolved), so together they take little longer than one; a
+busier machine changes when faults land, never whether an invariant may break.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,10 +40,28 @@ def _assert_ran_every_fault(summary: dict[str, object]) -> None:
     assert not missing, f"faults never fired: {missing}"
 
 
-async def test_postgres_run_with_fencing_on_keeps_every_invariant(stack_dir: Path) -> None:
+@pytest.fixture(scope="module")
+def fencing_on_runs(run_dir: Path) -> Iterator[dict[str, dict[str, Any]]]:
+    """One seeded run per backend with fencing on, both at once; their summaries by backend."""
+
+    async def both() -> list[dict[str, Any]]:
+        runs = []
+        for backend in ("postgres", "etcd"):
+            where = run_dir / f"chaos-{backend}-{uuid.uuid4().hex[:6]}"
+            where.mkdir(mode=0o755)  # the embedded PostgreSQL runs unprivileged
+            runs.append(run_chaos(ChaosOptions(**SMALL, seed=11, backend=backend, run_dir=where)))
+        return list(await asyncio.gather(*runs))
+
+    postgres, etcd = asyncio.run(both())
+    yield {"postgres": postgres, "etcd": etcd}
+
+
+def test_postgres_run_with_fencing_on_keeps_every_invariant(
+    fencing_on_runs: dict[str, dict[str, Any]],
+) -> None:
     """Under every fault kind on the PostgreSQL backend (Temporal and rail stub crashes, a rail
     slower than the submit deadline and rail clock skew included), INV-01..INV-10 count zero."""
-    summary = await run_chaos(ChaosOptions(**SMALL, seed=11, backend="postgres", run_dir=stack_dir))
+    summary = fencing_on_runs["postgres"]
     _assert_ran_every_fault(summary)
     assert summary["violations"] == {f"INV-{i:02d}": 0 for i in range(1, 11)}, summary[
         "violation_samples"
@@ -46,10 +72,12 @@ async def test_postgres_run_with_fencing_on_keeps_every_invariant(stack_dir: Pat
     assert summary["faults_fired"][0]["triggered"] is True  # the armed pause hit the gap
 
 
-async def test_etcd_run_with_fencing_on_keeps_every_invariant(stack_dir: Path) -> None:
+def test_etcd_run_with_fencing_on_keeps_every_invariant(
+    fencing_on_runs: dict[str, dict[str, Any]],
+) -> None:
     """On the etcd backend (3 members, leader killed), INV-01..INV-10 all count zero and each
     leader change has a measured unavailability window."""
-    summary = await run_chaos(ChaosOptions(**SMALL, seed=11, backend="etcd", run_dir=stack_dir))
+    summary = fencing_on_runs["etcd"]
     _assert_ran_every_fault(summary)
     assert summary["violations"] == {f"INV-{i:02d}": 0 for i in range(1, 11)}, summary[
         "violation_samples"
