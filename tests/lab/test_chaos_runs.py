@@ -1,8 +1,8 @@
 """Small seeded chaos runs on the real local stack (issue 7, STD01-13/14): one per backend with
 fencing on (every invariant must hold), and the fencing-off negative control (it must not).
 
-Each run starts its own stack on free ports, so these never collide with `payouts up`. The two
-fencing-on runs run side by side in one event loop (`fencing_on_runs`), each on its own stack:
+Each run starts its own stack on free ports, so these never collide with `payouts up`. The three
+runs run side by side (`chaos_runs`), each on its own stack:
 most of a run is waiting (for the rail's records to reach past the skew margin, for leases to
 expire, for ambiguous payouts to be resolved), so together they take little longer than one; a
 busier machine changes when faults land, never whether an invariant may break.
@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,28 +40,80 @@ def _assert_ran_every_fault(summary: dict[str, object]) -> None:
     assert not missing, f"faults never fired: {missing}"
 
 
+@dataclass(frozen=True)
+class CliRun:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+#: Progress lines after which a run's stack and fleet have bound every port they chose at start:
+#: the wait for the rail's history (printed when there is one), or the workload's start.
+_STACK_UP = ("until the rail's records reach back", "payout workflows on")
+
+
+async def _cli_run(argv: list[str], started: asyncio.Event) -> CliRun:
+    """The chaos CLI as a subprocess; `started` is set once its stack is up (or it ended)."""
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        cwd=PROJECT_ROOT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    err: list[str] = []
+
+    async def read_err() -> None:
+        assert proc.stderr is not None
+        async for raw in proc.stderr:
+            line = raw.decode(errors="replace")
+            err.append(line)
+            if any(mark in line for mark in _STACK_UP):
+                started.set()
+        started.set()
+
+    reader = asyncio.create_task(read_err())
+    out = await asyncio.wait_for(proc.stdout.read(), 600)  # a failure detector's bound
+    await asyncio.wait_for(reader, 60)
+    code = await proc.wait()
+    return CliRun(code, out.decode(), "".join(err))
+
+
 @pytest.fixture(scope="module")
-def fencing_on_runs(run_dir: Path) -> Iterator[dict[str, dict[str, Any]]]:
-    """One seeded run per backend with fencing on, both at once; their summaries by backend."""
+def chaos_runs(run_dir: Path) -> Iterator[dict[str, Any]]:
+    """The three runs of this module at once: the fencing-off negative control through the CLI,
+    and one run per backend with fencing on, in this process. The in-process runs start once the
+    CLI's stack is up: ports are chosen free and bound a moment later, and two processes choosing
+    at the same moment could pick the same one (within one process `free_port` never repeats)."""
 
-    async def both() -> list[dict[str, Any]]:
-        runs = []
-        for backend in ("postgres", "etcd"):
-            where = run_dir / f"chaos-{backend}-{uuid.uuid4().hex[:6]}"
-            where.mkdir(mode=0o755)  # the embedded PostgreSQL runs unprivileged
-            runs.append(run_chaos(ChaosOptions(**SMALL, seed=11, backend=backend, run_dir=where)))
-        return list(await asyncio.gather(*runs))
+    def where(name: str) -> Path:
+        path = run_dir / f"chaos-{name}-{uuid.uuid4().hex[:6]}"
+        path.mkdir(mode=0o755)  # the embedded PostgreSQL runs unprivileged
+        return path
 
-    postgres, etcd = asyncio.run(both())
-    yield {"postgres": postgres, "etcd": etcd}
+    async def all_three() -> dict[str, Any]:
+        argv = [sys.executable, "-m", "payouts.cli", "chaos", "--seed", "11", "--fencing", "off"]
+        argv += ["--payouts", "25", "--accounts", "5", "--workers", "2", "--json"]
+        argv += ["--run-dir", str(where("off"))]
+        started = asyncio.Event()
+        cli = asyncio.create_task(_cli_run(argv, started))
+        await started.wait()
+        runs = [
+            run_chaos(ChaosOptions(**SMALL, seed=11, backend=backend, run_dir=where(backend)))
+            for backend in ("postgres", "etcd")
+        ]
+        postgres, etcd = await asyncio.gather(*runs)
+        return {"postgres": postgres, "etcd": etcd, "off": await cli}
+
+    yield asyncio.run(all_three())
 
 
 def test_postgres_run_with_fencing_on_keeps_every_invariant(
-    fencing_on_runs: dict[str, dict[str, Any]],
+    chaos_runs: dict[str, Any],
 ) -> None:
     """Under every fault kind on the PostgreSQL backend (Temporal and rail stub crashes, a rail
     slower than the submit deadline and rail clock skew included), INV-01..INV-10 count zero."""
-    summary = fencing_on_runs["postgres"]
+    summary = chaos_runs["postgres"]
     _assert_ran_every_fault(summary)
     assert summary["violations"] == {f"INV-{i:02d}": 0 for i in range(1, 11)}, summary[
         "violation_samples"
@@ -73,11 +125,11 @@ def test_postgres_run_with_fencing_on_keeps_every_invariant(
 
 
 def test_etcd_run_with_fencing_on_keeps_every_invariant(
-    fencing_on_runs: dict[str, dict[str, Any]],
+    chaos_runs: dict[str, Any],
 ) -> None:
     """On the etcd backend (3 members, leader killed), INV-01..INV-10 all count zero and each
     leader change has a measured unavailability window."""
-    summary = fencing_on_runs["etcd"]
+    summary = chaos_runs["etcd"]
     _assert_ran_every_fault(summary)
     assert summary["violations"] == {f"INV-{i:02d}": 0 for i in range(1, 11)}, summary[
         "violation_samples"
@@ -88,15 +140,10 @@ def test_etcd_run_with_fencing_on_keeps_every_invariant(
     assert all(c["new_leader"] not in (None, c["old_leader"]) for c in changes)
 
 
-def test_fencing_off_run_shows_violations_through_the_cli(stack_dir: Path) -> None:
+def test_fencing_off_run_shows_violations_through_the_cli(chaos_runs: dict[str, Any]) -> None:
     """The negative control: the same kind of seeded run with fencing off reports duplicate
     movements (INV-02), exits 0 for "violations found as expected", and prints JSON last."""
-    argv = [sys.executable, "-m", "payouts.cli", "chaos", "--seed", "11", "--fencing", "off"]
-    argv += ["--payouts", "25", "--accounts", "5", "--workers", "2", "--json"]
-    argv += ["--run-dir", str(stack_dir)]
-    proc = subprocess.run(
-        argv, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=280, check=False
-    )
+    proc: CliRun = chaos_runs["off"]
     last = proc.stdout.strip().splitlines()[-1]
     summary = json.loads(last)
     assert summary["fencing"] == "off" and summary["negative_control"] is True
