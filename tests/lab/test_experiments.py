@@ -1,68 +1,115 @@
 """The UC-03 pause and UC-04 crash experiments, run on the real local stack for both lock
-backends at a small size. Each run starts its own stack on free ports."""
+backends at a small size. Each run starts its own stack on free ports.
+
+The six runs run side by side (`experiments`), one stack each, in one event loop: a run is
+mostly waiting (for a lease to expire, for the next holder, for recovery), and each decides its
+outcome from its own stack's evidence, never from the clock; within one process `free_port`
+never hands out a port twice, so the stacks cannot collide.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from common.pgutil import create_database, drop_database
 from lab.experiments import crash_experiment, default_config, pause_experiment
 from stack.config import StackConfig
 
 pytestmark = pytest.mark.slow
 
+#: Each run: its name, its backend, and the experiment on that stack's config.
+Run = Callable[[StackConfig, Path], Awaitable[dict[str, Any]]]
+RUNS: dict[str, tuple[str, Run]] = {
+    "pause-on-postgres": (
+        "postgres",
+        lambda cfg, ev: pause_experiment(cfg, fencing=True, evidence_dir=ev),
+    ),
+    "pause-on-etcd": ("etcd", lambda cfg, ev: pause_experiment(cfg, fencing=True, evidence_dir=ev)),
+    "pause-off-postgres": (
+        "postgres",
+        lambda cfg, ev: pause_experiment(cfg, fencing=False, evidence_dir=ev),
+    ),
+    "crash-CLAIMED": (
+        "postgres",
+        lambda cfg, ev: crash_experiment(cfg, at="CLAIMED", evidence_dir=ev),
+    ),
+    "crash-RAIL_SUBMITTED": (
+        "postgres",
+        lambda cfg, ev: crash_experiment(cfg, at="RAIL_SUBMITTED", evidence_dir=ev),
+    ),
+    "crash-RAIL_ACKED": (
+        "etcd",
+        lambda cfg, ev: crash_experiment(cfg, at="RAIL_ACKED", evidence_dir=ev),
+    ),
+}
 
-@pytest.fixture
-def config(run_dir: Path, request: pytest.FixtureRequest) -> Iterator[StackConfig]:
-    backend = request.param
-    cfg = default_config(backend, run_dir / f"exp-{uuid.uuid4().hex[:6]}")
-    if os.environ.get("DATABASE_URL"):
-        # An external server: the stack uses it; give the run a database of its own.
-        import asyncio
 
-        from common.pgutil import create_database, drop_database
+async def _one(name: str, run_dir: Path) -> tuple[dict[str, Any], Path]:
+    backend, experiment = RUNS[name]
+    cfg = default_config(backend, run_dir / f"exp-{name}-{uuid.uuid4().hex[:6]}")
+    evidence = run_dir / f"ev-{name}-{uuid.uuid4().hex[:6]}"
+    server = os.environ.get("DATABASE_URL")
+    if not server:
+        return await experiment(cfg, evidence), evidence
+    # An external server: the stack uses it; give the run a database of its own.
+    url = await create_database(server)
+    try:
+        return await experiment(replace(cfg, database_url=url), evidence), evidence
+    finally:
+        await drop_database(server, url)
 
-        url = asyncio.run(create_database(os.environ["DATABASE_URL"]))
-        yield replace(cfg, database_url=url)
-        asyncio.run(drop_database(os.environ["DATABASE_URL"], url))
-    else:
-        yield cfg
+
+@pytest.fixture(scope="module")
+def experiments(run_dir: Path) -> Iterator[dict[str, tuple[dict[str, Any], Path]]]:
+    """Every run's result and evidence directory, by name; all six run at once."""
+
+    async def all_runs() -> dict[str, tuple[dict[str, Any], Path]]:
+        names = list(RUNS)
+        results = await asyncio.gather(*(_one(n, run_dir) for n in names))
+        return dict(zip(names, results, strict=True))
+
+    yield asyncio.run(all_runs())
 
 
-@pytest.mark.parametrize("config", ["postgres", "etcd"], indirect=True)
-async def test_pause_with_fencing_on_is_fenced_out(config: StackConfig, run_dir: Path) -> None:
+@pytest.mark.parametrize("backend", ["postgres", "etcd"])
+def test_pause_with_fencing_on_is_fenced_out(
+    experiments: dict[str, tuple[dict[str, Any], Path]], backend: str
+) -> None:
     """UC-03: W1 frozen past its lease is refused at the proxy and at the payment database;
     exactly one rail movement, the ledger balanced, one fenced-out event, T2 > T1."""
-    result = await pause_experiment(config, fencing=True, evidence_dir=run_dir / "ev-on")
+    result, evidence = experiments[f"pause-on-{backend}"]
     assert result["checks"] and all(result["checks"].values()), result
     assert result["rail_movements"] == 1 and result["fenced_out_events"] == 1
     assert result["t2"] > result["t1"]
-    assert (run_dir / "ev-on" / "rail_movements.json").exists()
+    assert (evidence / "rail_movements.json").exists()
 
 
-@pytest.mark.parametrize("config", ["postgres"], indirect=True)
-async def test_pause_with_fencing_off_pays_twice(config: StackConfig, run_dir: Path) -> None:
+def test_pause_with_fencing_off_pays_twice(
+    experiments: dict[str, tuple[dict[str, Any], Path]],
+) -> None:
     """The FR-29 negative control: the same run with fencing off moves the money twice."""
-    result = await pause_experiment(config, fencing=False, evidence_dir=run_dir / "ev-off")
+    result, _ = experiments["pause-off-postgres"]
     assert result["rail_movements"] == 2, result
     assert result["rail_debited"] == 2 * result["amount"]
     assert result["fenced_out_events"] == 0
 
 
-@pytest.mark.parametrize(
-    ("config", "at"),
-    [("postgres", "CLAIMED"), ("postgres", "RAIL_SUBMITTED"), ("etcd", "RAIL_ACKED")],
-    indirect=["config"],
-)
-async def test_crash_recovers_by_state(config: StackConfig, at: str, run_dir: Path) -> None:
+@pytest.mark.parametrize("at", ["CLAIMED", "RAIL_SUBMITTED", "RAIL_ACKED"])
+def test_crash_recovers_by_state(
+    experiments: dict[str, tuple[dict[str, Any], Path]], at: str
+) -> None:
     """UC-04: a worker SIGKILLed at CLAIMED, RAIL_SUBMITTED or RAIL_ACKED is recovered by the
-    next holder from the state and the proxy's record: one rail movement, posted once."""
-    result = await crash_experiment(config, at=at, evidence_dir=run_dir / f"ev-crash-{at}")
+    next holder from the state and the proxy's record (RAIL_ACKED on the etcd backend, the
+    others on PostgreSQL): one rail movement, posted once."""
+    result, _ = experiments[f"crash-{at}"]
     assert result["checks"] and all(result["checks"].values()), result
     assert result["state_at_crash"] == at
     if at == "RAIL_SUBMITTED":
