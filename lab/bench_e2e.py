@@ -207,7 +207,7 @@ async def system_burst(sysm: System, n: int, progress: Progress, what: str) -> d
     ids = [s.payout_id for s in specs]
     await create_payouts(sysm.stack.database_url, specs)
     metrics_port = sysm.stack.config.ports.temporal_metrics
-    calls_before = await temporal_rpcs.scrape(metrics_port)
+    calls_before = await temporal_rpcs.settled(metrics_port)
     before = _cpu(sysm)
     await start_workflows(
         sysm.stack.temporal_address, sysm.stack.config.task_queue, specs, client=sysm.client
@@ -217,7 +217,7 @@ async def system_burst(sysm: System, n: int, progress: Progress, what: str) -> d
     figures = await _figures(sysm, ids)  # waits for every workflow to close
     # Counted after the close, so they include the bench's own history reads (rpc.Get... and
     # rpc.PollWorkflowExecutionHistory); the CPU above stops at the last terminal state.
-    calls = temporal_rpcs.per_item(calls_before, await temporal_rpcs.scrape(metrics_port), n)
+    calls = temporal_rpcs.per_item(calls_before, await temporal_rpcs.settled(metrics_port), n)
     return figures | {
         "states": dict(states),
         "cpu_ms_per_payout": cpu,

@@ -8,6 +8,7 @@ knows how many calls arrived. Figures only; an unreachable /metrics reads as no 
 
 from __future__ import annotations
 
+import asyncio
 import re
 
 import httpx
@@ -59,6 +60,28 @@ async def scrape(port: int | None) -> dict[str, float]:
     except httpx.HTTPError:
         return {}
     return parse(r.text)
+
+
+async def settled(
+    port: int | None, every_s: float = 1.0, at_most_s: float = 15.0
+) -> dict[str, float]:
+    """The counters once two scrapes `every_s` apart agree on every frontend call: the server
+    exports its counters on a reporting interval, so a scrape right after the work misses its
+    tail (at most `at_most_s` of waiting; visibility writes may still trail, they are queued)."""
+    last = await scrape(port)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + at_most_s
+    while loop.time() < deadline:
+        await asyncio.sleep(every_s)
+        now = await scrape(port)
+        if _rpcs(now) == _rpcs(last):
+            return now
+        last = now
+    return last
+
+
+def _rpcs(counters: dict[str, float]) -> dict[str, float]:
+    return {k: v for k, v in counters.items() if k.startswith("rpc.")}
 
 
 def per_item(before: dict[str, float], after: dict[str, float], n: int) -> dict[str, float]:

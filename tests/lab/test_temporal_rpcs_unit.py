@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from lab.temporal_rpcs import parse, per_item, scrape
+from lab.temporal_rpcs import parse, per_item, scrape, settled
 from stack.embedded import free_port
 
 _PAGE = """\
@@ -37,3 +37,7 @@ def test_per_item_keeps_only_counters_that_moved() -> None:
 def test_an_unreachable_server_reads_as_no_calls() -> None:
     assert asyncio.run(scrape(free_port())) == {}
     assert asyncio.run(scrape(None)) == {}
+
+
+def test_settled_gives_up_on_an_unreachable_server_with_no_calls() -> None:
+    assert asyncio.run(settled(free_port(), every_s=0.01)) == {}
