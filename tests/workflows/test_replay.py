@@ -43,6 +43,9 @@ REQUIRED = {
     # and the holder killed inside it after the submit, recovered by the attempt record.
     "merged_happy_path",
     "merged_worker_killed_recovered",
+    # Since patch lean-visibility: merged-holder-steps decided in the first workflow task, the
+    # search attributes upserted only when they change (the middle task upserts nothing).
+    "lean_happy_path",
 }
 
 
