@@ -36,7 +36,7 @@ from typing import Any
 import asyncpg
 import httpx
 
-from lab import bench_floor
+from lab import bench_floor, temporal_rpcs
 from lab.bench_locks import loadavg
 from lab.cpu import per_item_ms, snapshot
 from lab.experiments import LOCK_TTL_S, isolated_ports, json_events, pause_experiment
@@ -206,13 +206,23 @@ async def system_burst(sysm: System, n: int, progress: Progress, what: str) -> d
     specs = _specs(await _accounts(sysm, n), uuid.uuid4().hex[:6])
     ids = [s.payout_id for s in specs]
     await create_payouts(sysm.stack.database_url, specs)
+    metrics_port = sysm.stack.config.ports.temporal_metrics
+    calls_before = await temporal_rpcs.settled(metrics_port)
     before = _cpu(sysm)
     await start_workflows(
         sysm.stack.temporal_address, sysm.stack.config.task_queue, specs, client=sysm.client
     )
     states = await _wait_terminal(sysm, ids, what, progress)
     cpu = per_item_ms(before, _cpu(sysm), n)
-    return await _figures(sysm, ids) | {"states": dict(states), "cpu_ms_per_payout": cpu}
+    figures = await _figures(sysm, ids)  # waits for every workflow to close
+    # Counted after the close, so they include the bench's own history reads (rpc.Get... and
+    # rpc.PollWorkflowExecutionHistory); the CPU above stops at the last terminal state.
+    calls = temporal_rpcs.per_item(calls_before, await temporal_rpcs.settled(metrics_port), n)
+    return figures | {
+        "states": dict(states),
+        "cpu_ms_per_payout": cpu,
+        "temporal_calls_per_payout": calls,
+    }
 
 
 def _cpu(sysm: System) -> dict[str, float]:
@@ -444,6 +454,12 @@ def _system_mean(runs: list[dict[str, Any]]) -> dict[str, Any]:
         out["cpu_ms_per_payout"] = {
             k: round(statistics.mean(c.get(k, 0.0) for c in cpus), 1) for k in cpus[0]
         }
+    calls = [r["temporal_calls_per_payout"] for r in runs if "temporal_calls_per_payout" in r]
+    if calls:
+        names = sorted({k for c in calls for k in c})
+        out["temporal_calls_per_payout"] = {
+            k: round(statistics.mean(c.get(k, 0.0) for c in calls), 2) for k in names
+        }
     out["terminal"] = sum(r["terminal"] for r in runs)
     out["payouts"] = sum(r["n"] for r in runs)
     states: Counter[str] = Counter()
@@ -520,6 +536,12 @@ def table(result: dict[str, Any]) -> str:
         lines.append(
             "system burst CPU per payout, ms: "
             + " ".join(f"{k}={v}" for k, v in sorted(cpu.items(), key=lambda kv: -kv[1]))
+        )
+    calls = result["system"].get("temporal_calls_per_payout")
+    if calls:
+        lines.append(
+            "system burst Temporal calls per payout: "
+            + " ".join(f"{k}={v}" for k, v in calls.items() if not k.startswith("persistence."))
         )
     d, t = result["degraded"], result["takeover"]
     lines.append(

@@ -81,19 +81,31 @@ def _view(
 
 #: The UC-01 step a running holder activity is at (`_progress`), sent with every heartbeat: the
 #: Temporal UI and `temporal workflow describe` show it as the pending activity's last heartbeat
-#: details, so each step of the merged `execute_payout` stays identifiable while it runs.
+#: details, so each step of the merged `execute_payout` stays identifiable while it runs long
+#: enough to heartbeat (see `_heartbeating`); the result's `steps` name them afterwards.
 _PROGRESS: contextvars.ContextVar[list[dict[str, str]] | None] = contextvars.ContextVar(
     "holder_progress", default=None
 )
 
 
 def _progress(step: str, state: str) -> None:
-    """Record (and heartbeat at once) that the running holder activity is at `step`."""
+    """Record that the running holder activity is at `step`: the next heartbeat carries it."""
     details = _PROGRESS.get()
-    if details is None:
-        return
-    details[:] = [{"step": step, "state": state}]
-    activity.heartbeat(*details)
+    if details is not None:
+        details[:] = [{"step": step, "state": state}]
+
+
+def _first_beat_s(interval_s: float) -> float:
+    """When a step sends its first heartbeat: after half its heartbeat timeout.
+
+    Why not at once: the heartbeat timeout runs from the attempt's start, so a heartbeat before
+    half of it tells Temporal nothing it needs to notice a dead worker in time, and each one
+    that reaches the server is an RPC and a write of the workflow's state there (issue 16:
+    two per payout, the acquire's and `execute_payout`'s first, in a burst whose CPU Temporal
+    dominates). The SDK sends the first heartbeat at once and throttles the rest to 0.8 x the
+    timeout, so the gaps stay under the timeout. No heartbeat timeout: every `interval_s`."""
+    timeout = activity.info().heartbeat_timeout
+    return timeout.total_seconds() / 2 if timeout else interval_s
 
 
 @contextlib.asynccontextmanager
@@ -101,9 +113,11 @@ async def _heartbeating(
     interval_s: float = 1.0, details: list[dict[str, str]] | None = None
 ) -> AsyncIterator[None]:
     """Heartbeat while a long step runs, so a dead worker is noticed by its heartbeat timeout;
-    each heartbeat carries the step's current `details` (see `_progress`)."""
+    each heartbeat carries the step's current `details` (see `_progress`). A step shorter than
+    half its heartbeat timeout sends none (`_first_beat_s`)."""
 
     async def beat() -> None:
+        await asyncio.sleep(_first_beat_s(interval_s))
         while True:
             activity.heartbeat(*(details or ()))
             await asyncio.sleep(interval_s)

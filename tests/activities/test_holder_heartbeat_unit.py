@@ -1,15 +1,19 @@
 """UNIT test: every critical-section step heartbeats for as long as it runs (`_holder_step` in
 activities/payout/base.py), so that a step waiting on a contended row lock is not timed
-out by the workflow's short heartbeat timeout as if its worker had died."""
+out by the workflow's short heartbeat timeout as if its worker had died; its first heartbeat
+comes after half that timeout, naming the step it is at."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+from datetime import timedelta
 from typing import Any, cast
 
 from temporalio.testing import ActivityEnvironment
 
 from activities import models as m
+from activities.payout.support import _progress
 from activities.payout_activities import PayoutActivities, _holder_step
 
 
@@ -42,3 +46,42 @@ async def test_unit_a_waiting_holder_step_keeps_heartbeating_until_it_ends() -> 
     after = len(beats)
     await asyncio.sleep(1.2)  # longer than the 1 s beat interval: a beat would have come
     assert len(beats) == after
+
+
+def _env(heartbeat_timeout_s: float) -> tuple[ActivityEnvironment, list[tuple[Any, ...]]]:
+    beats: list[tuple[Any, ...]] = []
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(
+        env.info, heartbeat_timeout=timedelta(seconds=heartbeat_timeout_s)
+    )
+    env.on_heartbeat = lambda *details: beats.append(details)
+    return env, beats
+
+
+async def test_unit_a_step_shorter_than_half_its_heartbeat_timeout_sends_no_heartbeat() -> None:
+    """The heartbeat timeout runs from the attempt's start: a beat before half of it is an RPC
+    (and a write of the workflow's state) Temporal does not need to notice a dead worker."""
+    env, beats = _env(heartbeat_timeout_s=60.0)
+
+    async def quick_step(_self: PayoutActivities, _req: m.StepRequest) -> str:
+        _progress("claim", "PENDING")
+        return "done"
+
+    acts = cast(PayoutActivities, type("Acts", (), {"_leases": {}})())
+    req = m.StepRequest("p1", "acct-1", 1, m.WorkContext(correlation_id="c"))
+    assert await env.run(_holder_step(quick_step), acts, req) == "done"
+    assert beats == []
+
+
+async def test_unit_a_step_past_half_its_heartbeat_timeout_beats_naming_its_step() -> None:
+    env, beats = _env(heartbeat_timeout_s=0.2)
+
+    async def slow_step(_self: PayoutActivities, _req: m.StepRequest) -> str:
+        _progress("submit", "CLAIMED")
+        await _until(lambda: len(beats) >= 1)
+        return "done"
+
+    acts = cast(PayoutActivities, type("Acts", (), {"_leases": {}})())
+    req = m.StepRequest("p1", "acct-1", 1, m.WorkContext(correlation_id="c"))
+    assert await env.run(_holder_step(slow_step), acts, req) == "done"
+    assert beats[0] == ({"step": "submit", "state": "CLAIMED"},)

@@ -55,6 +55,11 @@ async def test_bench_e2e_tiny_prints_the_issue_json_last(tmp_path: Path) -> None
     # the merged holder step, the completion).
     assert 3 <= system["workflow_tasks_per_payout"] < 6
     assert set(result["ratios"]) == {"system_to_floor", "system_to_baseline_floor"}
+    # Read from the stack's dev server: each payout started once and completed its workflow
+    # tasks (at least the acquire's and the holder's hand-offs and the completion).
+    calls = system["temporal_calls_per_payout"]
+    assert calls["rpc.StartWorkflowExecution"] == 1.0
+    assert calls["rpc.RespondWorkflowTaskCompleted"] >= 3
     nearest = min(SHAPES.values(), key=lambda v: abs(v[1] - system["workflow_tasks_per_payout"]))
     assert result["floor"]["workflow_tasks"] == nearest[1]
     for name in ("system", "steady", "degraded"):  # read from the real histories

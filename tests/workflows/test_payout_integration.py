@@ -104,8 +104,9 @@ async def test_happy_path_pays_once_and_posts(
     await create_payout(system.database_url, payout_id, account_id, 2_500)
     handle = await start(temporal_env.client, workers, payout_id, account_id)
     result = await handle.result()
-    # The merged holder step's shape; `happy_path.json` is the same run before the merge.
-    await record(handle, "merged_happy_path")
+    # The shape since patch lean-visibility; `merged_happy_path.json` is the same run before
+    # it, `happy_path.json` before the merge.
+    await record(handle, "lean_happy_path")
     assert result.state == "POSTED"
     assert len(system.movements(payout_id)) == 1
     assert await balance_and_breaks(system.database_url, account_id) == (7_500, 0)
@@ -121,7 +122,19 @@ async def test_happy_path_pays_once_and_posts(
     executed = json.loads(done[1].result.payloads[0].data)
     assert executed["steps"] == ["claim", "submit", "post", "release"] and executed["released"]
     tasks = EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
-    assert sum(1 for e in history.events if e.event_type == tasks) == 3
+    completed = [e.event_id for e in history.events if e.event_type == tasks]
+    assert len(completed) == 3
+    # Search attributes (its own and the SDK's TemporalChangeVersion of each patch) are upserted
+    # by the first and the last task only: the middle one costs no visibility write (patch
+    # lean-visibility). Started without search attributes, the first task upserted all three.
+    upserts = [
+        e.upsert_workflow_search_attributes_event_attributes
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES
+    ]
+    assert {u.workflow_task_completed_event_id for u in upserts} == {completed[0], completed[2]}
+    last = [u for u in upserts if u.workflow_task_completed_event_id == completed[2]]
+    assert [set(u.search_attributes.indexed_fields) for u in last] == [{"PayoutState"}]
     # The grant was released by the activity: the account's lock is free at once.
     assert lock_token(system, f"payout:{account_id}") is None
     # Findable by state with the real `temporal` CLI (the search attributes it upserted).
