@@ -348,7 +348,6 @@ def _add_operation_routes(app: FastAPI, state: _State) -> None:
 def app_from_settings(settings: Any) -> FastAPI:
     """The app for `python -m lockservice serve`: connects the backend in the lifespan."""
     from lockservice.backends import create_backend
-    from lockservice.watermark import location_identity
 
     if not settings.signing_key_path:
         raise ValueError("LOCK_SIGNING_KEY_PATH is required: every grant is signed")
@@ -384,15 +383,7 @@ def app_from_settings(settings: Any) -> FastAPI:
         if settings.state_dir is None:
             _log.warning("lock.restore_detection_off", why="LOCK_STATE_DIR is not set")
         else:
-            state.watermark = Watermark.open(
-                Path(settings.state_dir),
-                location_identity(
-                    settings.backend,
-                    settings.key_prefix,
-                    settings.database_url,
-                    settings.etcd_endpoint_list(),
-                ),
-            )
+            state.watermark = _open_watermark(settings)
             # Refusing is remembered (watermark.blocked): every acquire re-checks, and the
             # first one after `bump-epoch` finds the backend ahead again.
             with contextlib.suppress(api.RestoreDetected):
@@ -419,6 +410,7 @@ def main() -> None:
     # line on stderr, exit 2, nothing started); `app_from_settings` loads them again for any
     # other way of serving the app.
     _refuse_without_signer(settings)
+    _refuse_bad_state_dir(settings)
     # Safe default: without it every caller could acquire, revoke and bump the epoch.
     refuse_without(settings.credentials_path, "LOCK_CREDENTIALS_PATH", "lock-server")
     # No access log (common.launcher): it would print session ids in paths on every heartbeat.
@@ -429,6 +421,31 @@ def main() -> None:
         port=settings.port,
         log_level=settings.log_level,
     )
+
+
+def _open_watermark(settings: Any) -> Watermark:
+    """The watermark of the configured backend location, under LOCK_STATE_DIR."""
+    from lockservice.watermark import location_identity
+
+    identity = location_identity(
+        settings.backend, settings.key_prefix, settings.database_url, settings.etcd_endpoint_list()
+    )
+    return Watermark.open(Path(settings.state_dir), identity)
+
+
+def _refuse_bad_state_dir(settings: Any) -> None:
+    """Exit 2 with one stderr line if LOCK_STATE_DIR is set but its watermark cannot be opened
+    (not a directory, not creatable, a watermark file that is not ours or not JSON): found here,
+    before the backend is connected, rather than as a failed start-up after it."""
+    from common.exiting import refuse
+
+    if settings.state_dir is None:
+        return
+    try:
+        _open_watermark(settings)
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
+        why = f"{type(exc).__name__}: {exc}"
+        refuse("lock-server", f"LOCK_STATE_DIR {settings.state_dir}: {why}: refusing to start")
 
 
 def _refuse_without_signer(settings: Any) -> None:

@@ -267,3 +267,52 @@ def test_a_value_that_does_not_parse_is_one_line_naming_it_and_exit_2(
     assert lines[0].startswith(f"{prefix}invalid settings: {variable}: "), lines[0]
     assert "not-a-number-x7" not in lines[0]
     assert proc.stdout == ""
+
+
+def _corrupt_watermark_dir(where: Path, env: dict[str, str]) -> Path:
+    """A LOCK_STATE_DIR holding, for the backend location `env` configures, a watermark file
+    that is not JSON (its name is a digest of that location: made by opening it once)."""
+    state = where / "state"
+    state.mkdir()
+    from lockservice.settings import LockSettings
+    from lockservice.watermark import Watermark, location_identity
+
+    s = LockSettings(
+        backend=env.get("LOCK_BACKEND", "postgres"),
+        database_url=env["LOCK_DATABASE_URL"],
+        key_prefix=env.get("LOCK_KEY_PREFIX", LockSettings.model_fields["key_prefix"].default),
+    )
+    identity = location_identity(s.backend, s.key_prefix, s.database_url, s.etcd_endpoint_list())
+    Watermark.open(state, identity).path.write_text('{"identity": ')
+    return state
+
+
+@pytest.mark.parametrize("kind", ["a-file", "corrupt-watermark"])
+def test_a_state_dir_that_cannot_hold_the_watermark_is_refused_before_the_backend(
+    kind: str, tmp_path: Path
+) -> None:
+    """LOCK_STATE_DIR (restore detection) set to a file, or holding a watermark that is not
+    JSON: one refusal line naming it, exit 2, before the backend is connected (its database
+    here is a closed port: reaching it would be another failure)."""
+    argv, _, prefix = ENTRIES["lock-server"]
+    env = _lock_server()
+    if kind == "a-file":
+        state = tmp_path / "not-a-dir"
+        state.write_text("")
+    else:
+        state = _corrupt_watermark_dir(tmp_path, env)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(_PREFIXES)}
+    proc = subprocess.run(  # the timeout is a failure detector's bound, not a timing assertion
+        [sys.executable, *argv],
+        cwd=ROOT,
+        env=clean | env | {"LOCK_STATE_DIR": str(state)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-3000:])
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr[-3000:]
+    assert lines[0].startswith(f"{prefix}LOCK_STATE_DIR {state}: "), lines[0]
+    assert "refusing to start" in lines[0]
