@@ -159,19 +159,14 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("process", "variable", "kind"), CASES)
-def test_a_file_that_cannot_be_used_is_one_line_and_exit_2(
-    process: str, variable: str, kind: str, tmp_path: Path
-) -> None:
-    if kind == "unreadable" and os.geteuid() == 0:
-        pytest.skip("root reads a mode-000 file; the directory case covers 'cannot be read'")
-    argv, good_env, prefix = ENTRIES[process]
-    bad = _bad_file(kind, tmp_path)
+def _refusal(argv: list[str], env: dict[str, str]) -> str:
+    """Run the entry point with `env` over a clean environment; assert it refused (exit 2,
+    exactly one stderr line, nothing on stdout) and return that line."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith(_PREFIXES)}
     proc = subprocess.run(  # the timeout is a failure detector's bound, not a timing assertion
         [sys.executable, *argv],
         cwd=ROOT,
-        env=clean | good_env() | {variable: str(bad)},
+        env=clean | env,
         capture_output=True,
         text=True,
         timeout=120,
@@ -180,11 +175,23 @@ def test_a_file_that_cannot_be_used_is_one_line_and_exit_2(
     assert proc.returncode == 2, (proc.returncode, proc.stderr[-3000:])
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr[-3000:]
-    assert lines[0].startswith(prefix), lines[0]
-    assert str(bad) in lines[0], lines[0]  # which file: the operator's next step
-    if prefix != "error: ":  # a service's refusal also names the variable to change
-        assert variable in lines[0] and "refusing to start" in lines[0], lines[0]
     assert proc.stdout == ""
+    return lines[0]
+
+
+@pytest.mark.parametrize(("process", "variable", "kind"), CASES)
+def test_a_file_that_cannot_be_used_is_one_line_and_exit_2(
+    process: str, variable: str, kind: str, tmp_path: Path
+) -> None:
+    if kind == "unreadable" and os.geteuid() == 0:
+        pytest.skip("root reads a mode-000 file; the directory case covers 'cannot be read'")
+    argv, good_env, prefix = ENTRIES[process]
+    bad = _bad_file(kind, tmp_path)
+    line = _refusal(argv, good_env() | {variable: str(bad)})
+    assert line.startswith(prefix), line
+    assert str(bad) in line, line  # which file: the operator's next step
+    if prefix != "error: ":  # a service's refusal also names the variable to change
+        assert variable in line and "refusing to start" in line, line
 
 
 #: Entry points that serve without a database: with good files they answer /health.
@@ -251,22 +258,9 @@ def test_a_value_that_does_not_parse_is_one_line_naming_it_and_exit_2(
     """`LOCK_PORT=abc` and the like: a refusal naming the variable, not a traceback; the value
     itself is not echoed (another variable's value may be a secret's path or a password)."""
     argv, good_env, prefix = ENTRIES[process]
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(_PREFIXES)}
-    proc = subprocess.run(  # the timeout is a failure detector's bound, not a timing assertion
-        [sys.executable, *argv],
-        cwd=ROOT,
-        env=clean | good_env() | {variable: "not-a-number-x7"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert proc.returncode == 2, (proc.returncode, proc.stderr[-3000:])
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr[-3000:]
-    assert lines[0].startswith(f"{prefix}invalid settings: {variable}: "), lines[0]
-    assert "not-a-number-x7" not in lines[0]
-    assert proc.stdout == ""
+    line = _refusal(argv, good_env() | {variable: "not-a-number-x7"})
+    assert line.startswith(f"{prefix}invalid settings: {variable}: "), line
+    assert "not-a-number-x7" not in line
 
 
 def _corrupt_watermark_dir(where: Path, env: dict[str, str]) -> Path:
@@ -301,18 +295,6 @@ def test_a_state_dir_that_cannot_hold_the_watermark_is_refused_before_the_backen
         state.write_text("")
     else:
         state = _corrupt_watermark_dir(tmp_path, env)
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(_PREFIXES)}
-    proc = subprocess.run(  # the timeout is a failure detector's bound, not a timing assertion
-        [sys.executable, *argv],
-        cwd=ROOT,
-        env=clean | env | {"LOCK_STATE_DIR": str(state)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert proc.returncode == 2, (proc.returncode, proc.stderr[-3000:])
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr[-3000:]
-    assert lines[0].startswith(f"{prefix}LOCK_STATE_DIR {state}: "), lines[0]
-    assert "refusing to start" in lines[0]
+    line = _refusal(argv, env | {"LOCK_STATE_DIR": str(state)})
+    assert line.startswith(f"{prefix}LOCK_STATE_DIR {state}: "), line
+    assert "refusing to start" in line
