@@ -339,9 +339,22 @@ def signed_command(
     return m.OperatorCommand(operator=a["identity"], reason=reason, assertion=a)
 
 
-def lock_token(system: System, key: str) -> int | None:
-    """The token currently holding `key` at the lock server (an operator's inspect)."""
+def lock_info(system: System, key: str) -> dict[str, Any]:
+    """The lock server's inspect of `key` (holder, token, waiters, ...), as an operator sees it."""
     r = httpx.get(f"{system.lock_url}/v1/locks", params={"key": key}, headers=headers(), timeout=10)
     r.raise_for_status()
-    token: int | None = r.json()["token"]
+    info: dict[str, Any] = r.json()
+    return info
+
+
+def lock_token(system: System, key: str) -> int | None:
+    """The token currently holding `key` at the lock server (an operator's inspect)."""
+    token: int | None = lock_info(system, key)["token"]
     return token
+
+
+def key_grants(system: System, key: str) -> list[dict[str, Any]]:
+    """Every grant of exactly `key` in the lock server's history, oldest first."""
+    r = httpx.get(f"{system.lock_url}/v1/history", params={"prefix": key}, headers=headers())
+    r.raise_for_status()
+    return [g for g in r.json()["grants"] if g["key"] == key]

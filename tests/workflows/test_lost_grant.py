@@ -19,7 +19,6 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
@@ -27,12 +26,14 @@ from activities import models as m
 from common.lockkey import lock_key
 from common.migrate import migrate
 from lockservice.client import LockClient
-from tests.credentials import headers, token
+from tests.credentials import token
 from tests.workflows.system import (
     System,
     create_payout,
     fund,
     in_process_workers,
+    key_grants,
+    lock_info,
     running_system,
     wait_for,
 )
@@ -44,19 +45,6 @@ def system(database_url: str, run_dir: Path) -> Iterator[System]:
     asyncio.run(migrate(database_url))
     with running_system(database_url, run_dir / f"lost-{uuid.uuid4().hex[:6]}") as sys_:
         yield sys_
-
-
-def _inspect(system: System, key: str) -> dict[str, object]:
-    r = httpx.get(f"{system.lock_url}/v1/locks", params={"key": key}, headers=headers(), timeout=10)
-    r.raise_for_status()
-    info: dict[str, object] = r.json()
-    return info
-
-
-def _history(system: System, key: str) -> list[dict[str, object]]:
-    r = httpx.get(f"{system.lock_url}/v1/history", params={"prefix": key}, headers=headers())
-    r.raise_for_status()
-    return [g for g in r.json()["grants"] if g["key"] == key]
 
 
 async def test_a_grant_its_workflow_never_received_is_released_and_the_next_acquire_succeeds(
@@ -87,14 +75,14 @@ async def test_a_grant_its_workflow_never_received_is_released_and_the_next_acqu
         )
 
         async def acquire_waiting() -> bool:
-            return _inspect(system, key)["waiters"] == 1
+            return lock_info(system, key)["waiters"] == 1
 
         await wait_for(acquire_waiting)
         await handle.terminate("drill: the acquire's answer will reach nobody")
         await other.release(blocker)
 
         async def orphan_granted_and_settled() -> bool:
-            tokens = [g["token"] for g in _history(system, key)]
+            tokens = [g["token"] for g in key_grants(system, key)]
             return len(tokens) == 2 and worker.acts.handovers == 0
 
         await wait_for(orphan_granted_and_settled)
@@ -105,7 +93,7 @@ async def test_a_grant_its_workflow_never_received_is_released_and_the_next_acqu
         leases_left = len(worker.acts._leases)
         await other.release(nxt)
 
-    blocked, orphan, after = _history(system, key)
+    blocked, orphan, after = key_grants(system, key)
     # The orphan was the worker's session's, and the worker released it: it did not expire
     # with that session (alive throughout), nor wait for a sweeper; the worker keeps nothing.
     assert (blocked["session_id"], orphan["session_id"], after["session_id"]) == (

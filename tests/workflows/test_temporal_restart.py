@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import asyncpg
-import httpx
 import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHistory
@@ -45,13 +44,15 @@ from common.migrate import migrate
 from lockservice.client import LockClient
 from stack.embedded import free_port, temporal_binary
 from stack.services import TEMPORAL_SQLITE_PRAGMAS
-from tests.credentials import headers, token
+from tests.credentials import token
 from tests.workflows.system import (
     InProcessWorker,
     System,
     create_payout,
     fund,
     in_process_workers,
+    key_grants,
+    lock_info,
     running_system,
     wait_for,
 )
@@ -155,19 +156,6 @@ async def temporal(run_dir: Path) -> AsyncIterator[RestartableTemporal]:
         await server.stop()
 
 
-def _inspect(system: System, key: str) -> dict[str, object]:
-    r = httpx.get(f"{system.lock_url}/v1/locks", params={"key": key}, headers=headers(), timeout=10)
-    r.raise_for_status()
-    info: dict[str, object] = r.json()
-    return info
-
-
-def _grants(system: System, key: str) -> list[dict[str, object]]:
-    r = httpx.get(f"{system.lock_url}/v1/history", params={"prefix": key}, headers=headers())
-    r.raise_for_status()
-    return [g for g in r.json()["grants"] if g["key"] == key]
-
-
 async def _payout_row(database_url: str, payout_id: str) -> tuple[str, int]:
     conn = await asyncpg.connect(database_url)
     try:
@@ -251,14 +239,14 @@ async def test_a_grant_issued_while_temporal_is_down_is_delivered_or_given_back(
         )
 
         async def acquire_waiting() -> bool:
-            return _inspect(system, key)["waiters"] == 1
+            return lock_info(system, key)["waiters"] == 1
 
         await wait_for(acquire_waiting)
         await temporal.stop(outage.sig)
         await other.release(blocker)
 
         async def granted_while_down() -> bool:
-            return len(_grants(system, key)) == 2 and worker.acts.handovers == 1
+            return len(key_grants(system, key)) == 2 and worker.acts.handovers == 1
 
         # The lock server granted the waiting acquire; its hand-over is retrying (unavailable).
         await wait_for(granted_while_down)
@@ -271,7 +259,7 @@ async def test_a_grant_issued_while_temporal_is_down_is_delivered_or_given_back(
             await record(handle, "temporal_restart_acquire_timed_out")
 
         async def key_free() -> bool:  # the workflow's release is best effort, not awaited
-            return _inspect(system, key)["token"] is None
+            return lock_info(system, key)["token"] is None
 
         await wait_for(key_free)
         # The next acquire of the account, by another session: granted, higher token.
@@ -287,13 +275,13 @@ async def _given_back_while_down(system: System, key: str, worker: InProcessWork
     and releases the grant, before Temporal can say anything."""
 
     async def released() -> bool:
-        grants = _grants(system, key)
+        grants = key_grants(system, key)
         return worker.acts.handovers == 0 and grants[-1]["end_reason"] == "released"
 
     # Bounded by the start-to-close plus the Temporal client's own retry of one completion call
     # (up to 10 s), with room for a loaded machine.
     await wait_for(released, timeout_s=60.0)
-    assert _inspect(system, key)["token"] is None
+    assert lock_info(system, key)["token"] is None
 
 
 async def _check(
@@ -307,7 +295,7 @@ async def _check(
     leases_left: int,
 ) -> None:
     test_session, worker_session = sessions
-    grants = _grants(system, key)
+    grants = key_grants(system, key)
     _blocked, in_flight, *rest, after = grants
     state, fence = await _payout_row(system.database_url, payout_id)
     assert (status.state, state) == ("POSTED", "POSTED")
