@@ -166,7 +166,12 @@ def require(
     operator (when `operator`) nor one of `components`: 403. Raised before the handler runs, so
     nothing changes. `credentials` None is authentication off: every caller is ANONYMOUS (the
     negative control; a service's process entry refuses to start without a credentials file)."""
-    check = authorizer(credentials, operator=operator, components=components)
+    return as_dependency(authorizer(credentials, operator=operator, components=components))
+
+
+def as_dependency(check: Callable[[str | None], Identity]) -> Callable[..., Any]:
+    """The FastAPI dependency that makes the decision `check` (an `authorizer`) on the request's
+    bearer token: what `require` returns, for a server that also needs `check` itself."""
 
     async def dependency(
         bearer: HTTPAuthorizationCredentials | None = Depends(_bearer_scheme),  # noqa: B008

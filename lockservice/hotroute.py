@@ -35,8 +35,8 @@ Handler = Callable[[Request], Coroutine[Any, Any, Response]]
 
 def hot_route(dependency: Callable[..., Any], check: Callable[[str | None], Identity]) -> type:
     """An APIRoute class for routes whose only dependencies are the app-wide query check and
-    `dependency` (a `common.credentials.require(...)`), whose decision `check` makes
-    (`authorizer(...)` with the same arguments), and whose only parameter is one JSON body."""
+    `dependency`, made from `check` (`common.credentials.as_dependency(check)`: one decision,
+    however the request is served), and whose only parameter is one JSON body."""
 
     class _HotRoute(APIRoute):
         def get_route_handler(self) -> Handler:

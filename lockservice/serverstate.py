@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from fastapi import Depends, Request
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from common.credentials import Credentials, Identity, authorizer, require
+from common.credentials import Credentials, Identity, as_dependency, authorizer, require
 from common.outage import connection_lost
 from lockservice import api
 from lockservice.api import LockBackend
@@ -147,12 +147,15 @@ class _Access:
 
     @classmethod
     def of(cls, credentials: Credentials | None) -> _Access:
-        holder = require(credentials, components=(WORKER,))
+        # One decision for both: the hot routes' fast path calls `holder_check` itself, every
+        # other request reaches it through the dependency.
+        holder_check = authorizer(credentials, components=(WORKER,))
+        holder = as_dependency(holder_check)
         return cls(
             holder=[Depends(holder)],
             reader=[Depends(require(credentials, operator=True, components=READERS))],
             operator_only=Depends(require(credentials, operator=True)),
             revoker=Depends(require(credentials, operator=True, components=(WORKER,))),
             holder_dependency=holder,
-            holder_check=authorizer(credentials, components=(WORKER,)),
+            holder_check=holder_check,
         )
