@@ -9,13 +9,9 @@ knows how many calls arrived. Figures only; an unreachable /metrics reads as no 
 from __future__ import annotations
 
 import asyncio
-import re
 
 import httpx
-
-# name{label="value",...} 12  (one sample of a counter)
-_LINE = re.compile(r"^(?P<name>[a-z_]+)\{(?P<labels>[^}]*)\} (?P<value>[0-9.e+-]+)$")
-_LABEL = re.compile(r'(\w+)="([^"]*)"')
+from prometheus_client.parser import text_string_to_metric_families
 
 #: The frontend's calls from clients and workers, the visibility store's writes and every
 #: service's calls to the main store (SQLite on the dev server); None: any service.
@@ -32,12 +28,17 @@ def parse(text: str) -> dict[str, float]:
     """`rpc.<operation>` (frontend calls in the default namespace), `visibility.<operation>` and
     `persistence.<operation>` counters of one /metrics page."""
     out: dict[str, float] = {}
-    for line in text.splitlines():
-        m = _LINE.match(line)
-        if m is None or m["name"] not in _COUNTERS:
+    # By family name: the parser names a counter's samples `<family>_total`.
+    samples = (
+        (family.name, sample)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    )
+    for name, sample in samples:
+        if name not in _COUNTERS:
             continue
-        service, prefix = _COUNTERS[m["name"]]
-        labels = dict(_LABEL.findall(m["labels"]))
+        service, prefix = _COUNTERS[name]
+        labels = sample.labels
         if (service and labels.get("service_name") != service) or labels.get(
             "operation"
         ) in _IGNORED:
@@ -45,7 +46,7 @@ def parse(text: str) -> dict[str, float]:
         if prefix == "rpc" and labels.get("namespace") != "default":
             continue
         key = f"{prefix}.{labels.get('operation', '?')}"
-        out[key] = out.get(key, 0.0) + float(m["value"])
+        out[key] = out.get(key, 0.0) + float(sample.value)
     return out
 
 
