@@ -58,7 +58,9 @@ def free_port() -> int:
             return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # crowded: let the OS choose
         s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        port = int(s.getsockname()[1])
+    _HANDED_OUT.add(port)
+    return port
 
 
 def port_is_open(port: int, host: str = "127.0.0.1") -> bool:

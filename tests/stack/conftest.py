@@ -6,10 +6,10 @@ Every port is passed by environment variable and chosen free, so a developer's o
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -26,13 +26,8 @@ PORT_KEYS = ("temporal", "temporal_ui", "lock", "railstub", "railproxy", "finled
 def stack_env() -> dict[str, str]:
     """The environment of a test stack: every port free and set by its PAYOUTS_* variable."""
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
-    ports: set[int] = set()
     for key in PORT_KEYS:
-        port = free_port()
-        while port in ports:
-            port = free_port()
-        ports.add(port)
-        env[Ports.ENV_VARS[key]] = str(port)
+        env[Ports.ENV_VARS[key]] = str(free_port())  # never one it handed out before
     env.pop("ETCD_ENDPOINTS", None)  # the stack tests start their own etcd
     return env
 
@@ -45,18 +40,26 @@ def stack_dir(run_dir: Path) -> Path:
     return path
 
 
-@pytest.fixture
-def external_database_url() -> Iterator[str | None]:
-    """A fresh database on $DATABASE_URL's server when it is set (the stack must use it), else None."""
+@contextlib.asynccontextmanager
+async def external_database(prefix: str = "payouts_stack") -> AsyncIterator[str | None]:
+    """A fresh database on $DATABASE_URL's server when it is set (a stack given it must use it),
+    dropped afterwards; else None (the stack starts its embedded PostgreSQL)."""
     server = os.environ.get("DATABASE_URL")
     if not server:
         yield None
         return
-    url = asyncio.run(create_database(server, prefix="payouts_stack"))
+    url = await create_database(server, prefix=prefix)
     try:
         yield url
     finally:
-        asyncio.run(drop_database(server, url))
+        await drop_database(server, url)
+
+
+@pytest.fixture
+async def external_database_url() -> AsyncIterator[str | None]:
+    """`external_database` for one test."""
+    async with external_database() as url:
+        yield url
 
 
 def assert_all_gone(pids: dict[str, int]) -> None:
