@@ -10,7 +10,6 @@ never hands out a port twice, so the stacks cannot collide.
 from __future__ import annotations
 
 import asyncio
-import os
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import replace
@@ -19,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from common.pgutil import create_database, drop_database
 from lab.experiments import crash_experiment, default_config, pause_experiment
 from stack.config import StackConfig
+from tests.stack.conftest import external_database
 
 pytestmark = pytest.mark.slow
 
@@ -56,15 +55,8 @@ async def _one(name: str, run_dir: Path) -> tuple[dict[str, Any], Path]:
     backend, experiment = RUNS[name]
     cfg = default_config(backend, run_dir / f"exp-{name}-{uuid.uuid4().hex[:6]}")
     evidence = run_dir / f"ev-{name}-{uuid.uuid4().hex[:6]}"
-    server = os.environ.get("DATABASE_URL")
-    if not server:
-        return await experiment(cfg, evidence), evidence
-    # An external server: the stack uses it; give the run a database of its own.
-    url = await create_database(server)
-    try:
-        return await experiment(replace(cfg, database_url=url), evidence), evidence
-    finally:
-        await drop_database(server, url)
+    async with external_database(prefix="exp") as url:  # on $DATABASE_URL's server, if set
+        return await experiment(replace(cfg, database_url=url) if url else cfg, evidence), evidence
 
 
 @pytest.fixture(scope="module")

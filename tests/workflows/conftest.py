@@ -16,7 +16,10 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from common.migrate import migrate
+from tests.stack.conftest import external_database_url
 from tests.workflows.system import System, in_process_workers, running_system
+
+__all__ = ["external_database_url"]  # the stack tests' fixture, for test_takeover's real stack
 
 
 @pytest.fixture(scope="module")

@@ -9,10 +9,7 @@ tests/lab/test_experiments.py), on both lock backends."""
 
 from __future__ import annotations
 
-import asyncio
-import os
 import uuid
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -21,7 +18,6 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from activities import models as m
-from common.pgutil import create_database, drop_database
 from lab.experiments import default_config, pause_experiment
 from stack.config import StackConfig
 from tests.workflows.test_payout_orchestration import new_world, running, start, wait_status
@@ -94,14 +90,12 @@ async def test_the_next_acquire_does_not_wait_for_a_frozen_holders_release(
 
 
 @pytest.fixture
-def stack_config(run_dir: Path, request: pytest.FixtureRequest) -> Iterator[StackConfig]:
+def stack_config(
+    run_dir: Path, request: pytest.FixtureRequest, external_database_url: str | None
+) -> StackConfig:
     cfg = default_config(request.param, run_dir / f"takeover-{uuid.uuid4().hex[:6]}")
-    if os.environ.get("DATABASE_URL"):  # an external server: a database of the run's own
-        url = asyncio.run(create_database(os.environ["DATABASE_URL"]))
-        yield replace(cfg, database_url=url)
-        asyncio.run(drop_database(os.environ["DATABASE_URL"], url))
-    else:
-        yield cfg
+    # On $DATABASE_URL's server, if set, a database of the run's own.
+    return replace(cfg, database_url=external_database_url) if external_database_url else cfg
 
 
 def _after_holder_timeout(timeline: list[dict[str, Any]]) -> list[dict[str, Any]]:
