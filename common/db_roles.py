@@ -92,6 +92,7 @@ ROLES: tuple[Role, ...] = (
             ("paydb", "SELECT, INSERT", "ledger_entries"),
             ("paydb", "SELECT, INSERT", "audit_log"),
             ("paydb", "INSERT", "outbox"),
+            ("paydb", "SELECT, INSERT, UPDATE", "operator_commands"),
         ),
         sequences=(("paydb", "USAGE"),),
     ),

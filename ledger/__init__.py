@@ -2,7 +2,8 @@
 
 Owns, in PostgreSQL schema `paydb`: accounts, balances (with a fence), payouts (with a fence and
 the state machine of docs/architecture.md#payout-state-machine), double-entry ledger groups and
-entries, the audit log and the transactional outbox rows.
+entries, the audit log, the transactional outbox rows, and the operator commands (abandon,
+revoke) the payout workflows accepted, each with its assertion's nonce (single use).
 
 It must never:
 * accept a write presenting a token below the stored fence (INV-05) — equal is accepted, it is the
@@ -10,7 +11,8 @@ It must never:
 * with a grant verifier (as the worker builds the store), accept a fenced write whose signed
   grant is not the lock service's for the payout's account and the token (INV-07, `InvalidGrant`);
 * leave a ledger group unbalanced, or let a balance drift from the sum of its entries (INV-03);
-* move a payout out of a terminal state (INV-08), or along an edge not in the transition table.
+* move a payout out of a terminal state (INV-08), or along an edge not in the transition table;
+* accept an operator assertion's nonce twice, or end an operator command twice.
 
 Public surface: `PayoutStore`, `WorkContext`, `Payout`, `AlreadyAdvanced`, `PayoutState`, the
 errors of `ledger.errors`, and the proof query `ledger.queries.ledger_discrepancies`.
@@ -39,7 +41,7 @@ if TYPE_CHECKING:
         UnknownState,
     )
     from ledger.states import TERMINAL_STATES, TRANSITIONS, PayoutState, check_transition
-    from ledger.store import AlreadyAdvanced, Payout, PayoutStore, lock_key
+    from ledger.store import AlreadyAdvanced, CommandVerdict, Payout, PayoutStore, lock_key
 
 #: Public name -> the module that defines it, imported on first use (common.lazy).
 _EXPORTS = {
@@ -47,6 +49,7 @@ _EXPORTS = {
     "TRANSITIONS": "ledger.states",
     "AlreadyAdvanced": "ledger.store",
     "AlreadyExists": "ledger.errors",
+    "CommandVerdict": "ledger.store",
     "DuplicateAccount": "ledger.errors",
     "DuplicatePayout": "ledger.errors",
     "FencedOut": "ledger.errors",
@@ -73,6 +76,7 @@ __all__ = [
     "TRANSITIONS",
     "AlreadyAdvanced",
     "AlreadyExists",
+    "CommandVerdict",
     "DuplicateAccount",
     "DuplicatePayout",
     "FencedOut",

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import asyncpg
+
 from ledger.audit import write_audit
 from ledger.context import WorkContext
 from ledger.errors import InvalidOperatorAssertion
@@ -86,20 +88,44 @@ class AmbiguityActions(FencedWrites):
         token: int,
         ctx: WorkContext,
         *,
-        operator: str,
-        reason: str,
+        operator: str = "",
+        reason: str = "",
         grant: GrantLike = None,
         assertion: Mapping[str, Any] | None = None,
+        command_id: str = "",
     ) -> Payout | AlreadyAdvanced:
         """RAIL_AMBIGUOUS -> ABANDONED: break-glass, by an operator with identity and reason.
 
         Still fenced: the operator's command reaches the database through the workflow that
-        holds the account's grant, so a stale holder cannot abandon under an old token. With
-        assertion verification on, `assertion` must be the lock service's operator assertion
-        for `abandon` of this payout, unexpired by this process's clock; the identity and reason
-        inside it are audited (InvalidOperatorAssertion otherwise, before anything is written).
+        holds the account's grant, so a stale holder cannot abandon under an old token.
+
+        `command_id`: the command this store accepted (`accept_command`: assertion verified,
+        nonce recorded). It is carried out under that acceptance, whatever the assertion's expiry
+        now, and ends `carried_out` in the same transaction as the transition; the audited actor
+        and reason are the ones recorded at acceptance. A command that is unknown, for another
+        payout or action, or ended already is refused (InvalidOperatorAssertion, nothing
+        written): an accepted abandon is carried out once.
+
+        Without `command_id` (workflows started before operator commands were recorded): with
+        verification on, `assertion` must be the lock service's operator assertion for
+        `abandon` of this payout, unexpired by this process's clock.
         """
-        if self._assertions is not None:
+        also = None
+        if command_id:
+            operator, reason = await self._accepted_abandon(payout_id, command_id)
+
+            async def also(conn: asyncpg.Connection) -> None:
+                ended = await conn.fetchval(
+                    "UPDATE paydb.operator_commands SET outcome = 'carried_out',"
+                    " outcome_at = clock_timestamp() WHERE command_id = $1 AND outcome IS NULL"
+                    " RETURNING command_id",
+                    command_id,
+                )
+                if ended is None:
+                    raise InvalidOperatorAssertion(
+                        f"operator command {command_id} ended already", reason="command_ended"
+                    )
+        elif self._assertions is not None:
             try:
                 a = self._assertions.verify(assertion, action="abandon", payout_id=payout_id)
             except AssertionRefused as exc:
@@ -116,9 +142,35 @@ class AmbiguityActions(FencedWrites):
             from_state=S.RAIL_AMBIGUOUS,
             to_state=S.ABANDONED,
             reason=f"abandoned: {reason}",
-            details={"operator": operator, "reason": reason},
+            details={"operator": operator, "reason": reason, "command_id": command_id or None},
             audit_actor=operator,
+            also=also,
         )
+
+    async def _accepted_abandon(self, payout_id: str, command_id: str) -> tuple[str, str]:
+        """(actor, reason) of an accepted, not yet ended abandon of this payout."""
+        async with self._pool.acquire() as conn:
+            row = await conn.fetchrow(
+                "SELECT payout_id, action, actor, reason, nonce, outcome"
+                " FROM paydb.operator_commands WHERE command_id = $1",
+                command_id,
+            )
+        if row is None or row["nonce"] is None:
+            raise InvalidOperatorAssertion(
+                f"no accepted operator command {command_id!r}", reason="command_not_accepted"
+            )
+        if row["payout_id"] != payout_id or row["action"] != "abandon":
+            raise InvalidOperatorAssertion(
+                f"operator command {command_id} is a {row['action']} of payout "
+                f"{row['payout_id']}, not an abandon of {payout_id}",
+                reason="wrong_command",
+            )
+        if row["outcome"] is not None:
+            raise InvalidOperatorAssertion(
+                f"operator command {command_id} ended already ({row['outcome']})",
+                reason="command_ended",
+            )
+        return str(row["actor"]), str(row["reason"])
 
     async def record_audit(
         self,

@@ -16,7 +16,7 @@ payout stream (A-15), so each step stamps both rows under the same T.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -73,6 +73,7 @@ class FencedWrites(GrantChecks):
         details: dict[str, Any] | None = None,
         audit_actor: str | None = None,
         then: tuple[str, PayoutState] | None = None,
+        also: Callable[[asyncpg.Connection], Awaitable[None]] | None = None,
     ) -> Payout | AlreadyAdvanced:
         """A transition of the payout row (plus its audit and outbox rows), fenced on the payout
         row AND on the account's balance row: the lock protects the account's payout stream
@@ -81,7 +82,9 @@ class FencedWrites(GrantChecks):
 
         `then` (operation, state): a second transition from `to_state`, in the SAME database
         transaction and fenced the same way, unless the first found the payout already moved on
-        (`mark_submitted_and_acked`)."""
+        (`mark_submitted_and_acked`). `also`: one more write in the same transaction after the
+        transition (not when the payout had moved on); if it raises, the transition rolls back
+        (`abandon` ends its operator command with it)."""
         check_payout_id(payout_id)
         check_token(token)
         async with self._pool.acquire() as conn:
@@ -104,6 +107,8 @@ class FencedWrites(GrantChecks):
                         details=details,
                         audit_actor=audit_actor,
                     )
+                    if also is not None and not isinstance(result, AlreadyAdvanced):
+                        await also(conn)
                     if then is None or isinstance(result, AlreadyAdvanced):
                         return result
                     operation, next_state = then
