@@ -20,10 +20,12 @@ then the JSON object `{"action", "expires_at_us", "identity", "issued_at_us", "k
 bytes (lockservice.grants) are a bare JSON object and so start with `{`: no byte string is both,
 so a grant's signature never verifies as an assertion's and vice versa.
 
-Replay: an assertion can be presented again until it expires (the TTL bounds it, 5 minutes by
-default); it is bound to its action and payout id (and lock key when it names one), so it can
-never authorise anything else. It is not single-use: the revoke activity is retried
-(at-least-once), and a retry must not be refused.
+Replay: an assertion is bound to its action and payout id, and a revoke's to the lock key of
+the payout's account (an assertion without a key never authorises a revoke), so it can never
+authorise anything else. Its nonce makes it single-use: the payment store records the nonce when a
+payout workflow accepts the command (`ledger.store.commands`), and refuses it as `replayed` when
+it comes again, whatever its expiry (issue 24). The TTL (5 minutes by default) bounds how long a
+captured assertion is worth anything at all.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ _TEXT_FIELDS = ("identity", "action", "payout_id", "key", "reason", "nonce", "ki
 class AssertionRefused(Exception):
     """A presented operator assertion does not authorise this command. `code` is a stable name:
     missing, malformed, unknown_key_id, bad_signature, wrong_action, wrong_payout, wrong_key,
-    expired."""
+    unbound (a revoke assertion that names no lock key), expired."""
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
@@ -184,6 +186,9 @@ def sign_assertion(
         raise ValueError("a reason is required")
     if expires_at <= issued_at:
         raise ValueError("expires_at must be after issued_at")
+    if action == "revoke" and not key:
+        # Unbound, it would let an assertion asked for about payout P revoke any account's lock.
+        raise ValueError("a revoke assertion must name the lock key of the payout's account")
     unsigned = OperatorAssertion(
         identity, action, payout_id, key, reason, issued_at, expires_at, nonce, signer.kid, ""
     )
@@ -214,8 +219,9 @@ class AssertionVerifier:
         now: datetime | None = None,
     ) -> OperatorAssertion:
         """The assertion, if the lock service signed it for `action` on `payout_id` (and `key`,
-        when the assertion names one) and `now` (this verifier's UTC clock) is before its
-        expiry; AssertionRefused otherwise."""
+        when the assertion names one; a revoke assertion must name one) and `now` (this
+        verifier's UTC clock) is before its expiry; AssertionRefused otherwise. Single use is
+        the payment store's check (it records the nonce), not this one's: it keeps no state."""
         if assertion is None:
             raise AssertionRefused(
                 "missing", "no operator assertion: send the command with `payouts payout`"
@@ -231,6 +237,10 @@ class AssertionVerifier:
         if a.payout_id != payout_id:
             raise AssertionRefused(
                 "wrong_payout", f"assertion is for payout {a.payout_id!r}, not {payout_id!r}"
+            )
+        if a.action == "revoke" and not a.key:
+            raise AssertionRefused(
+                "unbound", "a revoke assertion must name the lock key it may revoke; it names none"
             )
         if key is not None and a.key and a.key != key:
             raise AssertionRefused("wrong_key", f"assertion is for lock key {a.key!r}, not {key!r}")

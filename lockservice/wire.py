@@ -116,7 +116,9 @@ class AssertionIn(BaseModel):
     action: str = Field(pattern="^(revoke|abandon)$")
     payout_id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.@:\-]+$")
     reason: str = Field(min_length=1, max_length=2000)
-    #: Optional: binds the assertion to one lock key as well as the payout.
+    #: Binds the assertion to one lock key as well as the payout: required for `revoke` (the lock
+    #: key of the payout's account; the lock server refuses a revoke assertion without one),
+    #: optional for `abandon`.
     key: str | None = Field(
         default=None, min_length=1, max_length=api.MAX_KEY_LENGTH, pattern=_KEY_PATTERN
     )

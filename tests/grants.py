@@ -83,9 +83,12 @@ def operator_assertion(
     reason: str = "rail ticket: no record",
     expires_in_s: float = 300.0,
     signer: GrantSigner | None = None,
+    key: str | None = None,
+    nonce: str = "test-nonce",
 ) -> dict[str, Any]:
     """An operator assertion signed by the test key (as the lock server the fixtures start
-    would sign it), in its wire form; `expires_in_s` <= 0 gives an expired one."""
+    would sign it), in its wire form; `expires_in_s` <= 0 gives an expired one. A revoke's
+    names a lock key (`key`, else a placeholder): the signer refuses an unbound one."""
     from lockservice.assertions import sign_assertion
 
     now = datetime.now(UTC)
@@ -97,5 +100,6 @@ def operator_assertion(
         reason=reason,
         issued_at=now - timedelta(seconds=600),
         expires_at=now + timedelta(seconds=expires_in_s),
-        nonce="test-nonce",
+        nonce=nonce,
+        key=key if key is not None else ("payout:any-account" if action == "revoke" else ""),
     ).to_json()

@@ -4,6 +4,7 @@ signature, key id) is checked."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -34,6 +35,7 @@ def _assertion(**kw: Any) -> OperatorAssertion:
         "issued_at": NOW,
         "expires_at": NOW + timedelta(seconds=300),
         "nonce": "n1",
+        "key": "payout:acct",
         **kw,
     }
     return sign_assertion(SIGNER, **fields)
@@ -115,9 +117,34 @@ def test_forged_or_malformed_assertions_are_refused(wire: Any, code: str) -> Non
 
 
 def test_bad_requests_are_not_signed() -> None:
-    for kw in ({"action": "bump"}, {"reason": " "}, {"payout_id": "a b"}, {"expires_at": NOW}):
+    for kw in (
+        {"action": "bump"},
+        {"reason": " "},
+        {"payout_id": "a b"},
+        {"expires_at": NOW},
+        {"key": ""},  # a revoke assertion must name the lock key it may revoke
+    ):
         with pytest.raises(ValueError):
             _assertion(**kw)
+
+
+def test_a_revoke_assertion_naming_no_key_is_refused_even_if_signed() -> None:
+    """Signed by the lock service's key but bound to no lock (as older servers issued them):
+    refused as `unbound`, whatever key the verifier is asked about, so an assertion asked for
+    about one payout can never revoke another account's lock (issue 24, item 4)."""
+    unbound = dataclasses.replace(_assertion(), key="", signature="")
+    signed = dataclasses.replace(unbound, signature=SIGNER.sign_message(_signed_bytes(unbound)))
+    for key in (None, "payout:acct", "payout:other"):
+        with pytest.raises(AssertionRefused) as err:
+            ASSERTIONS.verify(signed, action="revoke", payout_id="po-1", key=key, now=NOW)
+        assert err.value.code == "unbound"
+    # The same assertion with a key verifies: only the missing key is refused.
+    ASSERTIONS.verify(_assertion(), action="revoke", payout_id="po-1", key="payout:acct", now=NOW)
+
+
+def _signed_bytes(a: OperatorAssertion) -> bytes:
+    fields = {f.name: getattr(a, f.name) for f in dataclasses.fields(a) if f.name != "signature"}
+    return assertion_bytes(**fields)
 
 
 def test_a_time_out_of_range_is_malformed_not_a_crash() -> None:

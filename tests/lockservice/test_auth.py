@@ -23,7 +23,12 @@ from structlog.testing import capture_logs
 
 from common.credentials import Kind, issue_tokens, read_token, write_credentials
 from lockservice.api import LockBackend
-from lockservice.assertions import AssertionVerifier, sign_assertion
+from lockservice.assertions import (
+    AssertionVerifier,
+    OperatorAssertion,
+    assertion_bytes,
+    sign_assertion,
+)
 from lockservice.client import LockClient
 from lockservice.grants import GrantSigner
 from lockservice.server import create_app
@@ -150,6 +155,8 @@ async def _assertion(
     http: httpx.AsyncClient, token: str | None, action: str = "revoke", payout_id: str = PAYOUT
 ) -> httpx.Response:
     body = {"action": action, "payout_id": payout_id, "reason": "stuck holder drill"}
+    if action == "revoke":
+        body["key"] = KEY  # a revoke assertion is bound to one lock key
     return await http.post("/v1/operator-assertions", json=body, headers=_h(token))
 
 
@@ -175,6 +182,12 @@ async def test_operator_assertions_are_issued_to_operators_only(
             headers=_h(tokens["local-operator"]),
         )
         assert blank.status_code == 422, blank.text
+        unbound = await http.post(
+            "/v1/operator-assertions",
+            json={"action": "revoke", "payout_id": PAYOUT, "reason": "no key"},
+            headers=_h(tokens["local-operator"]),
+        )
+        assert unbound.status_code == 422 and "lock key" in unbound.text, unbound.text
     verifier = AssertionVerifier({SIGNER.kid: SIGNER.public_key()})
     a = verifier.verify(r.json(), action="revoke", payout_id=PAYOUT)
     assert a.identity == "local-operator" and a.reason == "stuck holder drill"
@@ -193,6 +206,7 @@ async def _refused_assertions(http: httpx.AsyncClient, operator: str) -> dict[st
         issued_at=now - timedelta(seconds=600),
         expires_at=now - timedelta(seconds=300),
         nonce="n",
+        key=KEY,
     ).to_json()
     other_key = sign_assertion(
         SIGNER,
@@ -214,7 +228,26 @@ async def _refused_assertions(http: httpx.AsyncClient, operator: str) -> dict[st
         "wrong_key": other_key,
         "expired": expired,
         "unknown_key_id": {**good, "kid": "nobody"},
+        "unbound": _unbound_revoke_assertion(now),
     }
+
+
+def _unbound_revoke_assertion(now: datetime) -> dict[str, Any]:
+    """Signed by the server's own key but naming no lock key, as servers before issue 24
+    issued them: it could revoke any account's lock, so it is refused."""
+    fields: dict[str, Any] = {
+        "identity": "local-operator",
+        "action": "revoke",
+        "payout_id": PAYOUT,
+        "key": "",
+        "reason": "r",
+        "issued_at": now,
+        "expires_at": now + timedelta(seconds=60),
+        "nonce": "n-unbound",
+        "kid": SIGNER.kid,
+    }
+    signature = SIGNER.sign_message(assertion_bytes(**fields))
+    return OperatorAssertion(**fields, signature=signature).to_json()
 
 
 async def test_a_worker_revoke_needs_a_valid_operator_assertion(
