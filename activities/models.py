@@ -24,6 +24,11 @@ ABANDON_PAYOUT = "abandon_payout"
 ESCALATE_AMBIGUOUS = "escalate_ambiguous"
 REVOKE_LOCK = "revoke_lock"
 RECORD_SIGNAL_REJECTED = "record_signal_rejected"
+#: Operator commands (patch `operator-commands`): verified and recorded once at acceptance by the
+#: payment store, ended once (carried out or refused), each end with one audit row.
+ACCEPT_OPERATOR_COMMAND = "accept_operator_command"
+SETTLE_OPERATOR_COMMAND = "settle_operator_command"
+CARRY_OUT_REVOKE = "carry_out_revoke"
 RECONCILE = "reconcile"
 
 #: Error types raised by activities as non-retryable ApplicationErrors.
@@ -33,6 +38,8 @@ INVALID_TRANSITION = "InvalidTransition"
 UNKNOWN_PAYOUT = "UnknownPayout"
 #: The payment store refused an operator command's assertion (lockservice.assertions).
 ASSERTION_REFUSED = "OperatorAssertionRefused"
+#: An operator command sent as a workflow Update was refused: the update fails with this type.
+COMMAND_REFUSED = "OperatorCommandRefused"
 
 
 @dataclass
@@ -56,6 +63,75 @@ class OperatorCommand:
     operator: str = ""
     reason: str = ""
     assertion: dict[str, Any] | None = None
+
+
+@dataclass
+class CommandRecord:
+    """One operator command as the workflow knows it (status query, carried across runs).
+
+    `status`: verifying (its assertion is being checked by the payment store), pending
+    (accepted, not carried out yet), carried_out, or refused. `actor` is the identity the payment
+    store authenticated, or `unverified:<claim>` for a name nobody checked. `assertion` is kept
+    only while the command is pending (a revoke presents it to the lock server).
+    """
+
+    command_id: str
+    action: str
+    via: str  # "signal" or "update"
+    operator: str = ""  # the name the sender typed; proves nothing
+    reason: str = ""
+    status: str = "verifying"
+    actor: str = ""
+    why: str = ""  # the refusal, or what was done
+    at: str = ""  # workflow time (ISO-8601) of its latest status
+    assertion: dict[str, Any] | None = None
+
+
+@dataclass
+class CommandRequest:
+    """accept_operator_command: judge one command (idempotent per `command_id`)."""
+
+    command_id: str
+    payout_id: str
+    account_id: str
+    action: str
+    via: str
+    operator: str = ""
+    reason: str = ""
+    assertion: dict[str, Any] | None = None
+
+
+@dataclass
+class CommandVerdict:
+    """The payment store's verdict (ledger.store.commands); `outcome` None: accepted, pending."""
+
+    command_id: str
+    accepted: bool
+    actor: str = ""
+    reason: str = ""
+    outcome: str | None = None
+    code: str = ""
+    why: str = ""
+
+
+@dataclass
+class CommandSettlement:
+    """settle_operator_command: end an accepted command that will not be carried out."""
+
+    command_id: str
+    payout_id: str
+    why: str
+    code: str = ""
+
+
+@dataclass
+class LookupRecord:
+    """The latest rail lookup of an ambiguous payout, for the status query."""
+
+    number: int  # 1 for the first lookup of the payout, across runs
+    status: str
+    detail: str = ""
+    at: str = ""  # workflow time, ISO-8601
 
 
 @dataclass
@@ -84,11 +160,17 @@ class CarriedState:
     escalated: bool = False
     ambiguous_since: str | None = None  # ISO-8601 UTC, workflow time
     resolution: str = ""  # "settled" or "absent" when known and not yet written
-    abandon: OperatorCommand | None = None  # accepted, not yet carried out
-    pending_revokes: list[OperatorCommand] = field(default_factory=list)
+    abandon: OperatorCommand | None = None  # accepted, not yet carried out (before the patch)
+    pending_revokes: list[OperatorCommand] = field(default_factory=list)  # (before the patch)
     rejected_signals: list[SignalRejection] = field(default_factory=list)
     last_error: str = ""
     runs: int = 1  # how many runs this payout's workflow has had before this one
+    #: Patch `operator-commands`: the commands (all pending ones, and the latest ended ones).
+    commands: list[CommandRecord] = field(default_factory=list)
+    evidence: str = ""  # what the rail said that decided `resolution`
+    lookups: int = 0  # lookups of this payout in all runs before this one
+    last_lookup: LookupRecord | None = None
+    cancel_requests: int = 0
 
 
 @dataclass
@@ -162,6 +244,9 @@ class StepRequest:
     reason: str = ""
     resolution: str = ""  # for resolve_ambiguous: "settled" or "absent"
     assertion: dict[str, Any] | None = None  # for abandon_payout: the operator assertion
+    #: abandon_payout (patch `operator-commands`): the command the payment store accepted; the
+    #: abandon is carried out under that acceptance, after one last lookup of the rail.
+    command_id: str = ""
 
 
 @dataclass
@@ -184,6 +269,9 @@ class PayoutView:
     #: execute_payout only: the grant was released at the end of the activity; the workflow
     #: schedules no separate release.
     released: bool = False
+    #: abandon_payout only: the rail's evidence found by its last lookup ("settled", "declined",
+    #: "absent"), in which case nothing was abandoned: evidence outranks the command.
+    evidence: str = ""
 
 
 @dataclass
@@ -206,6 +294,7 @@ class RevokeRequest:
     reason: str
     payout_id: str = ""
     assertion: dict[str, Any] | None = None  # the signal's operator assertion
+    command_id: str = ""  # carry_out_revoke: the accepted command it ends
 
 
 @dataclass
@@ -221,3 +310,13 @@ class PayoutStatus:
     last_error: str = ""
     pending_revokes: int = 0  # accepted revoke commands not carried out yet
     runs: int = 1  # this run and the ones it continued from
+    account_id: str = ""
+    #: A rail outcome known from a lookup ("settled" or "absent") and not yet written: it is
+    #: applied under the next grant, and an abandon meanwhile is refused naming it.
+    resolution: str = ""
+    evidence: str = ""
+    lookups: int = 0  # of this payout, in every run
+    last_lookup: LookupRecord | None = None
+    #: Operator commands, pending and ended, with their verdicts (assertions left out).
+    commands: list[CommandRecord] = field(default_factory=list)
+    cancel_requests: int = 0  # refused (a payout workflow is never cancelled)

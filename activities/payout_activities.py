@@ -47,6 +47,9 @@ class PayoutActivities(LockSteps, ExecuteStep, LookupSteps):
             self.escalate_ambiguous,
             self.revoke_lock,
             self.record_signal_rejected,
+            self.accept_operator_command,
+            self.settle_operator_command,
+            self.carry_out_revoke,
         ]
 
     def holder_queue_activities(self) -> list[Callable[..., Any]]:

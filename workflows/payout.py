@@ -21,19 +21,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy, SearchAttributePair
+from temporalio.common import RawValue, RetryPolicy, SearchAttributePair
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 from temporalio.exceptions import TimeoutError as ActivityTimeout
 
 with workflow.unsafe.imports_passed_through():
-    from temporalio.converter import value_to_type
-
     from activities import models as m
     from ledger.states import TERMINAL_STATES, PayoutState
+    from workflows.operator_desk import (
+        Facts,
+        OperatorDesk,
+        cause,
+        decode_signal,
+        operator_command,
+    )
     from workflows.search_attributes import PAYOUT_ACCOUNT, PAYOUT_ESCALATED, PAYOUT_STATE
 
 # Patch ids (workflow.patched): each marks a change of the commands a workflow issues, so that
@@ -71,6 +77,12 @@ PATCH_MERGED_HOLDER = "merged-holder-steps"
 #: the first task, which upserts anyway, and only the search attributes whose value differs
 #: from the workflow's own are upserted (the starter sets all three: payouts.workload).
 PATCH_LEAN_VISIBILITY = "lean-visibility"
+#: Operator commands (issue 24): one dynamic signal handler takes any name, arity and payload
+#: (`workflows.operator_desk`); abandon and revoke are also Updates with a validator; each command
+#: is verified once by the payment store (single-use nonce) and ended once, carried out or
+#: refused; the rail's evidence outranks an abandon; a cancellation request is refused and the
+#: payout goes on; continue-as-new waits for a revoke in flight instead of cancelling it.
+PATCH_OPERATOR_COMMANDS = "operator-commands"
 #: What an operator sees as the merged activity's summary in the Temporal UI (UC-01 steps 3-9).
 EXECUTE_SUMMARY = "UC-01: re-read + claim -> submit (once) -> post -> release"
 
@@ -137,6 +149,12 @@ class PayoutWorkflow:
         # run ends or continues as new, so that none is abandoned mid-flight.
         self._background_releases: list[asyncio.Task[None]] = []
         self._published: tuple[str, bool] | None = None  # search attributes last upserted
+        self._evidence = ""  # what the rail said that decided `_resolution`
+        self._lookups_before = 0  # lookups of this payout in the runs before this one
+        self._last_lookup: m.LookupRecord | None = None
+        carried = inp.carried.commands if inp.carried is not None else []
+        retry = _unlimited_retry(inp)
+        self._desk = OperatorDesk(inp, self._facts, retry, carried, self._rejections)
         if inp.carried is not None:
             self._restore(inp.carried)
 
@@ -144,7 +162,34 @@ class PayoutWorkflow:
 
     @workflow.run
     async def run(self, inp: m.PayoutInput) -> m.PayoutStatus:
-        revoker = asyncio.create_task(self._carry_out_revokes())
+        if not self._commands_on():
+            return await self._run(inp)  # histories recorded before patch `operator-commands`
+        # A payout workflow is never cancelled (UI "Request Cancellation", `temporal workflow
+        # cancel`): the payout runs in a task of its own, shielded, so that the cancellation
+        # reaches only this primary task, which records and audits it and goes on waiting. No
+        # activity of the payout is cancelled by it, so no submit is cut off mid-flight.
+        payout = asyncio.create_task(self._run(inp))
+        while True:
+            try:
+                return await asyncio.shield(payout)
+            except asyncio.CancelledError:
+                if payout.done():
+                    return payout.result()  # ended meanwhile (or evicted: re-raises that)
+                if workflow.cancellation_reason() is None or payout.cancelling():
+                    # Not a cancellation request: the worker is evicting this workflow from
+                    # its cache, which cancels every task of it; let the SDK finish that.
+                    raise
+                self._desk.cancel_requested()
+
+    def _commands_on(self) -> bool:
+        """Patch `operator-commands` (memoized by the SDK: the first call decides for the run)."""
+        return workflow.patched(PATCH_OPERATOR_COMMANDS)
+
+    async def _run(self, inp: m.PayoutInput) -> m.PayoutStatus:
+        if self._commands_on():
+            revoker = asyncio.create_task(self._desk.run_revokes())
+        else:
+            revoker = asyncio.create_task(self._carry_out_revokes())
         if workflow.patched(PATCH_LEAN_VISIBILITY):
             # Decided here, in the first task, so its TemporalChangeVersion upsert joins this
             # task's visibility write instead of costing the next task one of its own.
@@ -179,6 +224,7 @@ class PayoutWorkflow:
         await self._drop_pending_revokes(revoker)
         await self._background_releases_done()
         await workflow.wait_condition(workflow.all_handlers_finished)
+        await self._desk.settle_audits()
         return self.status()
 
     # ------------------------------------------------------------------ queries and signals
@@ -193,18 +239,73 @@ class PayoutWorkflow:
             escalated=self._escalated,
             rejected_signals=list(self._rejections),
             last_error=self._last_error,
-            pending_revokes=len(self._revokes),
+            pending_revokes=len(self._revokes) + self._desk.pending_revokes(),
             runs=self._runs,
+            account_id=self._input.account_id,
+            resolution=self._resolution,
+            evidence=self._evidence,
+            lookups=self._lookups_before + self._lookups,
+            last_lookup=self._last_lookup,
+            commands=self._desk.records(),
+            cancel_requests=self._desk.cancel_requests,
         )
 
-    # The handlers take the raw payload (`Any`) and decode it themselves: a payload the SDK
-    # could not decode into OperatorCommand would otherwise be dropped before our code saw it,
-    # unaudited. Nothing in a handler may raise: every refusal is recorded and reported.
+    def _facts(self) -> Facts:
+        return Facts(
+            state=self._state,
+            escalated=self._escalated,
+            resolution=self._resolution,
+            evidence=self._evidence,
+        )
 
-    @workflow.signal
-    async def abandon(self, payload: Any = None) -> None:
-        """Operator: RAIL_AMBIGUOUS -> ABANDONED, only after the resolution SLA escalated."""
-        cmd, why = _operator_command(payload)
+    # Signals: one dynamic handler takes every signal, whatever its name, arity or payload
+    # (raw values, decoded by the desk itself), so that nothing a sender sends can make the
+    # SDK raise on dispatch (two arguments wedged the workflow) or drop a signal unaudited (a
+    # payload the converter cannot decode). Nothing in a handler may raise.
+
+    @workflow.signal(
+        dynamic=True,
+        description="abandon | revoke: an OperatorCommand {operator, reason, assertion}; any "
+        "other signal, or a payload that is not one command, is refused and audited",
+    )
+    async def signal(self, name: str, args: Sequence[RawValue]) -> None:
+        if self._commands_on():
+            await self._desk.on_signal(name, args)
+            return
+        # Histories recorded before patch `operator-commands`: the named handlers of then,
+        # which took one payload decoded by the SDK's default converter.
+        payload, _ = decode_signal(args) if len(args) == 1 else (None, "")
+        if name == "abandon":
+            await self._legacy_abandon(payload)
+        elif name == "revoke":
+            await self._legacy_revoke(payload)
+
+    # Updates: the same commands with the verdict sent back to the caller (`payouts payout
+    # abandon|revoke`). The validator refuses what the payout's state does not allow before
+    # anything enters the history; an accepted one is verified by the payment store, and a
+    # refusal there fails the update (type OperatorCommandRefused), never the workflow.
+
+    @workflow.update(name="abandon", description="RAIL_AMBIGUOUS -> ABANDONED, after the SLA")
+    async def abandon_update(self, cmd: m.OperatorCommand) -> m.CommandRecord:
+        self._commands_on()
+        return await self._desk.on_update("abandon", cmd)
+
+    @abandon_update.validator
+    def _validate_abandon(self, cmd: m.OperatorCommand) -> None:
+        self._desk.validate("abandon", cmd)
+
+    @workflow.update(name="revoke", description="force-revoke this payout's lock (UC-06)")
+    async def revoke_update(self, cmd: m.OperatorCommand) -> m.CommandRecord:
+        self._commands_on()
+        return await self._desk.on_update("revoke", cmd)
+
+    @revoke_update.validator
+    def _validate_revoke(self, cmd: m.OperatorCommand) -> None:
+        self._desk.validate("revoke", cmd)
+
+    async def _legacy_abandon(self, payload: Any) -> None:
+        """Before patch `operator-commands`: RAIL_AMBIGUOUS -> ABANDONED after the SLA."""
+        cmd, why = operator_command(payload)
         if not why and self._state != PayoutState.RAIL_AMBIGUOUS.value:
             why = f"abandon is only valid in RAIL_AMBIGUOUS, payout is {self._state}"
         if not why and not self._escalated:
@@ -215,10 +316,9 @@ class PayoutWorkflow:
         # Carried out by the run loop under a grant (abandon_payout is a fenced write).
         self._abandon = cmd
 
-    @workflow.signal
-    async def revoke(self, payload: Any = None) -> None:
-        """Operator: force-revoke this payout's lock through the lock service (UC-06)."""
-        cmd, why = _operator_command(payload)
+    async def _legacy_revoke(self, payload: Any) -> None:
+        """Before patch `operator-commands`: force-revoke through the lock service."""
+        cmd, why = operator_command(payload)
         if not why and self._state in TERMINAL_STATES:
             why = f"payout is terminal ({self._state}); nothing to revoke"
         if why:
@@ -235,7 +335,7 @@ class PayoutWorkflow:
         try:
             await self._revoke_now(cmd)
         except ActivityError as err:
-            await self._reject("revoke", cmd, f"revoke could not be carried out: {_cause(err)}")
+            await self._reject("revoke", cmd, f"revoke could not be carried out: {cause(err)}")
 
     async def _reject(self, signal: str, cmd: m.OperatorCommand, why: str) -> None:
         rejection = m.SignalRejection(
@@ -253,7 +353,7 @@ class PayoutWorkflow:
                 retry_policy=_unlimited_retry(self._input),
             )
         except ActivityError as err:
-            self._last_error = f"could not audit the rejected {signal} signal: {_cause(err)}"
+            self._last_error = f"could not audit the rejected {signal} signal: {cause(err)}"
 
     # ------------------------------------------------------------------ operator revokes
 
@@ -291,11 +391,16 @@ class PayoutWorkflow:
                 if isinstance(err.cause, CancelledError):
                     return
                 self._revokes.pop(0)
-                await self._reject("revoke", cmd, f"revoke could not be carried out: {_cause(err)}")
+                await self._reject("revoke", cmd, f"revoke could not be carried out: {cause(err)}")
                 continue
             self._revokes.pop(0)
 
-    async def _stop(self, revoker: asyncio.Task[None]) -> None:
+    async def _stop(self, revoker: asyncio.Task[None], *, terminal: bool = False) -> None:
+        if self._commands_on():
+            # Before continuing as new, never cancelled mid-revoke (issue 24, item 7): the one
+            # in flight ends first, so it is neither lost nor carried out again by the next run.
+            await self._desk.stop(revoker, cancel_in_flight=terminal)
+            return
         self._revoker_stopped = True
         revoker.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -304,12 +409,29 @@ class PayoutWorkflow:
     async def _drop_pending_revokes(self, revoker: asyncio.Task[None]) -> None:
         """The payout is terminal: a revoke not carried out by now is reported, not carried out,
         because the account's lock may already belong to its next payout."""
-        await self._stop(revoker)
+        await self._stop(revoker, terminal=True)
+        if self._commands_on():
+            await self._desk.drop_pending_revokes(self._state)
+            await self._end_pending_abandon()
+            return
         while self._revokes:
             cmd = self._revokes.pop(0)
             await self._reject(
                 "revoke", cmd, f"payout reached {self._state} before the revoke was carried out"
             )
+
+    async def _end_pending_abandon(self) -> None:
+        """A terminal payout with an abandon still pending: ABANDONED means it was carried out
+        (its result was lost with the holder; the store ended the command in the same
+        transaction as the transition); any other state came first."""
+        pending = self._desk.pending_abandon()
+        if pending is None:
+            return
+        if self._state == PayoutState.ABANDONED.value:
+            self._desk.carried_out(pending, "ABANDONED")
+        else:
+            why = f"payout reached {self._state} before the abandon was carried out"
+            await self._desk.refuse(pending, why, code="terminal")
 
     # ------------------------------------------------------------------ continue-as-new
 
@@ -324,8 +446,9 @@ class PayoutWorkflow:
     async def _continue_as_new(self, revoker: asyncio.Task[None]) -> None:
         """Hand the payout to a fresh run with an empty history, carrying what only the workflow
         knows. Called only between critical sections, so no grant is held across the gap."""
-        await self._stop(revoker)  # a revoke in flight stays queued and is carried
+        await self._stop(revoker)  # legacy: a revoke in flight stays queued and is carried
         await self._background_releases_done()
+        await self._desk.settle_audits()
         await workflow.wait_condition(workflow.all_handlers_finished)
         workflow.logger.info("continuing as new after %s lookups", self._lookups)
         workflow.continue_as_new(dataclasses.replace(self._input, carried=self._carry()))
@@ -346,6 +469,11 @@ class PayoutWorkflow:
             rejected_signals=self._rejections[-_CARRIED_REJECTIONS:],
             last_error=self._last_error,
             runs=self._runs,
+            commands=self._desk.carry(),
+            evidence=self._evidence,
+            lookups=self._lookups_before + self._lookups,
+            last_lookup=self._last_lookup,
+            cancel_requests=self._desk.cancel_requests,
         )
 
     def _restore(self, c: m.CarriedState) -> None:
@@ -362,6 +490,10 @@ class PayoutWorkflow:
         self._rejections = list(c.rejected_signals)
         self._last_error = c.last_error
         self._runs = c.runs + 1
+        self._evidence = c.evidence
+        self._lookups_before = c.lookups
+        self._last_lookup = c.last_lookup
+        self._desk.cancel_requests = c.cancel_requests
 
     # ------------------------------------------------------------------ steps
 
@@ -412,7 +544,7 @@ class PayoutWorkflow:
             )
         except ActivityError as err:
             self._contended = False
-            self._last_error = f"acquire failed: {_cause(err)}"
+            self._last_error = f"acquire failed: {cause(err)}"
             return None
         self._contended = result.reason in ("held", "timeout")
         if not result.acquired:
@@ -513,7 +645,7 @@ class PayoutWorkflow:
                 )
             return await self._advance(inp, grant, view)
         except ActivityError as err:
-            self._last_error = _cause(err)
+            self._last_error = cause(err)
             if _is_type(err, m.FENCED_OUT) or _is_type(err, m.LOCK_LOST):
                 # Never retry under the same token: abort this attempt and re-acquire.
                 workflow.logger.warning("grant %s lost: %s", grant.token, self._last_error)
@@ -602,22 +734,11 @@ class PayoutWorkflow:
                 )
                 continue
             if state == PayoutState.RAIL_AMBIGUOUS.value:
-                if self._abandon is not None:
-                    abandoned = await self._carry_out_abandon(inp, grant, self._abandon)
-                    if abandoned is None:
-                        return True  # refused and recorded: resolve by lookups as before
-                    view = abandoned
-                    continue
-                if self._resolution:
-                    view = await self._on_holder(
-                        m.RESOLVE_AMBIGUOUS,
-                        self._step(inp, grant, "resolve", resolution=self._resolution),
-                        queue,
-                        _DB_WRITE_RETRY,
-                    )
-                    self._resolution = ""
-                    continue
-                return True  # release the lock; resolve by lookups outside the critical section
+                resolved = await self._ambiguous_step(inp, grant)
+                if resolved is None:
+                    return True  # release the lock; resolve by lookups outside the section
+                view = resolved
+                continue
             if state == PayoutState.PENDING.value:
                 # The claim did not happen (e.g. another holder's work in flight): retry later.
                 return False
@@ -626,6 +747,84 @@ class PayoutWorkflow:
             self._last_error = f"unexpected payout state {state}"
             workflow.logger.error("unexpected payout state %s", state)
             return False
+
+    async def _ambiguous_step(
+        self, inp: m.PayoutInput, grant: m.AcquireResult
+    ) -> m.PayoutView | None:
+        """RAIL_AMBIGUOUS under a grant (patch `operator-commands`). Evidence outranks any
+        command: a rail outcome already known is applied, and a pending abandon is refused
+        naming it; otherwise a pending abandon is carried out, unless the abandon activity's own
+        last lookup finds the rail's evidence first. None: nothing to do under this grant."""
+        if not self._commands_on():
+            return await self._legacy_ambiguous_step(inp, grant)
+        pending = self._desk.pending_abandon()
+        if not self._resolution and pending is not None:
+            view = await self._abandon_under(inp, grant, pending)
+            if not view.evidence:
+                if view.state == PayoutState.ABANDONED.value:
+                    self._desk.carried_out(pending, "ABANDONED")
+                return view
+            self._learn(view.evidence, "the abandon's last lookup")
+        if not self._resolution:
+            return None
+        if pending is not None and pending.status == "pending":
+            why = f"the rail's evidence came first ({self._evidence}): abandon refused"
+            await self._desk.refuse(pending, why, code="evidence")
+        return await self._apply_resolution(inp, grant)
+
+    async def _legacy_ambiguous_step(
+        self, inp: m.PayoutInput, grant: m.AcquireResult
+    ) -> m.PayoutView | None:
+        """Before patch `operator-commands`: a pending abandon first (as those histories ran),
+        then a known resolution."""
+        if self._abandon is not None:
+            return await self._carry_out_abandon(inp, grant, self._abandon)
+        if self._resolution:
+            return await self._apply_resolution(inp, grant)
+        return None
+
+    async def _apply_resolution(self, inp: m.PayoutInput, grant: m.AcquireResult) -> m.PayoutView:
+        view = await self._on_holder(
+            m.RESOLVE_AMBIGUOUS,
+            self._step(inp, grant, "resolve", resolution=self._resolution),
+            grant.worker_queue,
+            _DB_WRITE_RETRY,
+        )
+        self._resolution = ""
+        return view
+
+    async def _abandon_under(
+        self, inp: m.PayoutInput, grant: m.AcquireResult, pending: m.CommandRecord
+    ) -> m.PayoutView:
+        """The accepted abandon, carried out by the payment store under this grant and under
+        the acceptance it recorded (so an assertion that expired meanwhile does not matter)."""
+        try:
+            return await self._on_holder(
+                m.ABANDON_PAYOUT,
+                self._step(
+                    inp,
+                    grant,
+                    "abandon",
+                    operator=pending.actor,
+                    reason=pending.reason,
+                    command_id=pending.command_id,
+                ),
+                grant.worker_queue,
+                _DB_WRITE_RETRY,
+            )
+        except ActivityError as err:
+            if not _is_type(err, m.ASSERTION_REFUSED):
+                raise  # an outage or a lost grant: the abandon stays pending for the next grant
+            await self._desk.refuse(pending, f"abandon refused: {cause(err)}", code="refused")
+            return m.PayoutView(
+                payout_id=inp.payout_id, account_id=inp.account_id, state=self._state
+            )
+
+    def _learn(self, status: str, source: str) -> None:
+        """A rail outcome, from a lookup: settled -> RAIL_ACKED; declined or proven absent ->
+        FAILED. Applied under the next grant; from now on an abandon is refused naming it."""
+        self._resolution = "settled" if status == "settled" else "absent"
+        self._evidence = f"{source} at {workflow.now().isoformat()}: {status}"
 
     async def _carry_out_abandon(
         self, inp: m.PayoutInput, grant: m.AcquireResult, cmd: m.OperatorCommand
@@ -654,7 +853,7 @@ class PayoutWorkflow:
             ):
                 raise
             self._abandon = None
-            await self._reject("abandon", cmd, f"abandon refused: {_cause(err)}")
+            await self._reject("abandon", cmd, f"abandon refused: {cause(err)}")
             return None
 
     async def _release(
@@ -677,7 +876,7 @@ class PayoutWorkflow:
         except ActivityError as err:
             # A lost release only delays the next holder until the lease expires; safety never
             # depends on it (the next grant has a higher token).
-            workflow.logger.info("release of token %s failed: %s", grant.token, _cause(err))
+            workflow.logger.info("release of token %s failed: %s", grant.token, cause(err))
 
     async def _background_releases_done(self) -> None:
         releases, self._background_releases = self._background_releases, []
@@ -687,7 +886,10 @@ class PayoutWorkflow:
     # ------------------------------------------------------------------ ambiguity (UC-05)
 
     def _resolution_known(self) -> bool:
-        return bool(self._resolution) or self._abandon is not None
+        return bool(self._resolution) or self._abandon_waiting()
+
+    def _abandon_waiting(self) -> bool:
+        return self._abandon is not None or self._desk.pending_abandon() is not None
 
     async def _resolve_ambiguity(self, inp: m.PayoutInput) -> None:
         """Lookups by client reference on durable timers until the rail's evidence settles it,
@@ -700,11 +902,8 @@ class PayoutWorkflow:
             if self._continue_as_new_due():
                 return
             result = await self._lookup(inp)
-            if result.status == "settled":
-                self._resolution = "settled"
-                return
-            if result.status in ("absent", "declined"):
-                self._resolution = "absent"
+            if result.status in ("settled", "absent", "declined"):
+                self._learn(result.status, f"lookup {self._last_lookup_number()}")
                 return
             waited = (workflow.now() - self._ambiguous_since).total_seconds()
             if not self._escalated and waited >= inp.resolution_sla_s:
@@ -712,8 +911,7 @@ class PayoutWorkflow:
             # A durable timer: the next lookup, or an operator's abandon, whichever comes first.
             with contextlib.suppress(TimeoutError):
                 await workflow.wait_condition(
-                    lambda: self._abandon is not None,
-                    timeout=timedelta(seconds=inp.lookup_interval_s),
+                    self._abandon_waiting, timeout=timedelta(seconds=inp.lookup_interval_s)
                 )
 
     async def _lookup(self, inp: m.PayoutInput) -> m.LookupResult:
@@ -732,9 +930,18 @@ class PayoutWorkflow:
             )
         except ActivityError as err:
             # Only a non-retryable failure gets here. Not evidence of anything: look again later.
-            self._last_error = f"lookup failed: {_cause(err)}"
-            return m.LookupResult(status="unavailable", detail=self._last_error)
+            self._last_error = f"lookup failed: {cause(err)}"
+            result = m.LookupResult(status="unavailable", detail=self._last_error)
+        self._last_lookup = m.LookupRecord(
+            number=self._last_lookup_number(),
+            status=result.status,
+            detail=result.detail[:500],
+            at=workflow.now().isoformat(),
+        )
         return result
+
+    def _last_lookup_number(self) -> int:
+        return self._lookups_before + self._lookups
 
     async def _escalate(self, inp: m.PayoutInput) -> None:
         # Escalated from here on, whether or not the alert's audit row is written: the SLA has
@@ -754,40 +961,7 @@ class PayoutWorkflow:
                 retry_policy=_unlimited_retry(inp),
             )
         except ActivityError as err:
-            self._last_error = f"escalation not recorded: {_cause(err)}"
-
-
-#: The fields an operator command may carry; anything else makes it invalid.
-_COMMAND_FIELDS = frozenset(f.name for f in dataclasses.fields(m.OperatorCommand))
-
-
-def _operator_command(payload: Any) -> tuple[m.OperatorCommand, str]:
-    """Decode a signal's payload; the second value says why it is refused ("" when valid)."""
-    if isinstance(payload, m.OperatorCommand):
-        cmd = payload
-    else:
-        unexpected = sorted(set(payload) - _COMMAND_FIELDS) if isinstance(payload, dict) else []
-        if unexpected:
-            # A misspelt field ("reson") must not be dropped silently: refuse the whole command.
-            return m.OperatorCommand(), f"invalid payload: unexpected field(s) {unexpected}"[:500]
-        try:
-            cmd = value_to_type(m.OperatorCommand, payload if payload is not None else {})
-        except (TypeError, ValueError) as exc:
-            return m.OperatorCommand(), f"invalid payload: {exc}"[:500]
-    return cmd, _missing_identity(cmd)
-
-
-def _missing_identity(cmd: m.OperatorCommand) -> str:
-    if not isinstance(cmd.operator, str) or not cmd.operator.strip():
-        return "an operator identity is required"
-    if not isinstance(cmd.reason, str) or not cmd.reason.strip():
-        return "a reason is required"
-    return ""
-
-
-def _cause(err: BaseException) -> str:
-    cause = err.__cause__ or getattr(err, "cause", None)
-    return f"{type(cause).__name__}: {cause}" if cause else str(err)
+            self._last_error = f"escalation not recorded: {cause(err)}"
 
 
 def _is_type(err: ActivityError, error_type: str) -> bool:

@@ -15,6 +15,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities import models as m
 from activities.payout.base import PayoutActivitiesBase, _holder_step
+from activities.payout.lookups import rail_evidence
 from activities.payout.support import GrantArg, S, _fenced, _lost, _view, log
 from ledger import AlreadyAdvanced, Payout
 from ledger.errors import InvalidOperatorAssertion
@@ -258,10 +259,31 @@ class CriticalSteps(PayoutActivitiesBase):
     @activity.defn(name=m.ABANDON_PAYOUT)
     @_holder_step
     async def abandon_payout(self, req: m.StepRequest) -> m.PayoutView:
-        """Break-glass RAIL_AMBIGUOUS -> ABANDONED, with the operator as the audited actor: the
-        identity inside the verified operator assertion. A refused assertion changes nothing and
-        is final (non-retryable `OperatorAssertionRefused`): the workflow records the rejection."""
+        """Break-glass RAIL_AMBIGUOUS -> ABANDONED, with the operator as the audited actor.
+
+        With `command_id` (patch `operator-commands`): the command the payment store accepted
+        (assertion verified, nonce recorded), carried out under that acceptance. Evidence
+        outranks the command: one last lookup of the rail first, and if it says settled,
+        declined or (proven) absent, nothing is abandoned and the view carries the evidence for
+        the workflow to apply. Only a rail that cannot tell (pending, unavailable) leaves the
+        operator's decision standing.
+
+        Without it (histories before the patch): the assertion itself is verified here. A
+        refused assertion or command changes nothing and is final (non-retryable
+        `OperatorAssertionRefused`): the workflow records the rejection."""
         ctx = self._ctx(req.context)  # "via" this worker; the store audits the operator
+        if req.command_id:
+            current = await self._current(req.payout_id)
+            if current.state == S.RAIL_AMBIGUOUS and current.client_reference:
+                found = await rail_evidence(self._proxy, current.client_reference, req.payout_id)
+                if found.status in ("settled", "declined", "absent"):
+                    log.warning(
+                        "operator.abandon_outranked",
+                        payout_id=req.payout_id,
+                        command_id=req.command_id,
+                        evidence=found.status,
+                    )
+                    return _view(current, evidence=found.status)
         try:
             return _view(
                 await self._write(
@@ -274,6 +296,7 @@ class CriticalSteps(PayoutActivitiesBase):
                         reason=req.reason,
                         grant=g,
                         assertion=req.assertion,
+                        command_id=req.command_id,
                     ),
                 )
             )

@@ -16,9 +16,11 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities import models as m
 from activities.payout.base import PayoutActivitiesBase
+from activities.payout.lookups import verdict_of
 from activities.payout.support import _heartbeating, _HeldGrant, _past_start_to_close, log
 from common import correlation
 from common.lockkey import lock_key
+from ledger import TERMINAL_STATES
 from lockservice.api import LockError
 from lockservice.client import Lease, NotAcquiredError
 
@@ -166,6 +168,62 @@ class LockSteps(PayoutActivitiesBase):
             details={"reason": req.reason, **revoked},
         )
 
+    @activity.defn(name=m.CARRY_OUT_REVOKE)
+    async def carry_out_revoke(self, req: m.RevokeRequest) -> m.CommandVerdict:
+        """An accepted revoke command (patch `operator-commands`), carried out once: the lock
+        server verifies its operator assertion again (signature, action, payout, the lock key of
+        the payout's account, expiry) and revokes; the command then ends `carried_out` with the
+        audit row `lock_revoke_requested`, or `refused` with the server's reason (a 4xx).
+
+        Retried without limit (an outage of the lock server or the database only delays it): a
+        retry finds the command ended and does nothing. Only a retry after the lock server
+        revoked but before the database recorded it can revoke twice; that costs the account's
+        current holder its grant (it re-acquires with a higher token), never safety.
+        """
+        known = await self._store.command(req.command_id)
+        if known is not None and known.outcome is not None:
+            return verdict_of(known)
+        payout = await self._current(req.payout_id)
+        if payout.state in TERMINAL_STATES:
+            # The account's lock may belong to its next payout by now: never revoke it for this
+            # one (the workflow cancels a revoke still pending when its payout ends).
+            verdict = await self._store.settle_command(
+                command_id=req.command_id,
+                outcome="refused",
+                code="terminal",
+                why=f"payout reached {payout.state} before the revoke was carried out",
+            )
+            return verdict_of(verdict)
+        body = {
+            "key": lock_key(req.account_id),
+            "operator": req.operator,
+            "reason": req.reason,
+            "payout_id": req.payout_id,
+            "assertion": req.assertion,
+        }
+        response = await self._lock_http.post("/v1/locks/revoke", json=body)
+        if response.status_code >= 500:
+            raise ApplicationError(f"lock service unavailable: HTTP {response.status_code}")
+        if response.status_code >= 400:
+            code = _error_code(response)
+            verdict = await self._store.settle_command(
+                command_id=req.command_id,
+                outcome="refused",
+                code=code,
+                why=f"the lock service refused the revoke: HTTP {response.status_code} "
+                f"{code}: {response.text[:300]}",
+            )
+            return verdict_of(verdict)
+        revoked = response.json()
+        verdict = await self._store.settle_command(
+            command_id=req.command_id,
+            outcome="carried_out",
+            why=f"revoked token {revoked.get('revoked_token')} of {body['key']}",
+            details=revoked,
+            audit_action="lock_revoke_requested",
+        )
+        return verdict_of(verdict)
+
     @activity.defn(name=m.RELEASE_LOCK)
     async def release_lock(self, req: m.StepRequest) -> None:
         """UC-01 step 9. Best effort: a lost release only delays the next holder to expiry."""
@@ -203,3 +261,13 @@ class LockSteps(PayoutActivitiesBase):
                 )
                 with contextlib.suppress(LockError, httpx.HTTPError):
                     await self._locks.release(lease)
+
+
+def _error_code(response: httpx.Response) -> str:
+    """The lock server's stable error name (`{"code": ...}`), or the status as text."""
+    try:
+        body = response.json()
+    except ValueError:
+        return f"http_{response.status_code}"
+    code = body.get("code") if isinstance(body, dict) else None
+    return str(code) if code else f"http_{response.status_code}"

@@ -264,19 +264,21 @@ def test_operator_signal_carries_the_lock_servers_assertion_and_no_secret(
     operator_env: None,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """`payouts payout revoke` obtains an operator assertion with the operator's token and sends
-    it in the signal: the history holds the asserted identity (not `--operator`), bound to this
-    payout and action, and never the token."""
+    """`payouts payout revoke --signal` obtains an operator assertion with the operator's token
+    and sends it in the signal: the history holds the asserted identity (not `--operator`),
+    bound to this payout, action and its account's lock key, and never the token."""
     address = temporal_env.client.service_client.config.target_host
     payout_id = _started_without_worker(db, address)
     capsys.readouterr()
-    argv = ["payout", "revoke", payout_id, "--operator", "mallory", "--reason", "stuck holder"]
+    argv = ["payout", "revoke", payout_id, "--signal", "--operator", "mallory"]
+    argv += ["--reason", "stuck holder"]
     assert main([*argv, "--lock-url", lock_url, "--temporal", address]) == 0
     assert f"as {OPERATOR}" in capsys.readouterr().out
     (sent,) = asyncio.run(_signals(address, f"payout-{payout_id}"))
     assert sent["operator"] == OPERATOR and sent["reason"] == "stuck holder"
     a = sent["assertion"]
     assert (a["identity"], a["action"], a["payout_id"]) == (OPERATOR, "revoke", payout_id)
+    assert a["key"] == f"payout:{payout_id.removesuffix('p')}00000"
     assert token(OPERATOR) not in json.dumps(sent)
 
 

@@ -40,6 +40,13 @@ class MockWorld:
     rejected: list[m.SignalRejection] = field(default_factory=list)
     revokes: list[m.RevokeRequest] = field(default_factory=list)
     escalations: int = 0
+    # Operator commands (patch `operator-commands`): what the MOCK payment store accepted, by
+    # command id; the nonces it saw (a repeated nonce is refused as a replay); what it settled.
+    accepted: dict[str, m.CommandRequest] = field(default_factory=dict)
+    nonces: set[str] = field(default_factory=set)
+    settled: list[m.CommandSettlement] = field(default_factory=list)
+    # The abandon activity's last lookup of the rail: "settled" | "declined" | "absent" | "".
+    abandon_evidence: str = ""
     # Outages: while set, these activities fail with a retryable error (an unreachable service).
     lock_service_down: bool = False  # revoke_lock
     lookup_failures: int = 0  # the next N lookup attempts fail
@@ -171,9 +178,50 @@ class MockWorld:
 
         @activity.defn(name=m.ABANDON_PAYOUT)
         async def abandon(req: m.StepRequest) -> m.PayoutView:
+            if req.command_id and world.abandon_evidence:
+                world.calls.append(("abandon_outranked:" + world.abandon_evidence, req.token))
+                return world.view(evidence=world.abandon_evidence)
             world.calls.append(("abandon:" + req.operator, req.token))
             world.state = "ABANDONED"
             return world.view()
+
+        @activity.defn(name=m.ACCEPT_OPERATOR_COMMAND)
+        async def accept(req: m.CommandRequest) -> m.CommandVerdict:
+            nonce = str((req.assertion or {}).get("nonce", req.command_id))
+            world.calls.append((f"accept:{req.action}", 0))
+            if req.command_id in world.accepted:
+                return m.CommandVerdict(req.command_id, accepted=True, actor=req.operator)
+            if nonce in world.nonces:
+                return m.CommandVerdict(
+                    req.command_id,
+                    accepted=False,
+                    outcome="refused",
+                    code="replayed",
+                    why="operator assertion already used",
+                )
+            world.nonces.add(nonce)
+            world.accepted[req.command_id] = req
+            return m.CommandVerdict(
+                req.command_id,
+                accepted=True,
+                actor=f"verified:{req.operator}",
+                reason=req.reason,
+            )
+
+        @activity.defn(name=m.SETTLE_OPERATOR_COMMAND)
+        async def settle(req: m.CommandSettlement) -> m.CommandVerdict:
+            world.settled.append(req)
+            return m.CommandVerdict(req.command_id, accepted=True, outcome="refused", why=req.why)
+
+        @activity.defn(name=m.CARRY_OUT_REVOKE)
+        async def carry_out_revoke(req: m.RevokeRequest) -> m.CommandVerdict:
+            if world.lock_service_down:
+                world.fail("revoke", "lock service unreachable")
+            world.revokes.append(req)
+            world.calls.append(("revoke", 0))
+            return m.CommandVerdict(
+                req.command_id, accepted=True, outcome="carried_out", why="revoked"
+            )
 
         @activity.defn(name=m.ESCALATE_AMBIGUOUS)
         async def escalate(req: m.StepRequest) -> None:
@@ -208,6 +256,9 @@ class MockWorld:
             escalate,
             revoke,
             record_rejected,
+            accept,
+            settle,
+            carry_out_revoke,
         ]
 
     def names(self) -> list[str]:

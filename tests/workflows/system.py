@@ -18,7 +18,7 @@ from typing import Any
 
 import asyncpg
 import httpx
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import Worker
 
 from activities import models as m
@@ -316,27 +316,55 @@ async def wait_for(pred: Any, timeout_s: float = 30.0, every_s: float = 0.1) -> 
 
 
 def operator_assertion(
-    system: System, action: str, payout_id: str, reason: str = "drill: signed command"
+    system: System,
+    action: str,
+    payout_id: str,
+    reason: str = "drill: signed command",
+    account_id: str | None = None,
 ) -> dict[str, Any]:
-    """The lock server's operator assertion, obtained with the operator's token (as the CLI)."""
+    """The lock server's operator assertion, obtained with the operator's token (as the CLI).
+    A revoke's is bound to the lock key of `account_id` (the lock server refuses one without)."""
+    body = {"action": action, "payout_id": payout_id, "reason": reason}
+    if account_id is not None:
+        body["key"] = f"payout:{account_id}"
     r = httpx.post(
-        f"{system.lock_url}/v1/operator-assertions",
-        json={"action": action, "payout_id": payout_id, "reason": reason},
-        headers=headers(),
-        timeout=10,
+        f"{system.lock_url}/v1/operator-assertions", json=body, headers=headers(), timeout=10
     )
     r.raise_for_status()
-    body: dict[str, Any] = r.json()
-    return body
+    assertion: dict[str, Any] = r.json()
+    return assertion
 
 
 def signed_command(
-    system: System, action: str, payout_id: str, reason: str = "drill: signed command"
+    system: System,
+    action: str,
+    payout_id: str,
+    reason: str = "drill: signed command",
+    account_id: str | None = None,
 ) -> m.OperatorCommand:
     """What `payouts payout revoke|abandon` sends: the asserted identity, the reason, and the
     assertion itself."""
-    a = operator_assertion(system, action, payout_id, reason)
+    a = operator_assertion(system, action, payout_id, reason, account_id)
     return m.OperatorCommand(operator=a["identity"], reason=reason, assertion=a)
+
+
+async def failed_attempts(handle: WorkflowHandle[Any, Any], activity: str) -> int:
+    """How many activities of this type failed or timed out in the workflow's latest run."""
+    scheduled: dict[int, str] = {}
+    failed = 0
+    async for e in handle.fetch_history_events():
+        if e.HasField("activity_task_scheduled_event_attributes"):
+            scheduled[e.event_id] = e.activity_task_scheduled_event_attributes.activity_type.name
+        for attrs in (
+            "activity_task_failed_event_attributes",
+            "activity_task_timed_out_event_attributes",
+        ):
+            if (
+                e.HasField(attrs)
+                and scheduled.get(getattr(e, attrs).scheduled_event_id) == activity
+            ):
+                failed += 1
+    return failed
 
 
 def lock_info(system: System, key: str) -> dict[str, Any]:

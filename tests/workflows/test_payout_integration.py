@@ -239,7 +239,7 @@ async def test_ambiguous_is_abandoned_by_an_operator(
 
         await wait_for(escalated)
         await handle.signal(
-            PayoutWorkflow.abandon,
+            "abandon",
             signed_command(system, "abandon", payout_id, "rail ticket 42: no record"),
         )
         result = await handle.result()
@@ -279,7 +279,7 @@ async def test_revoke_signal_fences_the_holder_and_the_payout_completes(
     first_token = (await handle.query(PayoutWorkflow.status)).token
     assert first_token > 0
     await handle.signal(
-        PayoutWorkflow.revoke, signed_command(system, "revoke", payout_id, "stuck holder drill")
+        "revoke", signed_command(system, "revoke", payout_id, "stuck holder drill", account_id)
     )
     result = await handle.result()
     await record(handle, "revoke")
@@ -421,8 +421,8 @@ async def test_malformed_operator_signals_are_rejected_and_audited(
 ) -> None:
     """Each malformed payload, sent with the real `temporal` CLI, is rejected with an audit row
     and shown in the status; so is a well-formed revoke with a free-text operator and no
-    operator assertion (anyone who can reach Temporal can send it): the lock server refuses it
-    and the holder keeps its lock. The workflow goes on and completes once it can."""
+    operator assertion (anyone who can reach Temporal can send it): the payment store refuses it
+    when the workflow would accept it, and the holder keeps its lock. The workflow goes on and completes once it can."""
     payout_id, account_id = ids()
     await fund(system.database_url, account_id, 10_000)
     await create_payout(system.database_url, payout_id, account_id, 100)
@@ -468,7 +468,9 @@ async def test_malformed_operator_signals_are_rejected_and_audited(
     result = await handle.result()
     assert result.state == "POSTED"
     (revoke,) = await audit_rows(system.database_url, payout_id, "signal_rejected:revoke")
-    assert revoke["actor"] == "mallory" and "operator_assertion_missing" in revoke["details"]
+    # Refused by the payment store when the workflow accepted it (no assertion), and the typed
+    # name is marked as a claim nobody verified.
+    assert revoke["actor"] == "unverified:mallory" and "(missing)" in revoke["details"]
     whys = [
         r["details"]
         for r in await audit_rows(system.database_url, payout_id, "signal_rejected:abandon")

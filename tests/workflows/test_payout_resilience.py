@@ -27,6 +27,7 @@ from tests.workflows.system import (
     System,
     audit_rows,
     create_payout,
+    failed_attempts,
     fund,
     in_process_workers,
     signed_command,
@@ -106,13 +107,16 @@ async def test_revoke_during_a_lock_server_outage_is_carried_out_when_it_returns
             await until_state(handle, "RAIL_AMBIGUOUS")
             # The CLI obtains the assertion first (it cannot while the lock server is down); it
             # outlives the outage (5 minutes), and the lock server checks it on its return.
-            command = signed_command(system, "revoke", payout_id, "drill: lock server down")
+            account_id = "acct-" + payout_id.removeprefix("amb-")
+            command = signed_command(
+                system, "revoke", payout_id, "drill: lock server down", account_id
+            )
             system.stop_service("lock")
             try:
-                await handle.signal(PayoutWorkflow.revoke, command)
+                await handle.signal("revoke", command)
 
                 async def retried_past_old_budget() -> bool:
-                    return await pending_attempts(handle, m.REVOKE_LOCK) > OLD_ATTEMPTS
+                    return await failed_attempts(handle, m.CARRY_OUT_REVOKE) > OLD_ATTEMPTS
 
                 await wait_for(retried_past_old_budget, timeout_s=90, every_s=0.5)
                 assert await running(handle)
@@ -215,7 +219,7 @@ async def test_ambiguous_payout_continues_as_new_and_is_then_abandoned(
 
             await wait_for(escalated_in_a_later_run, timeout_s=90)
             await handle.signal(
-                PayoutWorkflow.abandon,
+                "abandon",
                 signed_command(system, "abandon", payout_id, "rail ticket 43: no record"),
             )
             result = await handle.result()
