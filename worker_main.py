@@ -37,6 +37,7 @@ from temporalio.worker import Worker
 from activities import backlog_metrics, worker_http
 from activities.payout_activities import PayoutActivities
 from activities.reconcile import ReconcileActivities
+from activities.redrive import RedriveActivities
 from common.credentials import CredentialsError, read_token
 from common.exiting import exit_now, load_settings
 from common.logs import configure_logging, get_logger
@@ -304,11 +305,18 @@ async def _workers(
 ) -> AsyncIterator[None]:
     """The two Temporal workers of this process (the shared queue's and its own holder queue's),
     polling for the duration of the block."""
+    # Re-drives payouts a person left without a workflow; reads paydb with the reconciler's
+    # read-only pool, starts workflows on this shared queue.
+    redrive = RedriveActivities(reconciler.pool, client, settings.task_queue)
     shared = Worker(
         client,
         task_queue=settings.task_queue,
         workflows=[PayoutWorkflow, ReconcileWorkflow],
-        activities=[*acts.shared_queue_activities(), reconciler.reconcile],
+        activities=[
+            *acts.shared_queue_activities(),
+            reconciler.reconcile,
+            redrive.redrive_stranded_payouts,
+        ],
         # How long a workflow task waits for the worker that has the workflow cached
         # before any worker may take it (and replay the whole history). Not shorter: on
         # a busy machine a 3 s timeout fired for healthy workers, and every timeout was

@@ -35,6 +35,11 @@ class ReconcileActivities:
         self._movement_source = movement_source
         self._sla = sla
 
+    @property
+    def pool(self) -> asyncpg.Pool:
+        """The reconciler's read-only pool (also the re-drive's: it only reads paydb)."""
+        return self._pool
+
     @activity.defn(name=RECONCILE)
     async def reconcile(self, req: ReconcileRequest) -> ReconcileReport:
         try:

@@ -20,6 +20,20 @@ class ReconcileInput:
     window_s: float = 3600.0  # A-10: hourly
     settle_lag_s: float = 300.0  # let payouts that were mid-flight at the hour finish first
     window_end: str = ""
+    #: Each run also re-drives up to this many stranded payouts (activities.redrive); 0: off.
+    redrive_limit: int = 1000
+
+
+#: The activity that re-drives stranded payouts (activities.redrive).
+REDRIVE_STRANDED = "redrive_stranded_payouts"
+
+
+@dataclass
+class RedriveReport:
+    """The payouts a run started a new workflow for: "payout_id:STATE:how the last one ended"."""
+
+    redriven: list[str] = field(default_factory=list)
+    scanned_limit: int = 0
 
 
 @dataclass
@@ -41,3 +55,5 @@ class ReconcileReport:
     samples: dict[str, list[str]] = field(default_factory=dict)
     checked_payouts: int = 0
     ok: bool = False
+    #: Stranded payouts this run drove again (a person terminated or reset their workflow).
+    redriven: list[str] = field(default_factory=list)

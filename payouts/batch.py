@@ -24,6 +24,7 @@ class PayoutSpec:
     payout_id: str
     account_id: str
     amount: int
+    state: str = "PENDING"  # as the payment database has it (a re-driven payout's may differ)
 
 
 def parse_spec(raw: dict[str, Any], where: str) -> PayoutSpec:

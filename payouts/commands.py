@@ -26,9 +26,9 @@ from payouts.settings import DEFAULT_QUEUE, DEFAULT_TEMPORAL, task_queue, tempor
 from payouts.workload import (
     connect_temporal,
     create_payouts,
-    pending_payouts,
     seed_accounts,
     start_workflows,
+    stranded_payouts,
 )
 
 __all__ = [
@@ -47,11 +47,11 @@ __all__ = [
     "follow_payouts",
     "generate",
     "payout_state_counts",
-    "pending_payouts",
     "read_batch",
     "register",
     "seed_accounts",
     "start_workflows",
+    "stranded_payouts",
     "task_queue",
     "temporal_address",
 ]

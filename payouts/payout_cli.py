@@ -25,7 +25,7 @@ from payouts.errors import (
 )
 from payouts.follow import follow_payouts, terminal_count
 from payouts.settings import connection_options, database_url, task_queue, temporal_address
-from payouts.workload import connect_temporal, create_payouts, pending_payouts, start_workflows
+from payouts.workload import connect_temporal, create_payouts, start_workflows, stranded_payouts
 
 
 def _cmd_create(args: argparse.Namespace) -> int:
@@ -93,13 +93,26 @@ async def _create_and_start(args: argparse.Namespace, specs: list[PayoutSpec]) -
 
 
 def _cmd_start_pending(args: argparse.Namespace) -> int:
-    specs = asyncio.run(pending_payouts(database_url(args, "PAYDB_DATABASE_URL")))
-    started = asyncio.run(start_workflows(temporal_address(args), task_queue(args), specs))
+    specs, started = asyncio.run(_start_stranded(args))
+    by_state: dict[str, int] = {}
+    for s in specs:
+        by_state[s.state] = by_state.get(s.state, 0) + 1
+    states = ", ".join(f"{n} {state}" for state, n in sorted(by_state.items())) or "none"
     print(
-        f"{len(specs)} PENDING payout(s): started {started} workflow(s), "
-        f"{len(specs) - started} already had one"
+        f"{len(specs)} payout(s) with no running workflow ({states}): started {started} "
+        f"workflow(s), {len(specs) - started} had one meanwhile"
     )
     return 0
+
+
+async def _start_stranded(args: argparse.Namespace) -> tuple[list[PayoutSpec], int]:
+    """Every non-terminal payout nothing drives (never started, or its workflow terminated or
+    reset away): a new workflow for each, which goes on by state and evidence (never a second
+    submit: activities.redrive)."""
+    client = await connect_temporal(temporal_address(args))
+    specs = await stranded_payouts(database_url(args, "PAYDB_DATABASE_URL"), client)
+    started = await start_workflows(temporal_address(args), task_queue(args), specs, client=client)
+    return specs, started
 
 
 async def list_payouts(
@@ -203,7 +216,8 @@ def register(sub: Any) -> Any:
 
     pending = psub.add_parser(
         "start-pending",
-        help="start the workflow of every PENDING payout that has none (idempotent)",
+        help="start a workflow for every non-terminal payout that has none running (never "
+        "started, or terminated): it goes on by state and evidence (idempotent)",
     )
     connection_options(pending, db=True, temporal=True)
     pending.set_defaults(func=guard(_cmd_start_pending))

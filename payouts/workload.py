@@ -1,16 +1,16 @@
 """Putting payouts into the system: funded accounts, payout rows and one workflow per payout.
 
 Owns: the entry points that the `payouts seed|payout` commands, the lab and tests share
-(`seed_accounts`, `create_payouts`, `start_workflows`, `pending_payouts`, `connect_temporal`).
-Must never: move money itself (the workflow does, fenced), or start a second workflow for a
-payout (the workflow id `payout-{id}` with REJECT_DUPLICATE prevents it).
+(`seed_accounts`, `create_payouts`, `start_workflows`, `stranded_payouts`, `connect_temporal`).
+Must never: move money itself (the workflow does, fenced), or start a workflow beside a running
+one of the same payout (`activities.redrive.start_payout`: the workflow id `payout-{id}` with
+ALLOW_DUPLICATE_FAILED_ONLY).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from datetime import timedelta
 from typing import Any
 
 import asyncpg
@@ -90,40 +90,19 @@ async def connect_temporal(address: str) -> Any:
         ) from None
 
 
-def workflow_task_timeout(holder_heartbeat_timeout_s: float) -> timedelta:
-    """The payout workflow's task timeout: half the holder heartbeat timeout, within 1..10 s.
-
-    Why (issue 16, takeover): after a frozen holder's step times out, its next workflow task is
-    taken by the frozen worker's open long-polls twice, on its sticky queue and then on the
-    shared queue, and each time waits out this timeout before another worker may take it. So a
-    takeover costs the heartbeat timeout plus twice this: half of it keeps that at about two
-    heartbeat timeouts (at a 3 s holder heartbeat timeout, 1.5 s instead of 3 s). It bounds a
-    task's processing only, never its wait in the queue, and a healthy worker processes one in
-    milliseconds (94 ms per task in a CPU-bound burst): at the default 10 s heartbeat timeout it
-    is 5 s (Temporal's own default is 10 s); the 1 s floor keeps a tiny heartbeat timeout from
-    timing out healthy tasks.
-    """
-    return timedelta(seconds=max(1.0, min(10.0, holder_heartbeat_timeout_s / 2)))
-
-
 async def start_workflows(
     address: str, queue: str, specs: list[PayoutSpec], client: Any = None, **input_overrides: Any
 ) -> int:
     """Start the workflow of each payout; returns how many were started now.
 
-    Idempotent, keyed by the workflow id `payout-{id}`: a payout whose workflow already exists
-    (running or finished) is skipped, so re-running after a partial failure starts exactly the
-    missing ones and never a second workflow for a payout.
+    Idempotent, keyed by the workflow id `payout-{id}` (`activities.redrive.start_payout`): a
+    payout whose workflow is running or has completed is skipped, so re-running after a partial
+    failure starts exactly the missing ones and never a second workflow beside a running one.
     """
-    from temporalio.common import (
-        SearchAttributePair,
-        TypedSearchAttributes,
-        WorkflowIDReusePolicy,
-    )
-    from temporalio.exceptions import WorkflowAlreadyStartedError
+    from temporalio.common import SearchAttributePair
 
     from activities.models import PayoutInput
-    from workflows.payout import PayoutWorkflow
+    from activities.redrive import start_payout
     from workflows.search_attributes import PAYOUT_ACCOUNT, PAYOUT_ESCALATED, PAYOUT_STATE
 
     client = client or await connect_temporal(address)
@@ -132,45 +111,34 @@ async def start_workflows(
 
     async def one(s: PayoutSpec) -> None:
         nonlocal started
+        inp = PayoutInput(
+            payout_id=s.payout_id,
+            account_id=s.account_id,
+            correlation_id=s.payout_id,
+            **input_overrides,
+        )
+        # Findable by state from the start, before its first workflow task runs.
+        attributes: list[SearchAttributePair[Any]] = [
+            SearchAttributePair(PAYOUT_STATE, s.state),
+            SearchAttributePair(PAYOUT_ACCOUNT, s.account_id),
+            SearchAttributePair(PAYOUT_ESCALATED, False),
+        ]
         async with sem:
-            with contextlib.suppress(WorkflowAlreadyStartedError):  # it exists: keep it
-                inp = PayoutInput(
-                    payout_id=s.payout_id,
-                    account_id=s.account_id,
-                    correlation_id=s.payout_id,
-                    **input_overrides,
-                )
-                await client.start_workflow(
-                    PayoutWorkflow.run,
-                    inp,
-                    id=f"payout-{s.payout_id}",
-                    task_queue=queue,
-                    task_timeout=workflow_task_timeout(inp.holder_heartbeat_timeout_s),
-                    # Findable by state from the start, before its first workflow task runs.
-                    search_attributes=TypedSearchAttributes(
-                        [
-                            SearchAttributePair(PAYOUT_STATE, "PENDING"),
-                            SearchAttributePair(PAYOUT_ACCOUNT, s.account_id),
-                            SearchAttributePair(PAYOUT_ESCALATED, False),
-                        ]
-                    ),
-                    # One workflow per payout, ever: a second start of the same payout is refused.
-                    id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-                )
+            if await start_payout(client, queue, inp, attributes):
                 started += 1
 
     await asyncio.gather(*(one(s) for s in specs))
     return started
 
 
-async def pending_payouts(db_url: str) -> list[PayoutSpec]:
-    """Every PENDING payout: the ones that may still lack a workflow."""
-    conn = await asyncpg.connect(db_url)
+async def stranded_payouts(db_url: str, client: Any) -> list[PayoutSpec]:
+    """Every non-terminal payout whose workflow is not running: never started (a `payout create`
+    that failed half-way), or ended without completing (terminated, ...): nothing drives them."""
+    from activities.redrive import find_stranded
+
+    pool = await asyncpg.create_pool(db_url, min_size=1, max_size=2)
     try:
-        rows = await conn.fetch(
-            "SELECT payout_id, account_id, amount FROM paydb.payouts"
-            " WHERE state = 'PENDING' ORDER BY created_at"
-        )
+        stranded = await find_stranded(pool, client, limit=100_000)
     finally:
-        await conn.close()
-    return [PayoutSpec(r["payout_id"], r["account_id"], int(r["amount"])) for r in rows]
+        await pool.close()
+    return [PayoutSpec(s.payout_id, s.account_id, 0, s.state) for s in stranded]

@@ -4,7 +4,9 @@
 It computes the window from the schedule's action time (the `TemporalScheduledStartTime` search
 attribute, so a delayed or re-run action still reconciles the window it was meant for), falling
 back to workflow.now() for a manual start, runs the read-only `reconcile` activity and returns
-its report. It never repairs anything.
+its report. It never repairs anything. It also re-drives stranded payouts
+(`redrive_stranded_payouts`: a new workflow for a non-terminal payout whose workflow a person
+terminated), which moves no money itself.
 """
 
 from datetime import datetime, timedelta
@@ -14,7 +16,13 @@ from temporalio.common import RetryPolicy, SearchAttributeKey
 
 with workflow.unsafe.imports_passed_through():
     from activities.models import RECONCILE
-    from activities.reconcile_models import ReconcileInput, ReconcileReport, ReconcileRequest
+    from activities.reconcile_models import (
+        REDRIVE_STRANDED,
+        ReconcileInput,
+        ReconcileReport,
+        ReconcileRequest,
+        RedriveReport,
+    )
 
 SCHEDULED_START = SearchAttributeKey.for_datetime("TemporalScheduledStartTime")
 
@@ -43,6 +51,17 @@ class ReconcileWorkflow:
             start_to_close_timeout=timedelta(minutes=5),
             retry_policy=_READ_RETRY,
         )
+        if inp.redrive_limit > 0:
+            # Payouts nothing drives any more (their workflow terminated, or reset away) get a
+            # new workflow, which goes on by state and evidence: never a second submit.
+            redrive: RedriveReport = await workflow.execute_activity(
+                REDRIVE_STRANDED,
+                inp.redrive_limit,
+                result_type=RedriveReport,
+                start_to_close_timeout=timedelta(minutes=5),
+                retry_policy=_READ_RETRY,
+            )
+            report.redriven = redrive.redriven
         return report
 
     @staticmethod
