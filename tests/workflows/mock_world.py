@@ -47,6 +47,8 @@ class MockWorld:
     settled: list[m.CommandSettlement] = field(default_factory=list)
     # The abandon activity's last lookup of the rail: "settled" | "declined" | "absent" | "".
     abandon_evidence: str = ""
+    # While set and not yet released, carry_out_revoke waits on it (a revoke in flight).
+    revoke_gate: asyncio.Event | None = None
     # Outages: while set, these activities fail with a retryable error (an unreachable service).
     lock_service_down: bool = False  # revoke_lock
     lookup_failures: int = 0  # the next N lookup attempts fail
@@ -217,6 +219,9 @@ class MockWorld:
         async def carry_out_revoke(req: m.RevokeRequest) -> m.CommandVerdict:
             if world.lock_service_down:
                 world.fail("revoke", "lock service unreachable")
+            if world.revoke_gate is not None:
+                world.calls.append(("revoke_in_flight", 0))
+                await world.revoke_gate.wait()
             world.revokes.append(req)
             world.calls.append(("revoke", 0))
             return m.CommandVerdict(

@@ -405,3 +405,34 @@ async def test_a_revoke_still_pending_when_the_payout_ends_is_reported_not_carri
     assert [s.why for s in world.settled] == [
         "payout reached POSTED before the revoke was carried out"
     ]
+
+
+async def test_a_revoke_in_flight_when_the_run_continues_as_new_is_carried_out_once(
+    temporal_env: WorkflowEnvironment,
+) -> None:
+    """Continue-as-new falls due while a revoke's attempt is in flight: the run waits for that
+    attempt instead of cancelling it (the SDK erases the result of an activity cancelled in the
+    activation that completes it, and the next run carried the revoke out a second time). The
+    revoke is recorded as carried out, not carried over, and done once (issue 24, item 7)."""
+    gate = asyncio.Event()
+    world = new_world(submit_script=["unknown"], lookup_script=[], revoke_gate=gate)
+    async with running(temporal_env, world) as q:
+        started = await start(
+            temporal_env, q, resolution_sla_s=3600, max_lookups_per_run=3, **RESILIENT
+        )
+        latest = temporal_env.client.get_workflow_handle_for(PayoutWorkflow.run, started.id)
+        await wait_status(latest, lambda s: s.state == "RAIL_AMBIGUOUS")
+        await latest.signal("revoke", m.OperatorCommand(operator="bob", reason="stuck holder"))
+        while "revoke_in_flight" not in world.names():
+            await asyncio.sleep(0.05)
+        # Lookups go on meanwhile; the run reaches its continue-as-new point and waits there.
+        while world.names().count("lookup:pending") < 3:
+            await asyncio.sleep(0.05)
+        gate.set()
+        status = await wait_status(latest, lambda s: s.runs >= 2)
+        world.lookup_script = ["settled"]
+        result = await latest.result()
+    assert [r.operator for r in world.revokes] == ["bob"]  # once, not again by the next run
+    assert status.pending_revokes == 0
+    assert [c.status for c in status.commands if c.action == "revoke"] == ["carried_out"]
+    assert result.state == "POSTED" and result.rejected_signals == []
