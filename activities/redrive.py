@@ -104,16 +104,25 @@ class Stranded:
     workflow: str  # how its last workflow ended: TERMINATED, CANCELED, ..., or NONE (never)
 
 
-async def find_stranded(pool: asyncpg.Pool, client: Client, limit: int = 1000) -> list[Stranded]:
-    """Non-terminal payouts whose workflow is not running: ended without completing, or never
-    started. A COMPLETED workflow with a non-terminal payout cannot be re-driven (its id is
-    spent) and would be a bug: it is reported as an alert event, not returned."""
+async def find_stranded(
+    pool: asyncpg.Pool,
+    client: Client,
+    limit: int = 1000,
+    payout_ids: Sequence[str] | None = None,
+) -> list[Stranded]:
+    """Non-terminal payouts (all, or those of `payout_ids`) whose workflow is not running:
+    ended without completing, or never started. A COMPLETED workflow with a non-terminal payout
+    cannot be re-driven (its id is spent) and would be a bug: it is reported as an alert event,
+    not returned."""
     async with pool.acquire() as conn:
         rows = await conn.fetch(
             "SELECT payout_id, account_id, state FROM paydb.payouts"
-            " WHERE state <> ALL($1::text[]) ORDER BY created_at LIMIT $2",
+            " WHERE state <> ALL($1::text[])"
+            " AND ($3::text[] IS NULL OR payout_id = ANY($3::text[]))"
+            " ORDER BY created_at LIMIT $2",
             list(_TERMINAL),
             limit,
+            None if payout_ids is None else list(payout_ids),
         )
     stranded = []
     for r in rows:

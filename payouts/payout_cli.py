@@ -110,7 +110,7 @@ async def _start_stranded(args: argparse.Namespace) -> tuple[list[PayoutSpec], i
     reset away): a new workflow for each, which goes on by state and evidence (never a second
     submit: activities.redrive)."""
     client = await connect_temporal(temporal_address(args))
-    specs = await stranded_payouts(database_url(args, "PAYDB_DATABASE_URL"), client)
+    specs = await stranded_payouts(database_url(args, "PAYDB_DATABASE_URL"), client, args.payout)
     started = await start_workflows(temporal_address(args), task_queue(args), specs, client=client)
     return specs, started
 
@@ -218,6 +218,12 @@ def register(sub: Any) -> Any:
         "start-pending",
         help="start a workflow for every non-terminal payout that has none running (never "
         "started, or terminated): it goes on by state and evidence (idempotent)",
+    )
+    pending.add_argument(
+        "--payout",
+        action="append",
+        metavar="ID",
+        help="only this payout (repeatable), e.g. right after terminating its workflow",
     )
     connection_options(pending, db=True, temporal=True)
     pending.set_defaults(func=guard(_cmd_start_pending))

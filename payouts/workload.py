@@ -131,14 +131,17 @@ async def start_workflows(
     return started
 
 
-async def stranded_payouts(db_url: str, client: Any) -> list[PayoutSpec]:
-    """Every non-terminal payout whose workflow is not running: never started (a `payout create`
-    that failed half-way), or ended without completing (terminated, ...): nothing drives them."""
+async def stranded_payouts(
+    db_url: str, client: Any, payout_ids: list[str] | None = None
+) -> list[PayoutSpec]:
+    """Every non-terminal payout (or of `payout_ids`) whose workflow is not running: never
+    started (a `payout create` that failed half-way), or ended without completing (terminated,
+    ...): nothing drives them."""
     from activities.redrive import find_stranded
 
     pool = await asyncpg.create_pool(db_url, min_size=1, max_size=2)
     try:
-        stranded = await find_stranded(pool, client, limit=100_000)
+        stranded = await find_stranded(pool, client, limit=100_000, payout_ids=payout_ids)
     finally:
         await pool.close()
     return [PayoutSpec(s.payout_id, s.account_id, 0, s.state) for s in stranded]

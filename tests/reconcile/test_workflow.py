@@ -14,8 +14,10 @@ from temporalio.client import ScheduleIntervalSpec
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from activities.models import PayoutInput
 from activities.reconcile import ReconcileActivities
 from activities.reconcile_models import ReconcileInput, ReconcileReport
+from activities.redrive import RedriveActivities, start_payout
 from payouts.reconcile_cli import SCHEDULE_ID, ensure_schedule
 from reconcile.rules import CLASSES
 from tests.reconcile.conftest import World
@@ -26,8 +28,12 @@ from workflows.reconcile import ReconcileWorkflow
 async def worker(env: WorkflowEnvironment, w: World) -> AsyncIterator[str]:
     queue = f"reconcile-{uuid.uuid4()}"
     acts = ReconcileActivities(w.pool, w.movements, sla=timedelta(hours=4))
+    redrive = RedriveActivities(w.pool, env.client, queue)
     async with Worker(
-        env.client, task_queue=queue, workflows=[ReconcileWorkflow], activities=[acts.reconcile]
+        env.client,
+        task_queue=queue,
+        workflows=[ReconcileWorkflow],
+        activities=[acts.reconcile, redrive.redrive_stranded_payouts],
     ):
         yield queue
 
@@ -108,3 +114,32 @@ async def first_action(handle: object) -> str:
                 return started.workflow_id
         await asyncio.sleep(0.1)
     raise AssertionError("the schedule did not start the workflow")
+
+
+async def test_a_terminated_payouts_workflow_is_driven_again(
+    temporal_env: WorkflowEnvironment, world: World
+) -> None:
+    """A payout whose workflow a person terminated is found by the scheduled run and gets a new
+    workflow (issue 24, item 5); a second run finds it running and starts nothing."""
+    client = temporal_env.client
+    payout_id = await world.new_payout(700)
+    account = await world.pool.fetchval(
+        "SELECT account_id FROM paydb.payouts WHERE payout_id = $1", payout_id
+    )
+    parked = f"nobody-{uuid.uuid4()}"  # no worker: the workflow only has to exist
+    assert await start_payout(client, parked, PayoutInput(payout_id=payout_id, account_id=account))
+    handle = client.get_workflow_handle(f"payout-{payout_id}")
+    await handle.terminate(reason="test: an operator's mistake")
+    inp = ReconcileInput(window_s=60.0, window_end=(await world.db_now()).isoformat())
+    async with worker(temporal_env, world) as queue:
+        first = await client.execute_workflow(
+            ReconcileWorkflow.run, inp, id=f"reconcile-test-{uuid.uuid4()}", task_queue=queue
+        )
+        second = await client.execute_workflow(
+            ReconcileWorkflow.run, inp, id=f"reconcile-test-{uuid.uuid4()}", task_queue=queue
+        )
+    assert first.redriven == [f"{payout_id}:PENDING:TERMINATED"]
+    assert second.redriven == []
+    desc = await handle.describe()
+    assert desc.status is not None and desc.status.name == "RUNNING"
+    await handle.terminate(reason="test done")

@@ -315,6 +315,7 @@ async def test_a_terminated_payout_is_driven_again_by_evidence(
     wid = ["--workflow-id", f"payout-{payout_id}", "--reason", "operator mistake"]
     assert (await _temporal(address, "workflow", "terminate", *wid)).returncode == 0
     env_db = ["--database-url", system.database_url, "--task-queue", workers]
+    env_db += ["--payout", payout_id]  # the session database holds other tests' payouts too
     out = await _payouts(system, address, "payout", "start-pending", *env_db)
     assert out.returncode == 0, out
     assert "started 1 workflow(s)" in out.stdout and "1 RAIL_AMBIGUOUS" in out.stdout
