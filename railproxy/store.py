@@ -1,4 +1,6 @@
-"""The proxy's own tables (schema `railproxy`): fences and attempts. SQL only, no policy."""
+"""The proxy's own tables (schema `railproxy`): fences and attempts. SQL only, no policy.
+
+(The Connection's shared budget, `budget_slots`, is `railproxy.budget`'s.)"""
 
 from __future__ import annotations
 
@@ -38,8 +40,8 @@ WHERE payout_id = $1 AND outcome IS DISTINCT FROM 'NOT_SUBMITTED' LIMIT 1
 _INSERT = f"""
 INSERT INTO {S}.attempts (payout_id, account_id, amount, client_reference, token,
     correlation_id, causation_id, deadline_at, adapter_version, contract_version, connection_id,
-    fencing_enforced, guard_bypassed)
-SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13 WHERE now() < $8
+    fencing_enforced, guard_bypassed, replica_id)
+SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14 WHERE now() < $8
 RETURNING attempt_id
 """
 _OUTCOME = f"""
@@ -112,6 +114,7 @@ async def record_attempt(pool: asyncpg.Pool, req: SubmitRequest, settings: Proxy
                 settings.connection_id,
                 settings.enforce_fencing,
                 not guarded,
+                settings.replica_id,
             )
         except asyncpg.UniqueViolationError as exc:
             raise _duplicate(req) from exc
