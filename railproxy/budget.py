@@ -63,19 +63,21 @@ ON CONFLICT DO NOTHING
 """
 # A free slot and a free permit, both or neither. SKIP LOCKED: a row another taker is taking
 # right now is passed over, never waited for (at worst a take finds nothing while the last free
-# row is being taken by someone else: a refusal, never an over-commit). clock_timestamp(), not
-# now(): the statement's own instant, the same clock for every replica.
+# row is being taken by someone else: a refusal, never an over-commit). clock_timestamp() read
+# once (`clock`), not now(): the statement's own instant, the same clock for every replica.
 _TAKE = f"""
-WITH slot AS (
+WITH clock AS (
+    SELECT clock_timestamp() AS now
+), slot AS (
     SELECT slot FROM {S}.budget_slots
     WHERE connection_id = $1 AND budget = $2 AND kind = 'concurrency' AND slot < $3
-      AND busy_until <= clock_timestamp()
+      AND busy_until <= (SELECT now FROM clock)
     ORDER BY slot LIMIT 1
     FOR UPDATE SKIP LOCKED
 ), permit AS (
     SELECT slot FROM {S}.budget_slots
     WHERE connection_id = $1 AND budget = $2 AND kind = 'rate' AND slot < $4
-      AND busy_until <= clock_timestamp()
+      AND busy_until <= (SELECT now FROM clock)
     ORDER BY slot LIMIT 1
     FOR UPDATE SKIP LOCKED
 ), pick AS (
@@ -84,12 +86,12 @@ WITH slot AS (
     SELECT 'rate' AS kind, slot FROM permit
 ), taken AS (
     UPDATE {S}.budget_slots AS b SET
-        busy_until = clock_timestamp() + make_interval(
+        busy_until = clock.now + make_interval(
             secs => CASE WHEN b.kind = 'concurrency' THEN $5::float8 ELSE $6::float8 END),
         lease_id = CASE WHEN b.kind = 'concurrency' THEN $7::uuid END,
         holder = $8,
-        taken_at = clock_timestamp()
-    FROM pick
+        taken_at = clock.now
+    FROM pick, clock
     WHERE b.connection_id = $1 AND b.budget = $2 AND b.kind = pick.kind AND b.slot = pick.slot
       AND EXISTS (SELECT FROM slot) AND EXISTS (SELECT FROM permit)
     RETURNING b.kind, b.slot
