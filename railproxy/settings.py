@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import socket
+from typing import Self
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -108,6 +109,17 @@ class ProxySettings(BaseSettings):
     #: This proxy's own token for the rail (`RAILPROXY_TOKEN_FILE`): the rail authenticates its
     #: client. A file path, never the token itself.
     token_file: str | None = None
+
+    @model_validator(mode="after")
+    def _breaker_can_open(self) -> Self:
+        # The window never holds more than breaker_window results: above it the breaker could
+        # never gather its minimum sample count, and would never open.
+        if self.breaker_min_samples > self.breaker_window:
+            raise ValueError(
+                f"RAILPROXY_BREAKER_MIN_SAMPLES ({self.breaker_min_samples}) must not exceed "
+                f"RAILPROXY_BREAKER_WINDOW ({self.breaker_window}): the breaker could never open"
+            )
+        return self
 
     def switches_off(self) -> list[str]:
         """The environment variables of the experiment-only switches that are turned off."""
