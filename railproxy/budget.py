@@ -15,8 +15,12 @@ concurrency. The limits that the rail must see are therefore kept in the proxy's
   clock (the database's) for every replica.
 
 A slot and a permit are taken in ONE statement, both or neither (`FOR UPDATE SKIP LOCKED`:
-takers never queue behind each other's rows). That is the cost per call: one statement before
-it, one after it (`release`), on the pool the proxy already holds.
+takers never queue behind each other's rows, so the take never waits for a lock and never
+deadlocks). The cost per submission is one statement and no commit of its own: the take is the
+first statement of the transaction that records the attempt (`railproxy.store.record_attempt`),
+and the release rides on the outcome write (`record_outcome`); a refused take rolls that
+transaction back before it wrote anything. A lookup's try has no transaction to join: it takes
+and releases on its own (two single-statement commits).
 
 Fail closed: a call to the rail is made only under a lease. A database that is down or slower
 than `statement_timeout_s` refuses the call as `StoreUnavailable` (NOT_SUBMITTED: nothing was
@@ -34,10 +38,10 @@ import asyncio
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
 import asyncpg
 
@@ -48,6 +52,7 @@ from railproxy.errors import AdmissionFull, RateLimited, StoreUnavailable
 log = get_logger("railproxy")
 
 Budget = Literal["submit", "lookup"]
+T = TypeVar("T")
 
 S = "railproxy"
 _STORE_ERRORS = (*CONNECTION_LOST, asyncpg.exceptions.TransactionRollbackError)
@@ -100,17 +105,34 @@ SELECT (SELECT slot FROM taken WHERE kind = 'concurrency') AS slot,
        EXISTS (SELECT FROM slot) AS slot_free,
        EXISTS (SELECT FROM permit) AS permit_free
 """
+
+
 # Only the lease's own taker frees a slot: after a lease ran out and another replica took the
 # slot, a late release matches no row.
-_RELEASE = f"""
-UPDATE {S}.budget_slots SET busy_until = '-infinity', lease_id = NULL
-WHERE connection_id = $1 AND budget = $2 AND kind = 'concurrency' AND slot = $3
-  AND lease_id = $4
-"""
+def release_sql(first: int = 1) -> str:
+    """The release statement, its four parameters (`SharedBudget.release_args`) numbered from
+    `first`: a statement that frees the slot along with its own work puts its own first."""
+    connection, budget, slot, lease = (f"${first + i}" for i in range(4))
+    return (
+        f"UPDATE {S}.budget_slots SET busy_until = '-infinity', lease_id = NULL"
+        f" WHERE connection_id = {connection} AND budget = {budget} AND kind = 'concurrency'"
+        f" AND slot = {slot} AND lease_id = {lease}"
+    )
+
+
+RELEASE = release_sql()
 
 #: Polling for a busy slot: the first wait, and the cap of the doubling (full jitter below it).
 _POLL_FIRST_S = 0.02
 _POLL_MAX_S = 0.25
+
+
+class SlotsBusy(Exception):
+    """Every slot of the budget is busy right now (internal: `waiting` polls, then refuses)."""
+
+    def __init__(self, slots: int) -> None:
+        super().__init__(f"all {slots} slots busy")
+        self.slots = slots
 
 
 @dataclass(frozen=True)
@@ -173,9 +195,63 @@ class SharedBudget:
             _PROVISION, self.connection_id, lim.budget, lim.max_concurrency, lim.burst
         )
 
+    async def take(self, conn: asyncpg.Connection) -> Lease:
+        """Take a slot and a permit on `conn`: inside the caller's transaction (the submission's
+        attempt record: they commit or roll back with it) or alone. `RateLimited` if no permit
+        is free, `SlotsBusy` if no slot is; database errors propagate (the caller's outage).
+
+        The statement is bounded by `statement_timeout_s`: a slow database refuses the call
+        instead of delaying it (fail closed)."""
+        lim = self.limits
+        lease_id = uuid.uuid4()
+        # Read before the statement is sent: the database's lease starts later than this, so a
+        # call that ends by started + call_s ends inside it, with the margin to spare.
+        started = time.monotonic()
+        row = await conn.fetchrow(
+            _TAKE,
+            self.connection_id,
+            lim.budget,
+            lim.max_concurrency,
+            lim.burst,
+            lim.call_s + self.margin_s,
+            lim.permit_s,
+            lease_id,
+            self.replica_id,
+            timeout=self.statement_timeout_s,
+        )
+        if row["slot"] is not None:
+            return Lease(lim.budget, int(row["slot"]), lease_id, started + lim.call_s)
+        if not row["permit_free"]:
+            raise RateLimited(
+                f"the Connection's {lim.budget} rate ({lim.rate_per_s:g}/s, burst "
+                f"{lim.burst}) is used up across every replica"
+            )
+        raise SlotsBusy(lim.max_concurrency)
+
+    async def waiting(self, attempt: Callable[[], Awaitable[T]], wait_s: float) -> T:
+        """Run `attempt` (which takes a slot) until it does not raise `SlotsBusy`, polling with
+        full jitter for at most `wait_s`; then `AdmissionFull`. The number of replicas' callers
+        polling at once is bounded by their bulkheads."""
+        deadline = time.monotonic() + wait_s
+        delay = _POLL_FIRST_S
+        while True:
+            try:
+                return await attempt()
+            except SlotsBusy as busy:
+                pause = self.rng.uniform(0, delay)
+                if time.monotonic() + pause >= deadline:
+                    raise AdmissionFull(
+                        f"all {busy.slots} {self.limits.budget} slots of the Connection are "
+                        "busy across every replica"
+                    ) from None
+            await asyncio.sleep(pause)
+            delay = min(delay * 2, _POLL_MAX_S)
+
     @asynccontextmanager
     async def lease(self, wait_s: float) -> AsyncIterator[Lease]:
-        """`acquire`, then `release` however the call ends."""
+        """A slot and a permit taken on their own (a lookup's try), released however the call
+        ends. Every refusal sends nothing: `RateLimited`, `AdmissionFull` after `wait_s`, and
+        `StoreUnavailable` for a database that is down or slower than `statement_timeout_s`."""
         held = await self.acquire(wait_s)
         try:
             yield held
@@ -183,69 +259,31 @@ class SharedBudget:
             await self.release(held)
 
     async def acquire(self, wait_s: float) -> Lease:
-        """A slot and a permit. Waits up to `wait_s` for a slot (polling with full jitter); no
-        free permit is `RateLimited` at once, no slot by then `AdmissionFull`, a database that
-        does not answer `StoreUnavailable`. Every refusal is NOT_SUBMITTED: nothing was sent."""
-        lim = self.limits
-        deadline = time.monotonic() + wait_s
-        delay = _POLL_FIRST_S
-        while True:
-            lease_id = uuid.uuid4()
-            # Taken before the statement is sent: the database's lease starts later than this,
-            # so a call that ends by started + call_s ends inside it, with the margin to spare.
-            started = time.monotonic()
-            row = await self._take(lease_id)
-            if row["slot"] is not None:
-                return Lease(lim.budget, int(row["slot"]), lease_id, started + lim.call_s)
-            if not row["permit_free"]:
-                raise RateLimited(
-                    f"the Connection's {lim.budget} rate ({lim.rate_per_s:g}/s, burst "
-                    f"{lim.burst}) is used up across every replica"
-                )
-            pause = self.rng.uniform(0, delay)
-            if time.monotonic() + pause >= deadline:
-                raise AdmissionFull(
-                    f"all {lim.max_concurrency} {lim.budget} slots of the Connection are busy "
-                    "across every replica"
-                )
-            await asyncio.sleep(pause)
-            delay = min(delay * 2, _POLL_MAX_S)
+        """A slot and a permit taken on their own; the caller must `release` it (see `lease`)."""
+        return await self.waiting(self._take_alone, wait_s)
 
-    async def _take(self, lease_id: uuid.UUID) -> asyncpg.Record:
-        lim = self.limits
+    async def _take_alone(self) -> Lease:
         try:
             async with self.pool.acquire(timeout=self.statement_timeout_s) as conn:
-                row: asyncpg.Record = await conn.fetchrow(
-                    _TAKE,
-                    self.connection_id,
-                    lim.budget,
-                    lim.max_concurrency,
-                    lim.burst,
-                    lim.call_s + self.margin_s,
-                    lim.permit_s,
-                    lease_id,
-                    self.replica_id,
-                    timeout=self.statement_timeout_s,
-                )
+                return await self.take(conn)
         except _STORE_ERRORS as exc:
             # Fail closed: without a lease nothing is sent. If the take committed although we
             # timed out, its slot and permit stay busy until they run out: capacity, not money.
             raise StoreUnavailable(
-                f"the Connection's {lim.budget} budget is unreadable: {type(exc).__name__}"
+                f"the Connection's {self.limits.budget} budget is unreadable: {type(exc).__name__}"
             ) from exc
-        return row
+
+    def release_args(self, lease: Lease) -> tuple[str, str, int, uuid.UUID]:
+        """The arguments of `RELEASE` (in order), for a statement that frees the slot with its
+        own work (the submission's outcome write, `railproxy.store.record_outcome`)."""
+        return (self.connection_id, lease.budget, lease.slot, lease.lease_id)
 
     async def release(self, lease: Lease) -> None:
         """Free the slot now; never raises (an unreleased slot frees itself when it runs out)."""
         try:
             async with self.pool.acquire(timeout=self.statement_timeout_s) as conn:
                 await conn.execute(
-                    _RELEASE,
-                    self.connection_id,
-                    lease.budget,
-                    lease.slot,
-                    lease.lease_id,
-                    timeout=self.statement_timeout_s,
+                    RELEASE, *self.release_args(lease), timeout=self.statement_timeout_s
                 )
         except (*_STORE_ERRORS, asyncpg.PostgresError) as exc:
             log.warning(

@@ -208,22 +208,25 @@ class RailProxy:
     async def _admitted(self, req: SubmitRequest, remaining: float) -> SubmitResponse:
         wait_s = remaining - self.settings.min_useful_budget_s
         queue_until = time.monotonic() + wait_s
-        # What keeps N replicas within the Connection's rate and concurrency: no forward without
-        # a slot and a permit of the shared budget (taken after this replica's own slot, with
-        # what is left of the wait), held until the forward is over.
-        async with (
-            self.bulkhead.slot(wait_s=wait_s),
-            self.submit_budget.lease(wait_s=queue_until - time.monotonic()) as lease,
-        ):
+        async with self.bulkhead.slot(wait_s=wait_s):
             self.metrics.in_flight.inc()
             try:
-                return await self._record_and_forward(req, lease)
+                return await self._record_and_forward(req, queue_until)
             finally:
                 self.metrics.in_flight.dec()
 
-    async def _record_and_forward(self, req: SubmitRequest, lease: Lease) -> SubmitResponse:
+    async def _record(self, req: SubmitRequest) -> tuple[int, Lease]:
+        return await store.record_attempt(self.pool, req, self.settings, self.submit_budget.take)
+
+    async def _record_and_forward(self, req: SubmitRequest, queue_until: float) -> SubmitResponse:
         try:
-            attempt_id = await store.record_attempt(self.pool, req, self.settings)
+            # What keeps N replicas within the Connection's rate and concurrency: no attempt is
+            # recorded (so none forwarded) without a slot and a permit of the shared budget,
+            # taken in the attempt's own transaction; a busy slot is waited for until the queue
+            # deadline (railproxy.budget). The slot is freed with the outcome write.
+            attempt_id, lease = await self.submit_budget.waiting(
+                lambda: self._record(req), wait_s=queue_until - time.monotonic()
+            )
         except _STORE_ERRORS as exc:
             # Nothing was forwarded: whether or not the record committed, no byte reached the
             # rail, so this is NOT_SUBMITTED (an uncommitted-looking row that did commit is left
@@ -234,7 +237,9 @@ class RailProxy:
         if budget < self.settings.min_useful_budget_s:
             # Recorded but not sent: authoritative NOT_SUBMITTED frees the payout for a new grant.
             await self._write_outcome(
-                attempt_id, rail.RailAnswer(Outcome.NOT_SUBMITTED, error_class="DeadlineExceeded")
+                attempt_id,
+                rail.RailAnswer(Outcome.NOT_SUBMITTED, error_class="DeadlineExceeded"),
+                lease,
             )
             raise DeadlineExceeded("no useful budget left after recording the attempt")
         log.info(
@@ -256,7 +261,7 @@ class RailProxy:
         self.metrics.latency.observe(elapsed)
         self.evidence.add(elapsed, ok=answer.technical_success, timeout=answer.timed_out)
         self.breaker.record(answer.technical_success)
-        await self._write_outcome(attempt_id, answer)
+        await self._write_outcome(attempt_id, answer, lease)
         self.metrics.outcomes.labels(outcome=answer.outcome.value).inc()
         log.info(
             "rail.outcome",
@@ -288,8 +293,9 @@ class RailProxy:
             contract_version=self.settings.contract_version,
         )
 
-    async def _write_outcome(self, attempt_id: int, answer: rail.RailAnswer) -> None:
-        """Bounded retry: the UPDATE only touches an in-flight attempt, so repeating it is safe."""
+    async def _write_outcome(self, attempt_id: int, answer: rail.RailAnswer, lease: Lease) -> None:
+        """Bounded retry: the UPDATE only touches an in-flight attempt, so repeating it is safe.
+        It frees the attempt's slot too; if every try fails, the slot's lease runs out."""
         for attempt in range(_OUTCOME_WRITE_ATTEMPTS):
             try:
                 await store.record_outcome(
@@ -299,6 +305,7 @@ class RailProxy:
                     rail_status=answer.rail_status,
                     rail_movement_id=answer.rail_movement_id,
                     error_class=answer.error_class,
+                    release=self.submit_budget.release_args(lease),
                 )
                 return
             except _OUTCOME_WRITE_ERRORS as exc:
