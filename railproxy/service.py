@@ -12,13 +12,13 @@ Order matters and is the safety argument:
    (T >= mark) or the request is refused as STALE_TOKEN (FR-17), before anything can refuse it
    for another reason -- so a newer holder's token is on record even when a gate then turns its
    request away, and an older holder is refused by the fence, not only by the attempt guard;
-2. gates (deadline budget, rate limit, breaker, bulkhead) reject with no attempt recorded:
-   NOT_SUBMITTED. The rate limit and the bulkhead are this replica's first; then the
-   Connection's budget shared by every replica (`railproxy.budget`: a slot and a permit in the
-   database) -- no slot, no permit, or no answer from the database, and nothing is recorded or
-   sent;
-3. ONE transaction fences the token again (a newer one may have arrived meanwhile), guards the
-   payout (FR-18) and records the attempt (FR-19) -- committed before any byte goes to the rail;
+2. gates (deadline budget, rate limit, breaker, bulkhead: this replica's own) reject with no
+   attempt recorded: NOT_SUBMITTED;
+3. ONE transaction takes the Connection's budget shared by every replica (`railproxy.budget`: a
+   slot and a permit; none free, or no answer from the database, and it rolls back before it
+   wrote anything: NOT_SUBMITTED), fences the token again (a newer one may have arrived
+   meanwhile), guards the payout (FR-18) and records the attempt (FR-19) -- committed before any
+   byte goes to the rail;
 4. exactly one forward, never retried (UC-05), bounded by min(rail timeout, caller deadline,
    the slot's lease);
 5. the outcome is recorded (FR-20); an unrecorded outcome leaves the attempt "in flight", which

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -153,7 +154,7 @@ async def record_outcome(
     rail_status: str | None,
     rail_movement_id: str | None,
     error_class: str | None,
-    release: tuple[str, str, int, Any],
+    release: tuple[str, str, int, uuid.UUID],
 ) -> None:
     """Idempotent (only an in-flight attempt is updated, only the lease's own slot is freed),
     so a bounded retry of it is safe. `release`: `SharedBudget.release_args` of its slot."""
