@@ -76,6 +76,7 @@ ROLES: tuple[Role, ...] = (
         (
             ("railproxy", "SELECT, INSERT, UPDATE", "account_fences"),
             ("railproxy", "SELECT, INSERT, UPDATE", "attempts"),
+            ("railproxy", "SELECT, INSERT, UPDATE", "budget_slots"),  # the shared budget
             ("railproxy", "SELECT", "schema_migrations"),
         ),
         sequences=(("railproxy", "USAGE"),),

@@ -103,7 +103,8 @@ class LedgerState:
 
     def __init__(self, settings: FinledgerSettings) -> None:
         self.settings = settings
-        self.book = Book()
+        # Opened, not cleared: a restarted ledger on the same file knows every record it booked.
+        self.book = Book(settings.book_path)
         self.registry = CollectorRegistry()
         self.writes = Counter(
             "finledger_writes", "Write requests by answer", ["answer"], registry=self.registry
@@ -111,9 +112,10 @@ class LedgerState:
         self.batches = Counter(
             "finledger_batches", "Batch write requests answered", registry=self.registry
         )
-        self.reset()
+        self.set_faults(settings.faults())
 
     def reset(self) -> None:
+        """The test controls' reset: the start-up behaviour, an empty book and history."""
         self.set_faults(self.settings.faults())
         self.book.clear()
 
@@ -160,8 +162,8 @@ async def _apply(
             answer = f"{result}_then_dropped"
             return Applied(500, {"code": "DROPPED"}, drop=True)
         if result == "conflict":
-            return Applied(409, {"code": "CONFLICT", "existing_fingerprint": record.fingerprint})
-        content = {"status": result, "correlation_id": correlation_id, "seq": record.seq}
+            return Applied(409, {"code": "CONFLICT", "existing_fingerprint": record["fingerprint"]})
+        content = {"status": result, "correlation_id": correlation_id, "seq": record["seq"]}
         return Applied(201 if result == "created" else 200, content)
     finally:
         ledger.book.end(entry, answer)
@@ -240,13 +242,23 @@ def create_app(settings: FinledgerSettings | None = None) -> FastAPI:
 def _lifespan(
     settings: FinledgerSettings,
 ) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
-    """Start-up: a fresh ledger state (book, faults, metrics) for the app."""
+    """Start-up: the ledger state (its book reopened, faults, metrics) for the app; shutdown
+    closes the book."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.ledger = LedgerState(settings)
-        log.info("finledger.started", port=settings.port)
-        yield
+        ledger = LedgerState(settings)
+        app.state.ledger = ledger
+        log.info(
+            "finledger.started",
+            port=settings.port,
+            book_path=str(settings.book_path) if settings.book_path else None,
+            records=ledger.book.count(),
+        )
+        try:
+            yield
+        finally:
+            ledger.book.close()
 
     return lifespan
 
@@ -297,7 +309,7 @@ def _add_record_routes(
 
     @app.get("/v1/count", dependencies=readers)
     async def count() -> dict[str, int]:
-        return {"count": len(state().book.records)}
+        return {"count": state().book.count()}
 
 
 def _add_operation_routes(app: FastAPI, state: Callable[[], LedgerState]) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from finledger.faults import Faults
@@ -19,6 +21,10 @@ class FinledgerSettings(BaseSettings, Faults):
     #: only from the outbox publisher, admin only for operators; `python -m finledger` refuses
     #: to start without it.
     credentials_path: str | None = None
+    #: The durable book (SQLite, `FINLEDGER_BOOK_PATH`): a restarted ledger on the same file
+    #: knows every record it booked and answers a redelivery `duplicate`. Unset: in memory, for
+    #: the life of the process (tests).
+    book_path: Path | None = None
 
     def faults(self) -> Faults:
         return Faults.model_validate(self.model_dump(include=set(Faults.model_fields)))

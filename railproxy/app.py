@@ -162,6 +162,7 @@ def _lifespan(settings: ProxySettings) -> Callable[[FastAPI], AbstractAsyncConte
         await migrate(settings.database_url, schemas={"railproxy"})
         pool = await create_pool(settings.database_url, min_size=1, max_size=settings.db_pool_max)
         proxy = RailProxy(settings, pool, app.state.metrics, load_verifier(settings))
+        await proxy.provision()  # the rows of the Connection's shared budget (railproxy.budget)
         app.state.proxy = proxy
         _announce(settings)
         probes = asyncio.create_task(proxy.probe_loop())
@@ -263,6 +264,7 @@ def _rejected(p: RailProxy, req: SubmitRequest, exc: Rejected) -> JSONResponse:
     p.metrics.rejections.labels(code=exc.code).inc()
     log.warning(
         "rail.rejected",
+        replica_id=p.settings.replica_id,
         code=exc.code,
         payout_id=req.payout_id,
         account_id=req.account_id,
@@ -343,12 +345,15 @@ def _health(p: RailProxy) -> dict[str, Any]:
         "adapter_version": p.settings.adapter_version,
         "contract_version": p.settings.contract_version,
         "connection_id": p.settings.connection_id,
+        "replica_id": p.settings.replica_id,
     }
 
 
 def _announce(settings: ProxySettings) -> None:
     log.info(
         "railproxy.started",
+        replica_id=settings.replica_id,
+        connection_id=settings.connection_id,
         rail_url=settings.rail_url,
         adapter_version=settings.adapter_version,
         contract_version=settings.contract_version,

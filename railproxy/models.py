@@ -108,6 +108,8 @@ class AttemptRecord(BaseModel):
     adapter_version: str
     contract_version: str
     connection_id: str
+    #: The replica that recorded and forwarded it (None: recorded before replica ids existed).
+    replica_id: str | None = None
     fencing_enforced: bool
     guard_bypassed: bool
     outcome: Outcome | None  # None = in flight or the outcome write was lost: treat as UNKNOWN

@@ -20,7 +20,8 @@ import httpx
 
 from common.correlation import httpx_hooks
 from common.credentials import auth_headers, read_token
-from railproxy.errors import LookupUnavailable
+from railproxy.budget import SharedBudget
+from railproxy.errors import LookupUnavailable, Rejected
 from railproxy.models import LookupResponse, Outcome, SubmitRequest
 from railproxy.settings import ProxySettings
 
@@ -135,17 +136,27 @@ async def lookup(
     client: httpx.AsyncClient,
     client_reference: str,
     *,
+    budget: SharedBudget,
     attempts: int,
     base_delay_s: float,
     rng: random.Random,
 ) -> LookupResponse:
-    """Read-only lookup by client reference with bounded retry, exponential backoff, full jitter."""
+    """Read-only lookup by client reference with bounded retry, exponential backoff, full jitter.
+
+    Every try is a call to the rail and takes the Connection's lookup budget (a slot and a
+    permit shared by every replica, `railproxy.budget`); a try the budget refuses sends nothing
+    and counts as a failed try."""
     last = "no attempt made"
     for attempt in range(attempts):
         if attempt:
             await asyncio.sleep(rng.uniform(0, base_delay_s * 2 ** (attempt - 1)))
         try:
-            response = await client.get("/lookup", params={"client_reference": client_reference})
+            async with budget.lease(wait_s=0) as held:
+                response = await client.get(
+                    "/lookup",
+                    params={"client_reference": client_reference},
+                    timeout=max(held.remaining_s(), 0.001),  # never past the slot's lease
+                )
             if response.status_code == 200:
                 data = response.json()
                 return LookupResponse(
@@ -156,13 +167,19 @@ async def lookup(
                     complete_from=data.get("complete_from"),
                 )
             last = f"HTTP {response.status_code}"
+        except Rejected as exc:  # the lookup budget refused this try: nothing was sent
+            last = exc.code
         except (httpx.HTTPError, ValueError, KeyError) as exc:
             last = type(exc).__name__
     raise LookupUnavailable(f"lookup failed after {attempts} attempts: {last}")
 
 
 async def probe(client: httpx.AsyncClient, timeout_s: float) -> tuple[bool, str]:
-    """Half-open probe: the rail's read-only lookup of a reference no payout ever uses."""
+    """Half-open probe: the rail's read-only lookup of a reference no payout ever uses.
+
+    It takes no budget: one call per replica per `breaker_open_s`, only while that replica's
+    breaker is open (it sends no submission then), and it must reach the rail to close the
+    breaker even while the database is slow (docs/rail.md "Replicas")."""
     started = time.monotonic()
     try:
         response = await client.get(

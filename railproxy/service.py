@@ -12,13 +12,17 @@ Order matters and is the safety argument:
    (T >= mark) or the request is refused as STALE_TOKEN (FR-17), before anything can refuse it
    for another reason -- so a newer holder's token is on record even when a gate then turns its
    request away, and an older holder is refused by the fence, not only by the attempt guard;
-2. gates (deadline budget, rate limit, breaker, bulkhead) reject with no attempt recorded:
-   NOT_SUBMITTED;
-3. ONE transaction fences the token again (a newer one may have arrived meanwhile), guards the
-   payout (FR-18) and records the attempt (FR-19) -- committed before any byte goes to the rail;
-4. exactly one forward, never retried (UC-05), bounded by min(rail timeout, caller deadline);
+2. gates (deadline budget, rate limit, breaker, bulkhead: this replica's own) reject with no
+   attempt recorded: NOT_SUBMITTED;
+3. ONE transaction takes the Connection's budget shared by every replica (`railproxy.budget`: a
+   slot and a permit; none free, or no answer from the database, and it rolls back before it
+   wrote anything: NOT_SUBMITTED), fences the token again (a newer one may have arrived
+   meanwhile), guards the payout (FR-18) and records the attempt (FR-19) -- committed before any
+   byte goes to the rail;
+4. exactly one forward, never retried (UC-05), bounded by min(rail timeout, caller deadline,
+   the slot's lease);
 5. the outcome is recorded (FR-20); an unrecorded outcome leaves the attempt "in flight", which
-   recovery treats as ambiguous -- never as "safe to resubmit".
+   recovery treats as ambiguous -- never as "safe to resubmit". The slot is freed.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from common.logs import get_logger
 from common.outage import CONNECTION_LOST
 from lockservice.grants import GrantError, GrantExpired, GrantVerifier, check_not_expired
 from railproxy import absence, rail, store
+from railproxy.budget import Lease, Limits, SharedBudget
 from railproxy.errors import DeadlineExceeded, InvalidGrant, RailNotReached, StoreUnavailable
 from railproxy.metrics import ProxyMetrics
 from railproxy.models import CERTAINTY_OF, LookupResponse, Outcome, SubmitRequest, SubmitResponse
@@ -85,11 +90,47 @@ class RailProxy:
         self.bulkhead = Bulkhead(
             max_concurrency=settings.max_concurrency, max_queue=settings.max_queue
         )
+        # This replica's own gates: they turn a flood away before it costs a database round
+        # trip, and never admit more than the Connection's budget below would.
         self.bucket = TokenBucket(rate=settings.rate_per_s, burst=settings.rate_burst)
         self.evidence = Evidence(settings.health_window)
         self.rng = random.Random()  # jitter only
+        self.submit_budget = self._budget(
+            Limits(
+                "submit",
+                settings.max_concurrency,
+                settings.rate_per_s,
+                settings.rate_burst,
+                settings.rail_timeout_s,
+            )
+        )
+        self.lookup_budget = self._budget(
+            Limits(
+                "lookup",
+                settings.lookup_max_concurrency,
+                settings.lookup_rate_per_s,
+                settings.lookup_rate_burst,
+                settings.lookup_timeout_s,
+            )
+        )
         self._tasks: set[asyncio.Task[SubmitResponse]] = set()
         metrics.set_circuit(self.breaker.state)
+
+    def _budget(self, limits: Limits) -> SharedBudget:
+        return SharedBudget(
+            self.pool,
+            limits,
+            connection_id=self.settings.connection_id,
+            replica_id=self.settings.replica_id,
+            margin_s=self.settings.budget_lease_margin_s,
+            statement_timeout_s=self.settings.budget_timeout_s,
+            rng=self.rng,
+        )
+
+    async def provision(self) -> None:
+        """The rows of the Connection's budgets this replica's limits use (at start-up)."""
+        await self.submit_budget.provision()
+        await self.lookup_budget.provision()
 
     async def close(self) -> None:
         if self._tasks:  # let admitted submissions record their outcome before shutdown
@@ -165,30 +206,45 @@ class RailProxy:
             raise StoreUnavailable(f"could not raise the fence: {type(exc).__name__}") from exc
 
     async def _admitted(self, req: SubmitRequest, remaining: float) -> SubmitResponse:
-        async with self.bulkhead.slot(wait_s=remaining - self.settings.min_useful_budget_s):
+        wait_s = remaining - self.settings.min_useful_budget_s
+        queue_until = time.monotonic() + wait_s
+        async with self.bulkhead.slot(wait_s=wait_s):
             self.metrics.in_flight.inc()
             try:
-                return await self._record_and_forward(req)
+                return await self._record_and_forward(req, queue_until)
             finally:
                 self.metrics.in_flight.dec()
 
-    async def _record_and_forward(self, req: SubmitRequest) -> SubmitResponse:
+    async def _record(self, req: SubmitRequest) -> tuple[int, Lease]:
+        return await store.record_attempt(self.pool, req, self.settings, self.submit_budget.take)
+
+    async def _record_and_forward(self, req: SubmitRequest, queue_until: float) -> SubmitResponse:
         try:
-            attempt_id = await store.record_attempt(self.pool, req, self.settings)
+            # What keeps N replicas within the Connection's rate and concurrency: no attempt is
+            # recorded (so none forwarded) without a slot and a permit of the shared budget,
+            # taken in the attempt's own transaction; a busy slot is waited for until the queue
+            # deadline (railproxy.budget). The slot is freed with the outcome write.
+            attempt_id, lease = await self.submit_budget.waiting(
+                lambda: self._record(req), wait_s=queue_until - time.monotonic()
+            )
         except _STORE_ERRORS as exc:
             # Nothing was forwarded: whether or not the record committed, no byte reached the
             # rail, so this is NOT_SUBMITTED (an uncommitted-looking row that did commit is left
             # in flight, which recovery treats as ambiguous, never as resubmittable).
             raise StoreUnavailable(f"could not record the attempt: {type(exc).__name__}") from exc
-        budget = min(self.settings.rail_timeout_s, self._remaining_s(req))
+        # The slot's lease bounds the forward too: a forward never outlives the slot it holds.
+        budget = min(self.settings.rail_timeout_s, self._remaining_s(req), lease.remaining_s())
         if budget < self.settings.min_useful_budget_s:
             # Recorded but not sent: authoritative NOT_SUBMITTED frees the payout for a new grant.
             await self._write_outcome(
-                attempt_id, rail.RailAnswer(Outcome.NOT_SUBMITTED, error_class="DeadlineExceeded")
+                attempt_id,
+                rail.RailAnswer(Outcome.NOT_SUBMITTED, error_class="DeadlineExceeded"),
+                lease,
             )
             raise DeadlineExceeded("no useful budget left after recording the attempt")
         log.info(
             "rail.submit",
+            replica_id=self.settings.replica_id,
             payout_id=req.payout_id,
             account_id=req.account_id,
             attempt_id=attempt_id,
@@ -205,10 +261,11 @@ class RailProxy:
         self.metrics.latency.observe(elapsed)
         self.evidence.add(elapsed, ok=answer.technical_success, timeout=answer.timed_out)
         self.breaker.record(answer.technical_success)
-        await self._write_outcome(attempt_id, answer)
+        await self._write_outcome(attempt_id, answer, lease)
         self.metrics.outcomes.labels(outcome=answer.outcome.value).inc()
         log.info(
             "rail.outcome",
+            replica_id=self.settings.replica_id,
             payout_id=req.payout_id,
             attempt_id=attempt_id,
             outcome=answer.outcome.value,
@@ -236,8 +293,9 @@ class RailProxy:
             contract_version=self.settings.contract_version,
         )
 
-    async def _write_outcome(self, attempt_id: int, answer: rail.RailAnswer) -> None:
-        """Bounded retry: the UPDATE only touches an in-flight attempt, so repeating it is safe."""
+    async def _write_outcome(self, attempt_id: int, answer: rail.RailAnswer, lease: Lease) -> None:
+        """Bounded retry: the UPDATE only touches an in-flight attempt, so repeating it is safe.
+        It frees the attempt's slot too; if every try fails, the slot's lease runs out."""
         for attempt in range(_OUTCOME_WRITE_ATTEMPTS):
             try:
                 await store.record_outcome(
@@ -247,6 +305,7 @@ class RailProxy:
                     rail_status=answer.rail_status,
                     rail_movement_id=answer.rail_movement_id,
                     error_class=answer.error_class,
+                    release=self.submit_budget.release_args(lease),
                 )
                 return
             except _OUTCOME_WRITE_ERRORS as exc:
@@ -270,6 +329,7 @@ class RailProxy:
             result = await rail.lookup(
                 self.lookup_http,
                 client_reference,
+                budget=self.lookup_budget,
                 attempts=self.settings.lookup_attempts,
                 base_delay_s=self.settings.lookup_base_delay_s,
                 rng=self.rng,
@@ -322,6 +382,7 @@ class RailProxy:
         self.metrics.set_circuit(t.to_state)
         log.warning(
             "rail.circuit",
+            replica_id=self.settings.replica_id,
             from_state=t.from_state.value,
             to_state=t.to_state.value,
             reason=t.reason,

@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+import os
+import socket
+from typing import Self
+
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_replica_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 class ProxySettings(BaseSettings):
@@ -18,7 +26,12 @@ class ProxySettings(BaseSettings):
     # Lineage recorded on every attempt (STD01-09).
     adapter_version: str = "railproxy-stub-adapter/1.0.0"
     contract_version: str = "rail-submit/1"
+    #: The Connection: the key of its shared budget too (every replica of one Connection must
+    #: carry the same id and the same limits; docs/rail.md "Replicas").
     connection_id: str = "rail-stub"
+    #: This replica's identity on every attempt it records and in its events (unique per
+    #: process unless set: the pod name is a good value).
+    replica_id: str = Field(default_factory=_default_replica_id, min_length=1, max_length=128)
 
     # Timeouts. The forward timeout is min(rail_timeout_s, time left to the caller's deadline).
     rail_timeout_s: float = Field(default=10.0, gt=0)  # A-07 timeout budget
@@ -33,11 +46,25 @@ class ProxySettings(BaseSettings):
     breaker_open_s: float = Field(default=5.0, gt=0)
     breaker_probe_timeout_s: float = Field(default=1.0, gt=0)
 
-    # Bulkhead and rate limit.
+    # Bulkhead and rate limit of submissions: the Connection's, shared by every replica in the
+    # database (railproxy.budget); the queue is each replica's own.
     max_concurrency: int = Field(default=32, ge=1)
     max_queue: int = Field(default=64, ge=0)
     rate_per_s: float = Field(default=200.0, gt=0)
     rate_burst: int = Field(default=200, ge=1)
+    # The Connection's budget for lookups (every try of every lookup), apart from submissions':
+    # a burst of recovery or reconciliation lookups never takes a submission's budget, and a
+    # flood of submissions never keeps recovery from the evidence. The rail sees at most the sum.
+    lookup_max_concurrency: int = Field(default=32, ge=1)
+    lookup_rate_per_s: float = Field(default=200.0, gt=0)
+    lookup_rate_burst: int = Field(default=200, ge=1)
+    #: A slot is a lease of (the call's timeout + this): how long after a replica died mid-call
+    #: (or its release was lost) the slot frees itself. Covers the gap between the proxy's and
+    #: the database's clocks over one call, and the call's last bytes.
+    budget_lease_margin_s: float = Field(default=2.0, gt=0)
+    #: The shared budget's statements (take, release) answer within this or the call is refused
+    #: STORE_UNAVAILABLE (NOT_SUBMITTED): a slow database delays no forward past it.
+    budget_timeout_s: float = Field(default=1.0, gt=0)
 
     # Read-only lookups: bounded retry with exponential backoff and full jitter (STD01-07).
     lookup_attempts: int = Field(default=3, ge=1, le=10)
@@ -82,6 +109,17 @@ class ProxySettings(BaseSettings):
     #: This proxy's own token for the rail (`RAILPROXY_TOKEN_FILE`): the rail authenticates its
     #: client. A file path, never the token itself.
     token_file: str | None = None
+
+    @model_validator(mode="after")
+    def _breaker_can_open(self) -> Self:
+        # The window never holds more than breaker_window results: above it the breaker could
+        # never gather its minimum sample count, and would never open.
+        if self.breaker_min_samples > self.breaker_window:
+            raise ValueError(
+                f"RAILPROXY_BREAKER_MIN_SAMPLES ({self.breaker_min_samples}) must not exceed "
+                f"RAILPROXY_BREAKER_WINDOW ({self.breaker_window}): the breaker could never open"
+            )
+        return self
 
     def switches_off(self) -> list[str]:
         """The environment variables of the experiment-only switches that are turned off."""

@@ -1,11 +1,17 @@
-"""The proxy's own tables (schema `railproxy`): fences and attempts. SQL only, no policy."""
+"""The proxy's own tables (schema `railproxy`): fences and attempts. SQL only, no policy.
+
+(The Connection's shared budget, `budget_slots`, is `railproxy.budget`'s.)"""
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
 
+from railproxy import budget
+from railproxy.budget import Lease
 from railproxy.errors import DeadlineExceeded, DuplicateSubmission, StaleToken
 from railproxy.models import AttemptRecord, Outcome, SubmitRequest
 from railproxy.settings import ProxySettings
@@ -38,8 +44,8 @@ WHERE payout_id = $1 AND outcome IS DISTINCT FROM 'NOT_SUBMITTED' LIMIT 1
 _INSERT = f"""
 INSERT INTO {S}.attempts (payout_id, account_id, amount, client_reference, token,
     correlation_id, causation_id, deadline_at, adapter_version, contract_version, connection_id,
-    fencing_enforced, guard_bypassed)
-SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13 WHERE now() < $8
+    fencing_enforced, guard_bypassed, replica_id)
+SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14 WHERE now() < $8
 RETURNING attempt_id
 """
 _OUTCOME = f"""
@@ -47,6 +53,9 @@ UPDATE {S}.attempts SET outcome = $2, rail_status = $3, rail_movement_id = $4, e
     completed_at = now()
 WHERE attempt_id = $1 AND outcome IS NULL
 """
+# The same write, freeing the attempt's slot of the Connection's budget in the same statement
+# (one commit for both; the release's parameters are $6..$9). Both parts are idempotent.
+_OUTCOME_RELEASING = f"WITH freed AS ({budget.release_sql(first=6)}) {_OUTCOME}"
 
 
 async def raise_fence(pool: asyncpg.Pool, req: SubmitRequest, settings: ProxySettings) -> None:
@@ -82,13 +91,22 @@ async def _fence(conn: asyncpg.Connection, req: SubmitRequest, settings: ProxySe
         )
 
 
-async def record_attempt(pool: asyncpg.Pool, req: SubmitRequest, settings: ProxySettings) -> int:
-    """Fence, guard and record in ONE transaction; returns the attempt id. Raises a Rejected.
+async def record_attempt(
+    pool: asyncpg.Pool,
+    req: SubmitRequest,
+    settings: ProxySettings,
+    take: Callable[[asyncpg.Connection], Awaitable[Lease]],
+) -> tuple[int, Lease]:
+    """Take the Connection's budget, fence, guard and record in ONE transaction; returns the
+    attempt id and the slot's lease. Raises a Rejected (or `budget.SlotsBusy`).
 
+    `take` (the shared budget's) runs first: a refusal rolls back before anything is written,
+    and a recorded attempt always holds a slot and a permit (they commit together).
     The fence is checked again although `raise_fence` passed: a newer token may have arrived in
     between (while this request waited at a gate or for a bulkhead slot), and it must win.
     """
     async with pool.acquire() as conn, conn.transaction():
+        lease = await take(conn)
         await _fence(conn, req, settings)
         guarded = settings.enforce_submission_guard
         # Money could move twice if a payout were forwarded twice (a retry, a second worker, an
@@ -112,12 +130,13 @@ async def record_attempt(pool: asyncpg.Pool, req: SubmitRequest, settings: Proxy
                 settings.connection_id,
                 settings.enforce_fencing,
                 not guarded,
+                settings.replica_id,
             )
         except asyncpg.UniqueViolationError as exc:
             raise _duplicate(req) from exc
         if attempt_id is None:
             raise DeadlineExceeded("the deadline passed before the attempt could be recorded")
-        return int(attempt_id)
+        return int(attempt_id), lease
 
 
 def _duplicate(req: SubmitRequest) -> DuplicateSubmission:
@@ -135,10 +154,18 @@ async def record_outcome(
     rail_status: str | None,
     rail_movement_id: str | None,
     error_class: str | None,
+    release: tuple[str, str, int, uuid.UUID],
 ) -> None:
-    """Idempotent (only an in-flight attempt is updated), so a bounded retry of it is safe."""
+    """Idempotent (only an in-flight attempt is updated, only the lease's own slot is freed),
+    so a bounded retry of it is safe. `release`: `SharedBudget.release_args` of its slot."""
     await pool.execute(
-        _OUTCOME, attempt_id, outcome.value, rail_status, rail_movement_id, error_class
+        _OUTCOME_RELEASING,
+        attempt_id,
+        outcome.value,
+        rail_status,
+        rail_movement_id,
+        error_class,
+        *release,
     )
 
 

@@ -291,6 +291,9 @@ class ServiceFactory:
             "FINLEDGER_HOST": "127.0.0.1",
             "FINLEDGER_PORT": str(port),
             "FINLEDGER_CREDENTIALS_PATH": str(self.credentials.servers["finledger"]),
+            # Durable beside the stub's log: a restarted ledger (`payouts up` again, a chaos
+            # restart) still knows every posting it booked and answers a redelivery duplicate.
+            "FINLEDGER_BOOK_PATH": str(self.config.run_dir / "finledger-book.sqlite"),
         }
         return self._python(
             "finledger",

@@ -44,6 +44,7 @@ WRITES = {
     "railproxy.account_fences": "INSERT INTO railproxy.account_fences (account_id, high_token)"
     " VALUES ('roles-test', 1)",
     "railproxy.attempts": "UPDATE railproxy.attempts SET outcome = outcome",
+    "railproxy.budget_slots": "UPDATE railproxy.budget_slots SET holder = holder",
     "paydb.accounts": "INSERT INTO paydb.accounts (account_id, kind) VALUES ('roles-t', 'customer')",
     "paydb.balances": "UPDATE paydb.balances SET fence = fence",
     "paydb.payouts": "UPDATE paydb.payouts SET fence = fence",
@@ -55,7 +56,7 @@ WRITES = {
 #: The tables each role's component writes: every other table of WRITES must be refused.
 OWN = {
     LOCKSERVICE: {t for t in WRITES if t.startswith("lockservice.")} - {"lockservice.audit"},
-    RAILPROXY: {"railproxy.account_fences", "railproxy.attempts"},
+    RAILPROXY: {"railproxy.account_fences", "railproxy.attempts", "railproxy.budget_slots"},
     PAYDB: {"paydb.accounts", "paydb.balances", "paydb.payouts"},
     OUTBOX: {"paydb.outbox"},
     RECONCILER: set(),

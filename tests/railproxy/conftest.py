@@ -59,6 +59,9 @@ def proxy_settings(rail_db: str, rail_url: str, **overrides: Any) -> ProxySettin
         "lookup_base_delay_s": 0.01,
         "db_pool_max": 5,
         "grant_public_keys": public_keys(),
+        # The Connection is the key of its shared budget (railproxy.budget): a test's own, so
+        # that no test inherits another's busy slots or permits.
+        "connection_id": f"rail-t-{uuid.uuid4().hex[:10]}",
     }
     return ProxySettings(**(base | overrides))
 
@@ -70,9 +73,11 @@ MakeProxy = Callable[..., Awaitable[Proxy]]
 async def make_proxy(rail_db: str, stub_server: ServerThread) -> AsyncIterator[MakeProxy]:
     """Start proxies (pointing at the stub unless `rail_url` is given); stopped after the test."""
     started: list[tuple[ServerThread, RailProxyClient]] = []
+    connection = f"rail-t-{uuid.uuid4().hex[:10]}"  # one Connection (one budget) per test
 
     async def make(**overrides: Any) -> Proxy:
         overrides.setdefault("rail_url", stub_server.url)
+        overrides.setdefault("connection_id", connection)
         settings = proxy_settings(rail_db, **overrides)
         server = ServerThread(create_proxy(settings))
         server.start()

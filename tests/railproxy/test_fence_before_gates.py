@@ -176,11 +176,19 @@ async def _bulkhead_full(proxy: RailProxy) -> AsyncIterator[None]:
         yield
 
 
+@asynccontextmanager
+async def _shared_slots_busy(proxy: RailProxy) -> AsyncIterator[None]:
+    # The Connection's one slot, held as another replica would hold it (railproxy.budget).
+    async with proxy.submit_budget.lease(wait_s=0):
+        yield
+
+
 GATES: dict[str, tuple[Gate, type[Rejected]]] = {
     "deadline": (_deadline_passed, DeadlineExceeded),
     "rate_limit": (_rate_limited, RateLimited),
     "breaker": (_breaker_open, CircuitOpen),
     "bulkhead": (_bulkhead_full, AdmissionFull),
+    "shared_budget": (_shared_slots_busy, AdmissionFull),
 }
 
 
@@ -193,9 +201,11 @@ async def test_lower_token_is_refused_by_the_fence_before_a_refusing_gate(
     settings = proxy_settings(rail_db, stub.url, max_concurrency=1, max_queue=0, db_pool_max=2)
     pool = await create_pool(settings.database_url, min_size=1, max_size=2)
     proxy = RailProxy(settings, pool, ProxyMetrics(), load_verifier(settings))
+    await proxy.provision()  # what the app's lifespan does first
     account = f"a-{uuid.uuid4().hex[:10]}"
     open_gate, refusal = GATES[gate]
-    late = -1.0 if gate == "deadline" else 5.0
+    # A refused shared slot is waited for until the queue deadline: keep that wait short.
+    late = {"deadline": -1.0, "shared_budget": 1.0}.get(gate, 5.0)
     try:
         first = await proxy.submit(submit_request(account_id=account, token=5))
         assert first.token == 5  # recorded and forwarded while the gate was open
