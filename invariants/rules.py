@@ -64,7 +64,7 @@ TERMINAL = frozenset({"POSTED", "FAILED", "ABANDONED"})
 DECIDED = frozenset({"ACKED", "DECLINED"})
 #: Store operations that stamp the account's balance row as well as the payout row.
 BALANCE_STAMPING = frozenset({"claim", "post"})
-#: A payout workflow's id (commands.start_workflows): one workflow per payout, ever.
+#: A payout workflow's id (activities.redrive.start_payout): one running workflow per payout.
 WORKFLOW_ID_PREFIX = "payout-"
 
 
@@ -326,7 +326,7 @@ def _inv09(ev: Evidence) -> list[str]:
 def _inv10(ev: Evidence) -> list[str]:
     """No payout is stranded: once settled, each is terminal or RAIL_AMBIGUOUS and escalated;
     and no payout workflow closed (failed, terminated, timed out, canceled) while its payout is
-    not terminal, since nothing would ever move it again (one workflow per payout, ever).
+    not terminal, since nothing drives it until it is re-driven (activities.redrive).
 
     The first rule needs a settled system (mid-run, payouts are legitimately in between), so it
     applies only when the caller says so (`settled`)."""

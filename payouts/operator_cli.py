@@ -1,5 +1,5 @@
 """Operator commands: `payouts payout abandon|revoke` (a workflow Update to a payout's workflow,
-which answers with its verdict; `--signal` sends the design card's signal instead) and
+which answers with its verdict; `--signal` sends a plain Temporal signal instead) and
 `payouts lock revoke` (break-glass, straight to the lock server).
 
 Every one carries the operator's identity as the lock server authenticates it from

@@ -1,6 +1,6 @@
 """Operator commands (abandon, revoke) as the payment store judges them: verified once, when the
 workflow accepts them, recorded with their assertion's nonce (single use), and ended exactly once,
-carried out or refused, each end with one audit row (FR-30, ARCHITECTURE §9).
+carried out or refused, each end with one audit row (FR-30; docs/security.md).
 
 Why the store: it holds the lock service's public keys already (grants, INV-07), so it can check
 an operator assertion offline, and its table (`paydb.operator_commands`) is where a replay meets

@@ -43,7 +43,7 @@ from tests.workflows.system import (
     signed_command,
     wait_for,
 )
-from tests.workflows.test_payout_integration import ids, start
+from tests.workflows.test_payout_integration import ids, record, start
 from workflows.payout import PayoutWorkflow
 
 RULES = [{"reference_prefix": "amb-", "action": "ambiguous"}]
@@ -148,6 +148,7 @@ async def test_evidence_outranks_an_abandon(
         await _until(handle, lambda s: any(c.status == "refused" for c in s.commands))
         await locks.release(blocker)
     result = await handle.result()
+    await record(handle, "commands_evidence_outranks_abandon")
     assert result.state == "POSTED"
     assert len(system.movements(payout_id)) == 1
     assert await audit_rows(system.database_url, payout_id, "abandon") == []
@@ -181,6 +182,7 @@ async def test_two_arguments_and_undecodable_payloads_never_wedge_a_payout(
     await _until(handle, lambda s: s.lookups >= before + 3)  # not wedged: it goes on
     system.stub_set(visibility_delay_s=0)
     result = await handle.result()
+    await record(handle, "commands_malformed_signals")
     assert result.state == "POSTED" and len(system.movements(payout_id)) == 1
 
 
@@ -207,6 +209,7 @@ async def test_a_forged_abandon_never_displaces_a_signed_one(
         assert [c.actor for c in pending] == [OPERATOR]
         await locks.release(blocker)
     result = await handle.result()
+    await record(handle, "commands_forged_abandon_refused_signed_carried_out")
     assert result.state == "ABANDONED"
     rows = await audit_rows(system.database_url, payout_id, "abandon")
     assert [r["actor"] for r in rows] == [OPERATOR]
@@ -243,6 +246,7 @@ async def test_an_operator_assertion_is_single_use(
     assert len(revokes) == 1 and json.loads(revokes[0]["details"])["revoked_token"] == first.token
     system.stub_set(visibility_delay_s=0)
     assert (await handle.result()).state == "POSTED"
+    await record(handle, "commands_revoke_then_replay_refused")
 
 
 def _signal_payload(history: object, name: str) -> str:
@@ -277,6 +281,7 @@ async def test_the_cli_gets_the_workflows_verdict(
     assert done.returncode == 0, done
     assert "carried out" in done.stdout and OPERATOR in done.stdout
     assert (await handle.result()).state == "ABANDONED"
+    await record(handle, "commands_update_abandon_carried_out")
     system.stub_set(visibility_delay_s=0)
     assert (await early_handle.result()).state == "POSTED"
 
@@ -301,6 +306,7 @@ async def test_a_cancellation_request_is_refused_and_the_payout_goes_on(
     assert (await handle.describe()).status == WorkflowExecutionStatus.RUNNING
     system.stub_set(visibility_delay_s=0)
     result = await handle.result()
+    await record(handle, "commands_cancel_refused")
     assert result.state == "POSTED" and len(system.movements(payout_id)) == 1
 
 

@@ -1,6 +1,7 @@
 """Replay tests: histories recorded from real runs (tests/workflows/test_payout_integration.py
 and, for `continued_as_new`, test_payout_resilience.py; for the operator-assertion ones,
-test_operator_assertions.py; for the Temporal restart one, test_temporal_restart.py; with
+test_operator_assertions.py; for the operator-command ones (issue 24), test_operator_commands.py;
+for the Temporal restart one, test_temporal_restart.py; with
 RECORD_HISTORIES=1) must replay against the current PayoutWorkflow without a
 non-determinism error; a deliberately non-deterministic change must be caught."""
 
@@ -51,6 +52,14 @@ REQUIRED = {
     # Since patch lean-visibility: merged-holder-steps decided in the first workflow task, the
     # search attributes upserted only when they change (the middle task upserts nothing).
     "lean_happy_path",
+    # test_operator_commands.py since patch operator-commands (issue 24): the dynamic signal
+    # handler, Updates, the store's verdicts, evidence over an abandon, a refused cancellation.
+    "commands_evidence_outranks_abandon",
+    "commands_malformed_signals",
+    "commands_forged_abandon_refused_signed_carried_out",
+    "commands_revoke_then_replay_refused",
+    "commands_update_abandon_carried_out",
+    "commands_cancel_refused",
 }
 
 
