@@ -44,7 +44,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 
@@ -53,6 +52,7 @@ from common.credentials import auth_headers
 from common.logs import get_logger
 from lockservice import api
 from lockservice._http import KeepAliveTransport
+from lockservice._releases import BackgroundReleases, grant_body, grant_of
 from lockservice.api import Grant, LockError
 from lockservice.grants import SignedGrant
 
@@ -213,8 +213,7 @@ class LockClient:
         # token last handed to a caller per key (until the caller releases it), the reapers.
         self._turns: dict[str, _Turn] = {}
         self._issued: dict[str, int] = {}
-        self._reapers: set[asyncio.Task[None]] = set()
-        self.orphans_released = 0  # for tests and diagnostics
+        self._background = BackgroundReleases(self)
         self.http_attempts = 0  # requests sent, for tests and diagnostics
 
     # ------------------------------------------------------------------ lifecycle
@@ -240,7 +239,7 @@ class LockClient:
         # Cancel until they are done: on Python 3.11 `asyncio.wait_for` can swallow a
         # cancellation that races with its inner call completing, so one cancel() may not stop
         # a loop; re-cancel whatever is still running instead of waiting on it forever.
-        pending = set(self._tasks) | self._reapers
+        pending = set(self._tasks) | self._background.tasks()
         while pending:
             for t in pending:
                 t.cancel()
@@ -350,7 +349,7 @@ class LockClient:
                 # This acquire held nothing yet, so one more try under a fresh session is safe
                 # and spares the caller a backoff (a paused worker's waiters all fail at once).
                 continue
-            lease = Lease(_grant_of(data), self, _signed_of(data))
+            lease = Lease(grant_of(data), self, _signed_of(data))
             self._leases.add(lease)
             return lease
         raise AssertionError("unreachable")  # the loop returns or raises
@@ -358,11 +357,11 @@ class LockClient:
     async def renew(self, lease: Lease) -> Lease:
         """Extend a still-valid grant; NotHeld (and the lost signal) otherwise (FR-06)."""
         try:
-            data = await self._request("POST", "/v1/locks/renew", json=_grant_body(lease.grant))
+            data = await self._request("POST", "/v1/locks/renew", json=grant_body(lease.grant))
         except api.NotHeld:
             self._mark_lost(lease, "renew_refused")
             raise
-        lease.grant = _grant_of(data)
+        lease.grant = grant_of(data)
         lease.signed = _signed_of(data)
         return lease
 
@@ -373,7 +372,7 @@ class LockClient:
         if self._issued.get(lease.key) == lease.token:
             del self._issued[lease.key]  # the caller gave it up: a reaper may release it now
         try:
-            await self._request("POST", "/v1/locks/release", json=_grant_body(lease.grant))
+            await self._request("POST", "/v1/locks/release", json=grant_body(lease.grant))
         except api.NotHeld:
             self._mark_lost(lease, "release_refused")
             raise
@@ -388,57 +387,15 @@ class LockClient:
     @property
     def reaping(self) -> int:
         """Reapers still running (for tests and diagnostics)."""
-        return len(self._reapers)
+        return self._background.reaping
+
+    @property
+    def orphans_released(self) -> int:
+        """Orphaned grants the reapers released (for tests and diagnostics)."""
+        return self._background.orphans_released
 
     def _reap_later(self, key: str, delay_s: float) -> None:
-        task = asyncio.create_task(self._reap(key, delay_s), name=f"lock-reap:{key}")
-        self._reapers.add(task)
-        task.add_done_callback(self._reapers.discard)
-
-    async def _reap(self, key: str, delay_s: float) -> None:
-        """Release a grant the server holds for this session that no caller knows about.
-
-        Why this exists: the session is process-wide and kept alive by the heartbeat, so a grant
-        nobody will release never expires, and the account's payouts would wait forever (seen
-        in load runs). One appears when an acquire's answer is lost after the server granted it
-        (a timeout, a reset connection, a lock-server restart, a cancelled caller; the server
-        may even grant after the client gave up, until its own wait ends), or when a release's
-        outcome is unknown. So the reaper first waits out the failed request's server-side
-        wait (`delay_s`), then takes the key's turn, so no acquire of the key is in flight in
-        this process, and releases a grant whose holder is this session under a token no caller
-        holds. Safety never depends on this: a grant no caller holds protects nothing, and the
-        release is the server's compare-and-delete on (key, session, token).
-        """
-        await self._sleep(delay_s)
-        async with self._turn(key, None):
-            await self._release_orphan(key)
-
-    async def _release_orphan(self, key: str) -> None:
-        for attempt in range(self.attempts):
-            if attempt:
-                await self._sleep(self._backoff(attempt))
-            sid = self.session_id
-            if sid is None:
-                return  # no session: its grants ended with it
-            try:
-                info = await self._request("GET", f"/v1/locks?key={quote(key)}", attempts=1)
-            except LockError:
-                continue
-            token = info.get("token")
-            if info.get("holder_session") != sid or token is None:
-                return
-            if self._issued.get(key) == token:
-                return  # a caller holds it
-            grant = _grant_body(_grant_of({**info, "session_id": sid}))
-            try:
-                await self._request("POST", "/v1/locks/release", json=grant, attempts=1)
-            except api.NotHeld:
-                return
-            except LockError:
-                continue
-            self.orphans_released += 1
-            _log.warning("lock.orphan_released", key=key, token=token, session_id=sid)
-            return
+        self._background.reap_later(key, delay_s)
 
     # ------------------------------------------------------------------ session and deadline
 
@@ -624,31 +581,11 @@ def _decode(resp: httpx.Response) -> dict[str, Any]:
     raise LockError(f"unexpected {resp.status_code} from lock server: {message}")
 
 
-def _grant_of(data: dict[str, Any]) -> Grant:
-    return Grant(
-        key=str(data["key"]),
-        token=int(data["token"]),
-        session_id=str(data["session_id"]),
-        acquired_at=datetime.fromisoformat(str(data["acquired_at"])),
-        expires_at=datetime.fromisoformat(str(data["expires_at"])),
-    )
-
-
 def _signed_of(data: dict[str, Any]) -> SignedGrant | None:
     """The signed form of a grant answer; the SDK does not verify it (the resources do)."""
     if not data.get("signature") or not data.get("kid"):
         return None
     return SignedGrant.from_json(data)
-
-
-def _grant_body(g: Grant) -> dict[str, Any]:
-    return {
-        "key": g.key,
-        "token": g.token,
-        "session_id": g.session_id,
-        "acquired_at": g.acquired_at.isoformat(),
-        "expires_at": g.expires_at.isoformat(),
-    }
 
 
 __all__ = ["Lease", "LockClient", "NotAcquiredError"]
