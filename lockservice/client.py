@@ -1,10 +1,12 @@
 """Async client SDK of the lock server: one session per process, a background heartbeat, a
 conservative local lease deadline and a lock-lost signal (FR-11, FR-12, FR-13, FR-27, FR-28).
 
-Owns: the process's session, the heartbeat, the local deadline, and bounded jittered retries.
+Owns: the process's session, the heartbeat, the local deadline, and bounded jittered retries;
+the releases it still owes the server and its orphan reapers live in `lockservice._releases`.
 Must never: hand out a `Lease` without a grant from the server, offer any option to proceed
-without a grant (failing open is not configurable, FR-27), or treat `still_held()` as the safety
-mechanism. Safety comes from the resources checking the fencing token (T >= stored fence).
+without a grant (failing open is not configurable, FR-27), treat `still_held()` as the safety
+mechanism, or forget a release that did not succeed while its session lives. Safety comes
+from the resources checking the fencing token (T >= stored fence).
 
 Errors (all subclasses of `lockservice.api.LockError`)::
 
@@ -66,6 +68,10 @@ if importlib.util.find_spec("sniffio") is None:
     sys.modules.setdefault("sniffio", None)  # type: ignore[arg-type]  # None = "known absent"
 
 Clock = Callable[[], float]
+#: The bounded retries of every call (FR-28): tries, and the full-jitter backoff's base and cap.
+DEFAULT_ATTEMPTS = 4
+DEFAULT_BACKOFF_BASE_S = 0.05
+DEFAULT_BACKOFF_MAX_S = 2.0
 Sleep = Callable[[float], Awaitable[None]]
 LostCallback = Callable[["Lease", str], None]
 
@@ -164,9 +170,9 @@ class LockClient:
         ttl_s: float = 15.0,
         heartbeat_s: float = 5.0,
         safety_margin: float = 0.3,
-        attempts: int = 4,
-        backoff_base_s: float = 0.05,
-        backoff_max_s: float = 2.0,
+        attempts: int = DEFAULT_ATTEMPTS,
+        backoff_base_s: float = DEFAULT_BACKOFF_BASE_S,
+        backoff_max_s: float = DEFAULT_BACKOFF_MAX_S,
         request_timeout_s: float = 5.0,
         on_lost: LostCallback | None = None,
         clock: Clock = time.monotonic,
@@ -235,7 +241,13 @@ class LockClient:
         ]
 
     async def close(self) -> None:
-        """Stop the heartbeat and close the session, which releases every lock it holds."""
+        """Stop the heartbeat and close the session, which releases every lock it holds.
+
+        Releases still pending are not retried any more: closing the session ends their grants
+        too; if the server cannot be reached to close it, they end when the session expires,
+        within its TTL, now that nothing heartbeats it. `lock.releases_left_at_close` says which.
+        """
+        owed = self._background.pending
         # Cancel until they are done: on Python 3.11 `asyncio.wait_for` can swallow a
         # cancellation that races with its inner call completing, so one cancel() may not stop
         # a loop; re-cancel whatever is still running instead of waiting on it forever.
@@ -247,9 +259,19 @@ class LockClient:
         self._tasks = []
         sid, self.session_id = self.session_id, None
         self._session_lost("closed")
+        closed = False
         if sid is not None:
             with contextlib.suppress(LockError, httpx.HTTPError):
-                await self._http.delete(f"/v1/sessions/{sid}", timeout=2.0)
+                r = await self._http.delete(f"/v1/sessions/{sid}", timeout=2.0)
+                closed = r.status_code == 204
+        if owed:
+            _log.warning(
+                "lock.releases_left_at_close",
+                count=owed,
+                session_id=sid,
+                session_closed=closed,
+                grants_end="now, with the session" if closed else f"within {self.ttl_s}s (TTL)",
+            )
         await self._http.aclose()
 
     @property
@@ -366,7 +388,14 @@ class LockClient:
         return lease
 
     async def release(self, lease: Lease) -> None:
-        """Compare-and-delete of this lease's own grant. NotHeld if it was no longer valid."""
+        """Compare-and-delete of this lease's own grant. NotHeld if it was no longer valid.
+
+        A release that gets no answer (the server unreachable past the bounded retries, an
+        answer lost, the caller cancelled) still raises, and is NOT forgotten: it stays pending
+        and is retried in the background until it succeeds or this session ends
+        (`releases_pending`, lockservice._releases). Why: the session lives on by its heartbeat,
+        so a grant nobody releases would hold its account for ever (issue 24 item 6).
+        """
         self._leases.discard(lease)
         lease.released = True
         if self._issued.get(lease.key) == lease.token:
@@ -376,11 +405,22 @@ class LockClient:
         except api.NotHeld:
             self._mark_lost(lease, "release_refused")
             raise
-        except BaseException:
-            # The release may not have happened, and this session stays alive (other leases
-            # keep it heartbeating), so the grant would never expire: reap it.
-            self._reap_later(lease.key, self.request_timeout_s)
+        except BaseException as exc:
+            # It may not have happened, and this session stays alive: owe it to the server.
+            self._background.keep(lease.grant, why=str(exc) or type(exc).__name__)
             raise
+
+    @property
+    def releases_pending(self) -> int:
+        """Releases that did not get their answer yet and are being retried."""
+        return self._background.pending
+
+    @property
+    def retry_budget_s(self) -> float:
+        """How long one bounded call (acquire, release, ...) retries against a server that
+        refuses connections at once (a SIGKILLed lock server) before it raises: `retry_budget_s`
+        of this client's attempts and backoffs."""
+        return retry_budget_s(self.attempts, self.backoff_base_s, self.backoff_max_s)
 
     # ------------------------------------------------------------------ orphaned grants
 
@@ -412,6 +452,7 @@ class LockClient:
         return {
             "session": state,
             "leases_held": len(self._leases),
+            "releases_pending": self._background.pending,
             "seconds_to_deadline": round(max(0.0, self.deadline - self.clock()), 3)
             if self.session_id is not None
             else None,
@@ -549,6 +590,20 @@ class LockClient:
         raise api.BackendUnavailable(f"{method} {path} failed after {tries} attempts ({last})")
 
 
+def retry_budget_s(
+    attempts: int = DEFAULT_ATTEMPTS,
+    backoff_base_s: float = DEFAULT_BACKOFF_BASE_S,
+    backoff_max_s: float = DEFAULT_BACKOFF_MAX_S,
+) -> float:
+    """The longest the backoffs of one bounded call add up to: attempt `a` (from 1) waits at most
+    `min(backoff_max_s, backoff_base_s * 2**a)` (full jitter), and against a server that refuses
+    connections at once (a SIGKILLed lock server, nothing listening) the tries themselves take
+    no time. A release that fails for longer than this becomes pending (`LockClient.release`).
+    With the defaults: 0.1 + 0.2 + 0.4 = 0.7 s. Tests and the chaos harness derive outage
+    lengths from it (docs/chaos.md)."""
+    return float(sum(min(backoff_max_s, backoff_base_s * 2**a) for a in range(1, attempts)))
+
+
 def _error_code(resp: httpx.Response) -> str | None:
     try:
         body = resp.json()
@@ -588,4 +643,4 @@ def _signed_of(data: dict[str, Any]) -> SignedGrant | None:
     return SignedGrant.from_json(data)
 
 
-__all__ = ["Lease", "LockClient", "NotAcquiredError"]
+__all__ = ["Lease", "LockClient", "NotAcquiredError", "retry_budget_s"]
