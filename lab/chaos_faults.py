@@ -269,13 +269,14 @@ class FaultInjector:
     def _thaw_cap(self, pausing: dict[str, Any], frozen_at: float) -> float:
         """The monotonic time by which the frozen holder must be thawed for its request to reach
         the proxy's fence checks: its deadline (in the `experiment.pausing` event), less a
-        margin for the thawed process to send it; from the freeze plus the run's submit deadline
+        margin for the thawed process to send it; the freeze plus the run's submit deadline
         when the event has no deadline."""
-        left = self.submit_deadline_s
+        now = time.monotonic()
+        left = self.submit_deadline_s - (now - frozen_at)
         with contextlib.suppress(KeyError, TypeError, ValueError):
             deadline = datetime.fromisoformat(str(pausing["deadline_at"]))
             left = (deadline - datetime.now(UTC)).total_seconds()
-        return frozen_at + max(0.0, left - ARMED_SEND_MARGIN_S)
+        return now + max(0.0, left - ARMED_SEND_MARGIN_S)
 
     async def _stale_attempt_made(self, proc: ManagedProcess) -> bool:
         """Wait (bounded) until the thawed worker's submission has had its answer: the proxy's
