@@ -57,6 +57,8 @@ CHAOS_WORKFLOW = {**FAST_WORKFLOW, "submit_deadline_s": 90.0, "resolution_sla_s"
 #: SDK's bounded retries, shorter than the TTL minus a heartbeat: lab.chaos_locks) holds a
 #: restart of the lock server with room to spare, and reaches the 6-8 s outages of issue 24.
 CHAOS_LOCK_TTL_S = 10.0
+#: The submit deadline of the payout the armed pause #0 freezes on (see _start_under_faults).
+ARMED_SUBMIT_DEADLINE_S = 600.0
 CHAOS_WORKER_ENV = {**WORKER_ENV, "WORKER_LOCK_TTL_S": str(CHAOS_LOCK_TTL_S)}
 ACCOUNT_BALANCE = 100_000_000  # minor units: funds never run out, so FAILED means a real refusal
 MIN_AMOUNT, MAX_AMOUNT = 100, 5_000
@@ -374,20 +376,29 @@ async def _start_under_faults(
     from payouts.workload import start_workflows
 
     await injector.rail(RAIL_BASELINE)
-    await injector.start_fleet(opts.workers)
-    # Fault #0 is always an armed pause: arm it before the workload starts, so that the
-    # armed worker is polling when the first submissions happen (the guaranteed gap).
+    # Fault #0, the armed pause, by construction (the fencing-off control rests on it): its
+    # worker starts alone and is handed the workload's first payout, so it is the one that
+    # claims it and freezes just before submitting; the fleet and the rest of the workload start
+    # only then. That payout's submit deadline is long (ARMED_SUBMIT_DEADLINE_S): the frozen
+    # request is thawed only once a newer holder's submission of it is recorded (chaos_faults),
+    # and however slow the takeover (a loaded machine, an open breaker, an outage) its request
+    # must still be inside its deadline then, to reach the fence checks.
     armed = await injector.arm(schedule[0])
     # The absence rule proves nothing about times before the rail's records begin (minus
     # its skew margin): a workload started sooner would leave lost instructions ambiguous.
     await stack.wait_for_rail_history()
     progress(f"starting {opts.payouts} payout workflows on {opts.accounts} accounts")
+    address, queue = stack.temporal_address, stack.config.task_queue
+    first = {**CHAOS_WORKFLOW, "submit_deadline_s": ARMED_SUBMIT_DEADLINE_S}
     t0 = time.monotonic()
-    await start_workflows(stack.temporal_address, stack.config.task_queue, specs, **CHAOS_WORKFLOW)
+    await start_workflows(address, queue, specs[:1], **first)
     url = stack.database_url
     monitor = asyncio.create_task(_monitor(url, prefix, opts.payouts, done, progress))
     try:
         await injector.fire(schedule[0], t0, armed=armed)
+        await injector.armed_frozen(schedule[0])
+        await injector.start_fleet(opts.workers)
+        await start_workflows(address, queue, specs[1:], **CHAOS_WORKFLOW)
         await injector.run(schedule[1:], t0)
         progress("all faults fired; restoring normal behaviour and letting the system settle")
         await injector.restore()

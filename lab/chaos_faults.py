@@ -160,6 +160,10 @@ class FaultInjector:
             return
         await self._fire(fault, t0, None)
 
+    async def armed_frozen(self, fault: Fault) -> None:
+        """Return once the armed pause `fault` (fired) has frozen its worker, or given up."""
+        await self._armed_triggered[fault.index].wait()
+
     async def _fire(self, fault: Fault, t0: float, armed: ManagedProcess | None) -> None:
         started = time.monotonic()
         self.progress(f"fault {fault.describe()} (fired at t+{started - t0:.1f}s)")
