@@ -218,7 +218,12 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
     client = await Client.connect(
         settings.temporal_address, namespace=settings.namespace, runtime=_runtime(settings)
     )
-    pool = await create_pool(settings.database_url, min_size=1, max_size=10)
+    # A transaction of this process left idle longer than its lease (it was frozen between its
+    # UPDATEs and its COMMIT) is ended by PostgreSQL: rolled back, its rows free for the next
+    # holder, whose grant is newer by then (common.pgutil.create_pool, docs/payment-database.md).
+    pool = await create_pool(
+        settings.database_url, min_size=1, max_size=10, idle_in_transaction_s=settings.lock_ttl_s
+    )
     # The reconciler reads both schemas with its own read-only role, not the payment store's.
     rec_pool = pool
     if settings.reconcile_database_url:

@@ -33,6 +33,18 @@ OUTBOX = "payouts_outbox"
 RECONCILER = "payouts_reconciler"
 CHECKER = "payouts_checker"
 
+#: How long a session of a writing role may sit idle inside a transaction before PostgreSQL ends
+#: it (rolling the transaction back): about one lease (A-04's 15 s session TTL). Why: a holder
+#: frozen between its UPDATEs and its COMMIT (a SIGSTOP, a stop-the-world pause, a partition)
+#: keeps the payout's, the account's and the shared rail_clearing balance rows locked for as
+#: long as it is frozen; every other payout's post queues behind rail_clearing. Ending the
+#: transaction fails closed: its writes never commit, and the next holder, under a newer grant,
+#: proceeds. A holder that legitimately waits is not idle (it waits inside a statement), and no
+#: code of ours waits on anything else inside a transaction. Processes that know their own lease
+#: set a shorter value on their connections (worker_main: its lock TTL), which overrides this.
+IDLE_IN_TRANSACTION_S = 15
+_WRITER_SETTINGS = (("idle_in_transaction_session_timeout", f"{IDLE_IN_TRANSACTION_S}s"),)
+
 #: Every column of paydb.outbox the publisher and the outbox operator commands update.
 _OUTBOX_UPDATED = (
     "status, attempts, next_retry_at, claimed_by, claimed_until, last_outcome, last_error,"
@@ -51,6 +63,9 @@ class Role:
     #: "SELECT" where the code reads a sequence's last_value.
     sequences: tuple[tuple[str, str], ...] = ()
     functions: tuple[str, ...] = ()  # schemas whose functions it may call
+    #: Session defaults set for the role in each database it is granted (`ALTER ROLE .. IN
+    #: DATABASE .. SET`), applied whatever DSN or client connects as it.
+    settings: tuple[tuple[str, str], ...] = ()
 
 
 ROLES: tuple[Role, ...] = (
@@ -69,6 +84,7 @@ ROLES: tuple[Role, ...] = (
         ),
         sequences=(("lockservice", "USAGE, SELECT"),),  # SELECT: grant_history_id_seq read
         functions=("lockservice",),
+        settings=_WRITER_SETTINGS,  # a frozen lock server holds the key counter's row lock
     ),
     Role(
         RAILPROXY,
@@ -80,6 +96,7 @@ ROLES: tuple[Role, ...] = (
             ("railproxy", "SELECT", "schema_migrations"),
         ),
         sequences=(("railproxy", "USAGE"),),
+        settings=_WRITER_SETTINGS,
     ),
     Role(
         PAYDB,
@@ -96,6 +113,7 @@ ROLES: tuple[Role, ...] = (
             ("paydb", "SELECT, INSERT, UPDATE", "operator_commands"),
         ),
         sequences=(("paydb", "USAGE"),),
+        settings=_WRITER_SETTINGS,
     ),
     Role(
         OUTBOX,
@@ -105,6 +123,7 @@ ROLES: tuple[Role, ...] = (
             ("paydb", "INSERT", "audit_log"),  # operator retry/discard is audited
         ),
         sequences=(("paydb", "USAGE"),),
+        settings=_WRITER_SETTINGS,
     ),
     Role(
         RECONCILER,
@@ -238,6 +257,14 @@ async def _grant_role(conn: asyncpg.Connection, role: Role, tables: dict[str, se
             await conn.execute(f"GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA {schema} TO {role.name}")
 
 
+async def _set_defaults(conn: asyncpg.Connection, role: Role, database: str) -> None:
+    """The role's session defaults in this database, exactly the table's (reset, then set)."""
+    await conn.execute(f"ALTER ROLE {role.name} IN DATABASE {database} RESET ALL")
+    for name, value in role.settings:
+        literal = await conn.fetchval("SELECT quote_literal($1)", value)
+        await conn.execute(f"ALTER ROLE {role.name} IN DATABASE {database} SET {name} = {literal}")
+
+
 async def apply_roles(conn: asyncpg.Connection, passwords: Mapping[str, str] | None = None) -> None:
     """Create the roles (if missing), set the configured passwords, and make this database's
     grants exactly the role table. Run with the admin DSN (superuser or CREATEROLE + owner)."""
@@ -264,6 +291,7 @@ async def apply_roles(conn: asyncpg.Connection, passwords: Mapping[str, str] | N
         for role in ROLES:
             await conn.execute(f"GRANT CONNECT ON DATABASE {database} TO {role.name}")
             await _grant_role(conn, role, tables)
+            await _set_defaults(conn, role, database)
 
 
 #: Which roles each stack process connects as (its PGPASSFILE holds exactly these).

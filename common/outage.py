@@ -23,7 +23,10 @@ from starlette.responses import Response
 #: connection closed mid-call), `connection is closed` / `pool is closing` (InterfaceError
 #: itself), a connection the server dropped while it sat idle, used before its EOF was read
 #: (InternalClientError: the protocol is still consuming the server's FATAL message), an
-#: administrator's shutdown or a cancelled statement (class 57) and too many connections (53).
+#: administrator's shutdown or a cancelled statement (class 57), too many connections (53), and
+#: a session the server ended because it sat idle inside a transaction (25P03: the process was
+#: frozen past `idle_in_transaction_session_timeout`, common.db_roles; its transaction is rolled
+#: back and the connection closed).
 CONNECTION_LOST: tuple[type[Exception], ...] = (
     OSError,
     TimeoutError,
@@ -32,6 +35,7 @@ CONNECTION_LOST: tuple[type[Exception], ...] = (
     asyncpg.InternalClientError,
     asyncpg.exceptions.OperatorInterventionError,
     asyncpg.exceptions.InsufficientResourcesError,
+    asyncpg.exceptions.IdleInTransactionSessionTimeoutError,
 )
 #: InterfaceError's subclasses are the client's configuration or a feature it lacks: a bug.
 _NOT_LOST: tuple[type[Exception], ...] = (

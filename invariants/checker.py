@@ -20,6 +20,9 @@ Evidence order matters:
    forwards (FR-19), so every movement we see has its attempt in the later snapshot;
    then the closed payout workflows: a closed run is final, so a payout the later snapshot
    still shows non-terminal was truly left behind by it (INV-10);
+   then the payout locks held now (INV-10's blocked accounts): the snapshot is later, so every
+   write or attempt made under a holding before it was observed is in it (a holding is never
+   judged unused for want of a write the snapshot missed);
 2. then the database snapshot;
 3. then the grant history: a write in the snapshot was made under a grant acquired before it, so a
    history read AFTER the snapshot contains every grant any write in it presented (no false
@@ -41,8 +44,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from common.credentials import operator_token, read_token
 from common.logs import get_logger
+from invariants.blocked import HOLD_BOUND_S, held_keys
 from invariants.errors import (
     GrantSourceUnavailable,
+    HoldSourceUnavailable,
     InvariantError,
     MovementsUnavailable,
     WorkflowSourceUnavailable,
@@ -56,6 +61,7 @@ from invariants.evidence import (
     WorkflowFact,
     Write,
 )
+from invariants.holds import HoldSource, lock_server_hold_source, postgres_hold_source
 from invariants.rules import INVARIANTS, check
 from invariants.sources import (
     GrantSource,
@@ -72,6 +78,8 @@ __all__ = [
     "GrantFact",
     "GrantSource",
     "GrantSourceUnavailable",
+    "HoldSource",
+    "HoldSourceUnavailable",
     "InvariantError",
     "InvariantReport",
     "InvariantResult",
@@ -82,7 +90,9 @@ __all__ = [
     "WorkflowSourceUnavailable",
     "check_invariants",
     "lock_server_grant_source",
+    "lock_server_hold_source",
     "postgres_grant_source",
+    "postgres_hold_source",
     "stub_movement_source",
     "temporal_workflow_source",
 ]
@@ -115,6 +125,9 @@ class InvariantSettings(BaseSettings):
     lock_database_url: str | None = None  # lockservice schema's database; default DATABASE_URL
     lock_prefix: str = ""  # the lock backend's namespace prefix (PostgreSQL source)
     sample_size: int = 10
+    #: INV-10: a payout lock held by a live session and unused this long blocks its account
+    #: (invariants.blocked: longer than the workers' idle-lease sweeper takes to give one back).
+    hold_bound_s: float = HOLD_BOUND_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,18 +173,25 @@ async def check_invariants(
     workflow_source: WorkflowSource | None = None,
     settled: bool = False,
     sample_size: int = 10,
+    hold_source: HoldSource | None = None,
+    hold_bound_s: float = HOLD_BOUND_S,
 ) -> InvariantReport:
     """Check INV-01..INV-10 once; emit `invariants.checked` and one `invariants.violation` per
     violated invariant. Raises an InvariantError when a source is unreadable.
 
     `workflow_source` None: INV-10's workflow rule is not evaluated (reported in
     `not_checked`). `settled`: the caller knows the system has settled (every payout had its
-    chance to finish), so INV-10's "terminal or escalated" rule applies; mid-run it must not."""
+    chance to finish), so INV-10's "terminal or escalated" rule applies; mid-run it must not.
+    `hold_source` None: INV-10's blocked-account rule is not evaluated (`not_checked`); else a
+    payout lock held unused for longer than `hold_bound_s` is a violation at any time."""
     try:
         movements = await movement_source()  # first: see the module docstring
         workflows = None if workflow_source is None else list(await workflow_source())
+        holds = None if hold_source is None else list(await hold_source(await _accounts(conn)))
         async with conn.transaction(isolation="repeatable_read", readonly=True):
             ev = await _gather(conn)
+        ev.holds, ev.holds_checked = holds or [], holds is not None
+        ev.hold_bound_s = hold_bound_s
         ev.movements = list(movements)
         ev.workflows, ev.workflows_checked = workflows or [], workflows is not None
         ev.settled = settled
@@ -203,6 +223,7 @@ async def check_invariants(
             "movements": len(ev.movements),
             "grants": len(ev.grants),
             "closed_workflows": len(ev.workflows),
+            "held_payout_locks": len(held_keys(ev.holds)),
             # Attempts and writes older than a pruned history's horizon: INV-07 skips them.
             "before_grant_horizon": _before_horizon(ev),
         },
@@ -226,6 +247,8 @@ def _not_checked(ev: Evidence) -> list[str]:
         out.append("INV-10 closed workflows (no Temporal address given)")
     if not ev.settled:
         out.append("INV-10 terminal-or-escalated (the system was not declared settled)")
+    if not ev.holds_checked:
+        out.append("INV-10 blocked accounts (no source of the locks held was given)")
     return out
 
 
@@ -270,6 +293,15 @@ _ESCALATED = """
 SELECT DISTINCT payout_id FROM paydb.audit_log
  WHERE action = 'ambiguity_escalated' AND payout_id IS NOT NULL
 """
+
+
+async def _accounts(conn: asyncpg.Connection) -> list[str]:
+    """The accounts whose payout locks the holdings source is asked about."""
+    try:
+        rows = await conn.fetch("SELECT DISTINCT account_id FROM paydb.payouts")
+    except asyncpg.PostgresError as exc:
+        raise HoldSourceUnavailable(f"accounts unreadable: {exc}") from exc
+    return [str(r["account_id"]) for r in rows]
 
 
 async def _gather(conn: asyncpg.Connection) -> Evidence:

@@ -5,6 +5,7 @@ InvariantError                   code (a stable name) says which source failed
  +-- MovementsUnavailable        the rail's movement log could not be read
  +-- GrantSourceUnavailable      the lock service's grant history, or only part of it
  +-- WorkflowSourceUnavailable   Temporal could not be asked about the payout workflows
+ +-- HoldSourceUnavailable       the locks held right now could not be read (INV-10)
 """
 
 from __future__ import annotations
@@ -32,3 +33,9 @@ class WorkflowSourceUnavailable(InvariantError):
     """Temporal could not be asked about the payout workflows; nothing is reported."""
 
     code = "workflow_source_unavailable"
+
+
+class HoldSourceUnavailable(InvariantError):
+    """The locks held right now could not be read completely; nothing is reported."""
+
+    code = "hold_source_unavailable"

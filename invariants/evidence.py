@@ -15,6 +15,9 @@ Evidence, and what it stands for:
 * `workflows`: payout workflows whose latest run closed without completing (failed, terminated,
   timed out, canceled), from Temporal (INV-10); `workflows_checked` False when Temporal was not
   asked, `settled` True only when the caller knows the system has settled (INV-10's first rule).
+* `holds`: the payout locks held by live sessions when they were read (`invariants.holds`), and
+  `hold_bound_s`, how long one may go unused before its account counts as blocked (INV-10,
+  `invariants.blocked`); `holds_checked` False when no holdings source was given.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from invariants.blocked import HOLD_BOUND_S, HoldFact
 from railstub.client import RailMovement
 
 
@@ -110,3 +114,6 @@ class Evidence:
     workflows: list[WorkflowFact] = field(default_factory=list)
     workflows_checked: bool = False
     settled: bool = False
+    holds: list[HoldFact] = field(default_factory=list)
+    holds_checked: bool = False
+    hold_bound_s: float = HOLD_BOUND_S

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 
 from common.lockkey import lock_key
+from invariants.blocked import blocked_accounts
 
 # The evidence types are imported from here by callers that predate `invariants.evidence`.
 from invariants.evidence import (
@@ -329,7 +330,8 @@ def _inv10(ev: Evidence) -> list[str]:
     not terminal, since nothing drives it until it is re-driven (activities.redrive).
 
     The first rule needs a settled system (mid-run, payouts are legitimately in between), so it
-    applies only when the caller says so (`settled`)."""
+    applies only when the caller says so (`settled`). The third, at any time: no account's lock
+    is held by a live session with nothing in flight under it past a bound (`blocked.py`)."""
     state = {p.payout_id: p.state for p in ev.payouts}
     out = []
     if ev.settled:
@@ -345,4 +347,5 @@ def _inv10(ev: Evidence) -> list[str]:
         current = state.get(payout_id)
         if current is not None and current not in TERMINAL:
             out.append(f"workflow {w.workflow_id} is {w.status} while the payout is {current}")
-    return out
+    # An account whose lock a live session holds unused past a bound (invariants.blocked).
+    return out + blocked_accounts(ev)

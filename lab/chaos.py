@@ -29,10 +29,12 @@ import asyncpg
 import httpx
 
 from common.logs import get_logger
+from invariants.blocked import HOLD_BOUND_S
 from lab.chaos_faults import RAIL_BASELINE, ChaosError, FaultInjector
+from lab.chaos_locks import hold_source, wait_for_free_locks, workers_outage_window
 from lab.chaos_schedule import Fault, make_schedule
 from lab.chaos_summary import TERMINAL, Evidence, summarize
-from lab.experiments import FAST_WORKFLOW, LOCK_TTL_S, WORKER_ENV, isolated_ports, json_events
+from lab.experiments import FAST_WORKFLOW, WORKER_ENV, isolated_ports, json_events
 from stack.config import StackConfig
 from stack.system import Stack
 
@@ -41,14 +43,23 @@ if TYPE_CHECKING:
 
 log = get_logger("lab.chaos")
 
-#: FAST_WORKFLOW's short backoffs and holder timeouts. The submit deadline is longer than an armed
-#: worker's longest freeze (chaos_faults.ARMED_MAX_FREEZE_S), so its thawed request reaches the
-#: fence checks (fencing on: refused as stale; off: the duplicate the negative control needs)
-#: instead of being refused earlier as DEADLINE_EXCEEDED.
+#: FAST_WORKFLOW's short backoffs and holder timeouts. The submit deadline leaves an armed worker
+#: frozen before its submission time for another worker to take the payout over and submit it
+#: (the freeze ends then, chaos_faults), so its thawed request reaches the fence checks (fencing
+#: on: refused as stale; off: the duplicate the negative control needs) instead of being refused
+#: earlier as DEADLINE_EXCEEDED.
 #: The resolution SLA is short enough that an ambiguity nothing can resolve escalates within the
 #: run (INV-10 accepts RAIL_AMBIGUOUS only when escalated) and longer than a rail_slow payout
 #: needs to resolve (the rail answers within submit deadline + 12 s), so those resolve first.
 CHAOS_WORKFLOW = {**FAST_WORKFLOW, "submit_deadline_s": 90.0, "resolution_sla_s": 150.0}
+#: The workers' session TTL (their lease). Longer than the experiments' 3 s so that the window
+#: in which a lock-server outage fails a release while every session survives (longer than the
+#: SDK's bounded retries, shorter than the TTL minus a heartbeat: lab.chaos_locks) holds a
+#: restart of the lock server with room to spare, and reaches the 6-8 s outages of issue 24.
+CHAOS_LOCK_TTL_S = 10.0
+#: The submit deadline of the payout the armed pause #0 freezes on (see _start_under_faults).
+ARMED_SUBMIT_DEADLINE_S = 600.0
+CHAOS_WORKER_ENV = {**WORKER_ENV, "WORKER_LOCK_TTL_S": str(CHAOS_LOCK_TTL_S)}
 ACCOUNT_BALANCE = 100_000_000  # minor units: funds never run out, so FAILED means a real refusal
 MIN_AMOUNT, MAX_AMOUNT = 100, 5_000
 
@@ -231,6 +242,8 @@ async def _check(stack: Stack, window_start: Any, *, settled: bool) -> tuple[Any
             # Only a run that settled may demand "terminal or escalated" of every payout; one
             # that did not is reported as partial, and the rule is listed as not checked.
             settled=settled,
+            hold_source=hold_source(stack),
+            hold_bound_s=HOLD_BOUND_S,
         )
     finally:
         await conn.close()
@@ -251,10 +264,18 @@ async def run_chaos(
     opts: ChaosOptions, progress: Callable[[str], None] = lambda _s: None
 ) -> dict[str, Any]:
     """One seeded chaos run; returns the summary (lab.chaos_summary.summarize)."""
+    outage_window = workers_outage_window(CHAOS_WORKER_ENV)
     schedule = make_schedule(
-        opts.seed, workers=opts.workers, payouts=opts.payouts, lease_s=LOCK_TTL_S
+        opts.seed,
+        workers=opts.workers,
+        payouts=opts.payouts,
+        lock_outage_s=outage_window,
+        lease_s=CHAOS_LOCK_TTL_S,
     )
-    progress(f"seed {opts.seed}: {len(schedule)} faults scheduled")
+    progress(
+        f"seed {opts.seed}: {len(schedule)} faults scheduled (lock-server outages inside"
+        f" {outage_window[0]}-{outage_window[1]}s)"
+    )
     for f in schedule:
         progress(f"  {f.describe()}")
     started = time.monotonic()
@@ -266,16 +287,19 @@ async def run_chaos(
         done = [False]
         injector = FaultInjector(
             stack,
-            worker_env=dict(WORKER_ENV),
-            lease_s=LOCK_TTL_S,
+            worker_env=dict(CHAOS_WORKER_ENV),
+            lease_s=CHAOS_LOCK_TTL_S,
             progress=progress,
             workload_done=lambda: done[0],
             submit_deadline_s=CHAOS_WORKFLOW["submit_deadline_s"],
+            lock_outage_s=outage_window,
         )
         settled = await _start_under_faults(
             stack, injector, opts, schedule, specs, prefix=prefix, done=done, progress=progress
         )
         await _wait_for_rail_answers(injector, progress)
+        accounts = sorted({s.account_id for s in specs})
+        await wait_for_free_locks(hold_source(stack), accounts, HOLD_BOUND_S, progress)
         states = await _states(url, prefix)
         progress("running reconciliation and the invariant checker")
         rec, inv = await _check(stack, window_start, settled=settled)
@@ -303,6 +327,7 @@ async def run_chaos(
         settled=settled,
         leader_changes=injector.leader_changes,
         workers_replaced=injector.workers_replaced,
+        held_payout_locks=int(inv.checked.get("held_payout_locks", 0)),
     )
     summary = summarize(evidence)
     summary["run_dir"] = str(run_dir)
@@ -351,20 +376,29 @@ async def _start_under_faults(
     from payouts.workload import start_workflows
 
     await injector.rail(RAIL_BASELINE)
-    await injector.start_fleet(opts.workers)
-    # Fault #0 is always an armed pause: arm it before the workload starts, so that the
-    # armed worker is polling when the first submissions happen (the guaranteed gap).
+    # Fault #0, the armed pause, by construction (the fencing-off control rests on it): its
+    # worker starts alone and is handed the workload's first payout, so it is the one that
+    # claims it and freezes just before submitting; the fleet and the rest of the workload start
+    # only then. That payout's submit deadline is long (ARMED_SUBMIT_DEADLINE_S): the frozen
+    # request is thawed only once a newer holder's submission of it is recorded (chaos_faults),
+    # and however slow the takeover (a loaded machine, an open breaker, an outage) its request
+    # must still be inside its deadline then, to reach the fence checks.
     armed = await injector.arm(schedule[0])
     # The absence rule proves nothing about times before the rail's records begin (minus
     # its skew margin): a workload started sooner would leave lost instructions ambiguous.
     await stack.wait_for_rail_history()
     progress(f"starting {opts.payouts} payout workflows on {opts.accounts} accounts")
+    address, queue = stack.temporal_address, stack.config.task_queue
+    first = {**CHAOS_WORKFLOW, "submit_deadline_s": ARMED_SUBMIT_DEADLINE_S}
     t0 = time.monotonic()
-    await start_workflows(stack.temporal_address, stack.config.task_queue, specs, **CHAOS_WORKFLOW)
+    await start_workflows(address, queue, specs[:1], **first)
     url = stack.database_url
     monitor = asyncio.create_task(_monitor(url, prefix, opts.payouts, done, progress))
     try:
         await injector.fire(schedule[0], t0, armed=armed)
+        await injector.armed_frozen(schedule[0])
+        await injector.start_fleet(opts.workers)
+        await start_workflows(address, queue, specs[1:], **CHAOS_WORKFLOW)
         await injector.run(schedule[1:], t0)
         progress("all faults fired; restoring normal behaviour and letting the system settle")
         await injector.restore()

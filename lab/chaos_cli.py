@@ -94,7 +94,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--payouts", type=_positive, default=200, help="payouts in the workload")
     p.add_argument("--accounts", type=_positive, default=20, help="funded accounts")
-    p.add_argument("--workers", type=_positive, default=2, help="workers (leases of 3 s)")
+    p.add_argument("--workers", type=_positive, default=2, help="workers (leases of 10 s)")
     p.add_argument("--seed", type=int, default=1, help="the fault schedule is a function of it")
     p.add_argument("--backend", choices=["postgres", "etcd"], default="postgres")
     p.add_argument(

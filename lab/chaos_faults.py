@@ -2,12 +2,13 @@
 
 Owns: the worker fleet of a chaos run (one worker per slot, replaced after a kill; an armed
 pause runs its own extra worker, so it never takes a slot's worker away), every fault's mechanics
-(SIGSTOP/SIGCONT, SIGKILL, service restarts, an etcd leader kill with its unavailability window
-measured by lock acquires, a SIGKILL of the Temporal dev server or of the rail stub followed by a
-restart on the same files and ports, rail stub behaviour windows: outage, ambiguity, slow lookups,
-latency beyond the submit deadline, clock skew) and restoring normal behaviour at the end. Must
-never: touch a process the stack did not start, or leave a worker stopped or the rail in a fault
-mode once `restore()` returned.
+(SIGSTOP/SIGCONT, SIGKILL, service restarts, a lock-server outage inside the window a release
+fails in while sessions survive (lab.chaos_locks), an etcd leader kill with its unavailability
+window measured by lock acquires, a SIGKILL of the Temporal dev server or of the rail stub
+followed by a restart on the same files and ports, rail stub behaviour windows: outage,
+ambiguity, slow lookups, latency beyond the submit deadline, clock skew) and restoring normal
+behaviour at the end. Must never: touch a process the stack did not start, or leave a worker
+stopped or the rail in a fault mode once `restore()` returned.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import signal
 import time
 import uuid
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
@@ -26,6 +28,7 @@ import httpx
 from common.credentials import auth_headers
 from common.logs import get_logger
 from common.pgutil import create_pool
+from lab.chaos_locks import LockServerOutage
 from lab.chaos_schedule import Fault
 from lab.experiments import json_events, process_state, resumed_then_submitted
 from stack.process import ManagedProcess, pid_alive
@@ -49,11 +52,10 @@ RAIL_CLOCK_BASELINE: dict[str, Any] = {"clock_skew_s": 0.0}
 ARMED_ENV = {"WORKER_EXPERIMENT_PAUSE_BEFORE_SUBMIT": "true"}
 #: How long an armed worker may take to reach its first submission before the fault gives up.
 ARMED_TRIGGER_WAIT_S = 90.0
-#: Upper bound on an armed worker's freeze. The takeover of the frozen worker's payout waits for
-#: Temporal to time out its submit activity, which can take up to the holder steps' 60 s
-#: start-to-close; the bound stays inside the run's submit deadline (lab.chaos), so the thawed
-#: request reaches the fence checks instead of expiring first.
-ARMED_MAX_FREEZE_S = 75.0
+#: An armed worker is thawed at the latest this long before its frozen request's deadline, so the
+#: thawed request still reaches the proxy's fence checks (the proxy refuses a request whose
+#: deadline is too close before anything else).
+ARMED_SEND_MARGIN_S = 5.0
 #: After the thaw, how long the armed worker gets to make its stale attempt before it is stopped.
 ARMED_ATTEMPT_WAIT_S = 30.0
 #: A rail_slow window stays open past its seeded duration until at least one submission reached
@@ -88,8 +90,13 @@ class FaultInjector:
         progress: Callable[[str], None],
         workload_done: Callable[[], bool] = lambda: False,
         submit_deadline_s: float = 90.0,
+        lock_outage_s: tuple[float, float] | None = None,
     ) -> None:
         self.stack = stack
+        #: lock_server_outage faults (None: a run that schedules none, e.g. the game day).
+        self._lock_outage = (
+            None if lock_outage_s is None else LockServerOutage(stack, lock_outage_s, progress)
+        )
         #: The payouts' submit deadline: a rail_slow window's latency exceeds it.
         self.submit_deadline_s = submit_deadline_s
         self.worker_env = worker_env
@@ -106,7 +113,7 @@ class FaultInjector:
         self.slots: list[str] = []
         self.records: list[dict[str, Any]] = []
         #: Armed pauses in progress: each runs in the background with its own extra worker, so
-        #: its long freeze (up to ARMED_MAX_FREEZE_S) does not hold up the rest of the schedule.
+        #: its long freeze (until a newer holder submits) does not hold up the rest of the schedule.
         self._armed: list[asyncio.Task[None]] = []
         #: Per armed pause (by fault index): set once its worker froze itself, or gave up.
         self._armed_triggered: dict[int, asyncio.Event] = {}
@@ -153,6 +160,10 @@ class FaultInjector:
             return
         await self._fire(fault, t0, None)
 
+    async def armed_frozen(self, fault: Fault) -> None:
+        """Return once the armed pause `fault` (fired) has frozen its worker, or given up."""
+        await self._armed_triggered[fault.index].wait()
+
     async def _fire(self, fault: Fault, t0: float, armed: ManagedProcess | None) -> None:
         started = time.monotonic()
         self.progress(f"fault {fault.describe()} (fired at t+{started - t0:.1f}s)")
@@ -165,6 +176,7 @@ class FaultInjector:
             "pause": self._pause,
             "kill": self._kill,
             "lock_server_restart": self._lock_server_restart,
+            "lock_server_outage": self._lock_server_outage,
             "backend_restart": self._backend_restart,
             "rail_outage": self._rail_window,
             "rail_ambiguity": self._rail_window,
@@ -231,18 +243,19 @@ class FaultInjector:
         token, payout_id = int(pausing.get("token", 0)), str(pausing.get("payout_id", ""))
         self.progress(
             f"  {proc.name} froze itself before submitting {payout_id} under token {token}; "
-            "waiting for its lease to expire and another worker to take over"
+            "waiting for another worker to take over and submit it"
         )
-        # Thaw only after the server expired the lease AND a newer holder got the payout past its
-        # submission (or it is terminal): the stale holder then submits a payout that was already
-        # submitted under a newer token, the check-then-act gap the fencing tokens exist for.
-        taken_over = False
-        while time.monotonic() - frozen_at < ARMED_MAX_FREEZE_S:
-            if time.monotonic() - frozen_at > self.lease_s + 1.0:
-                taken_over = await self._superseded(payout_id, token)
-                if taken_over:
-                    break
-            await asyncio.sleep(1.0)
+        # Thaw only once the proxy has recorded a newer holder's submission of this payout (it
+        # records every attempt before it forwards it, FR-19): the frozen holder's submission
+        # then comes second, after the payout was submitted under a newer token, whatever the
+        # machine's speed: the check-then-act gap the fencing tokens exist for. Bounded by the
+        # frozen request's own deadline: thawed after it, the proxy would refuse the request as
+        # DEADLINE_EXCEEDED before any fence check, and the fault would prove nothing.
+        cap = self._thaw_cap(pausing, frozen_at)
+        newer = False
+        while not newer and time.monotonic() < cap and proc.running():
+            await asyncio.sleep(0.25)
+            newer = await self._newer_attempt(payout_id, token)
         stopped_s = round(time.monotonic() - frozen_at, 2)
         self.stack.kill(proc.name, signal.SIGCONT)
         attempted = await self._stale_attempt_made(proc)
@@ -252,10 +265,22 @@ class FaultInjector:
             "triggered": True,
             "payout_id": payout_id,
             "token": token,
-            "taken_over": taken_over,
+            "taken_over": newer,
             "stopped_s": stopped_s,
             "stale_attempt": attempted,
         }
+
+    def _thaw_cap(self, pausing: dict[str, Any], frozen_at: float) -> float:
+        """The monotonic time by which the frozen holder must be thawed for its request to reach
+        the proxy's fence checks: its deadline (in the `experiment.pausing` event), less a
+        margin for the thawed process to send it; the freeze plus the run's submit deadline
+        when the event has no deadline."""
+        now = time.monotonic()
+        left = self.submit_deadline_s - (now - frozen_at)
+        with contextlib.suppress(KeyError, TypeError, ValueError):
+            deadline = datetime.fromisoformat(str(pausing["deadline_at"]))
+            left = (deadline - datetime.now(UTC)).total_seconds()
+        return now + max(0.0, left - ARMED_SEND_MARGIN_S)
 
     async def _stale_attempt_made(self, proc: ManagedProcess) -> bool:
         """Wait (bounded) until the thawed worker's submission has had its answer: the proxy's
@@ -275,20 +300,16 @@ class FaultInjector:
             )
         return self._pool
 
-    async def _superseded(self, payout_id: str, token: int) -> bool:
+    async def _newer_attempt(self, payout_id: str, token: int) -> bool:
+        """Whether the proxy has recorded a submission of the payout under a higher token."""
         # Armed pauses run beside the other faults: PostgreSQL may be restarting right now.
         try:
-            row = await (await self._db()).fetchrow(
-                "SELECT state, fence FROM paydb.payouts WHERE payout_id = $1", payout_id
+            top = await (await self._db()).fetchval(
+                "SELECT max(token) FROM railproxy.attempts WHERE payout_id = $1", payout_id
             )
         except _DB_UNAVAILABLE:
             return False
-        if row is None:
-            return False
-        state = str(row["state"])
-        if state in ("POSTED", "FAILED", "ABANDONED"):
-            return True
-        return int(row["fence"]) > token and state not in ("PENDING", "CLAIMED")
+        return top is not None and int(top) > token
 
     async def _kill(self, fault: Fault) -> dict[str, Any]:
         name = self.slots[fault.target]
@@ -303,6 +324,11 @@ class FaultInjector:
     async def _lock_server_restart(self, fault: Fault) -> dict[str, Any]:
         await self.stack.restart("lock-server")
         return {}
+
+    async def _lock_server_outage(self, fault: Fault) -> dict[str, Any]:
+        if self._lock_outage is None:
+            raise ChaosError("a lock_server_outage needs the run's outage window")
+        return await self._lock_outage(fault)
 
     async def _backend_restart(self, fault: Fault) -> dict[str, Any]:
         if self.stack.config.backend == "postgres":

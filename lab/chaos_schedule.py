@@ -17,6 +17,7 @@ FaultKind = Literal[
     "pause",
     "kill",
     "lock_server_restart",
+    "lock_server_outage",
     "backend_restart",
     "rail_outage",
     "rail_ambiguity",
@@ -36,6 +37,7 @@ _WEIGHTS: dict[FaultKind, int] = {
     "pause": 4,
     "kill": 3,
     "lock_server_restart": 1,
+    "lock_server_outage": 1,
     "backend_restart": 1,
     "rail_outage": 1,
     "rail_ambiguity": 2,
@@ -79,6 +81,7 @@ class Fault:
     at_s: float
     #: pause: how long the worker stays stopped (longer than the lease); rail_outage,
     #: rail_ambiguity, slow_lookups, rail_slow, clock_skew: how long the window lasts;
+    #: lock_server_outage: how long the lock server stays down (inside the run's outage window);
     #: kill/restarts: 0.
     duration_s: float = 0.0
     #: Which worker slot (0..workers-1) a pause or kill hits.
@@ -100,6 +103,7 @@ class Fault:
             + (" armed (UC-03 hook)" if self.armed else f" for {self.duration_s:.1f}s"),
             "kill": f"worker slot {self.target}",
             "rail_outage": f"for {self.duration_s:.1f}s",
+            "lock_server_outage": f"SIGKILL, down {self.duration_s:.1f}s",
             "rail_ambiguity": f"rate {self.level:.2f} for {self.duration_s:.1f}s",
             "slow_lookups": f"visibility delay {self.level:.1f}s for {self.duration_s:.1f}s",
             "rail_slow": f"latency deadline+{self.level:.1f}s for {self.duration_s:.1f}s",
@@ -118,8 +122,20 @@ def horizon_s(payouts: int) -> float:
     return min(max(20.0, payouts * 0.08), 900.0)
 
 
-def make_schedule(seed: int, *, workers: int, payouts: int, lease_s: float = 3.0) -> list[Fault]:
+def make_schedule(
+    seed: int,
+    *,
+    workers: int,
+    payouts: int,
+    lock_outage_s: tuple[float, float],
+    lease_s: float = 3.0,
+) -> list[Fault]:
     """The faults of one run, from `random.Random(seed)` only.
+
+    `lock_outage_s` is the run's lock-server outage window (lab.chaos_locks: longer than
+    a release's bounded retries, shorter than the session TTL minus a heartbeat, from what the
+    run's workers are configured with). The first lock_server_outage lasts the upper half of it,
+    the most demanding for any bounded retry; later ones anywhere in it.
 
     The first fault is always an armed pause at t+0 (the runner arms that worker before it starts
     the workload), so every schedule hits the check-then-act gap at least once: with fencing off
@@ -142,7 +158,13 @@ def make_schedule(seed: int, *, workers: int, payouts: int, lease_s: float = 3.0
     span = horizon_s(payouts)
     offsets = sorted(round(rng.uniform(1.0, span), 2) for _ in kinds)
     faults = [Fault(index=0, kind="pause", at_s=0.0, target=rng.randrange(workers), armed=True)]
+    low, high = lock_outage_s
+    outage = ((low + high) / 2, high)  # the first one; then the whole window
     for i, (kind, at) in enumerate(zip(kinds, offsets, strict=True), start=1):
+        if kind == "lock_server_outage":
+            faults.append(Fault(i, kind, at, duration_s=round(rng.uniform(*outage), 2)))
+            outage = (low, high)
+            continue
         faults.append(_draw(rng, i, kind, at, workers=workers, lease_s=lease_s))
     return faults
 

@@ -51,6 +51,8 @@ class Evidence:
     invariants_not_checked: Sequence[str] = field(default_factory=list)
     #: Slot workers that exited by themselves (e.g. when Temporal vanished) and were replaced.
     workers_replaced: Sequence[Mapping[str, Any]] = field(default_factory=list)
+    #: Payout locks still held by live sessions when the checker ran (INV-10 judges them).
+    held_payout_locks: int = 0
 
 
 def duplicate_movements(references: Iterable[str]) -> int:
@@ -86,6 +88,15 @@ def fault_counts(fired: Iterable[Mapping[str, Any]]) -> dict[str, int]:
     for f in fired:
         counts[str(f["kind"])] = counts.get(str(f["kind"]), 0) + 1
     return counts
+
+
+def lock_server_outages(fired: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Each lock-server outage as measured (kill to healthy), against the run's window."""
+    return [
+        {k: f.get(k) for k in ("planned_s", "outage_s", "window_s", "in_window")}
+        for f in fired
+        if f.get("kind") == "lock_server_outage"
+    ]
 
 
 def verdict(fencing: bool, violations_total: int) -> tuple[int, str]:
@@ -148,7 +159,13 @@ def summarize(ev: Evidence) -> dict[str, Any]:
             "idle": count_events(ev.events, "lock.idle_lease_released"),
             # the workflow never received the acquire's answer (Temporal said NOT_FOUND)
             "undelivered": count_events(ev.events, "lock.grant_undelivered"),
+            # a release the lock server did not answer, completed later by the SDK
+            "pending_then_released": count_events(ev.events, "lock.release_recovered"),
         },
+        # Releases owed to the lock server, and what is left held at the end (issue 24 item 6).
+        "releases_pending": count_events(ev.events, "lock.release_pending"),
+        "held_payout_locks": ev.held_payout_locks,
+        "lock_server_outages": lock_server_outages(ev.faults_fired),
         "duplicate_movements": duplicate_movements(ev.movement_references),
         "workers_replaced": [dict(w) for w in ev.workers_replaced],
         "reconcile": dict(ev.reconcile_counts),

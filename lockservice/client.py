@@ -1,10 +1,12 @@
 """Async client SDK of the lock server: one session per process, a background heartbeat, a
 conservative local lease deadline and a lock-lost signal (FR-11, FR-12, FR-13, FR-27, FR-28).
 
-Owns: the process's session, the heartbeat, the local deadline, and bounded jittered retries.
+Owns: the process's session, the heartbeat, the local deadline, and bounded jittered retries;
+the releases it still owes the server and its orphan reapers live in `lockservice._releases`.
 Must never: hand out a `Lease` without a grant from the server, offer any option to proceed
-without a grant (failing open is not configurable, FR-27), or treat `still_held()` as the safety
-mechanism. Safety comes from the resources checking the fencing token (T >= stored fence).
+without a grant (failing open is not configurable, FR-27), treat `still_held()` as the safety
+mechanism, or forget a release that did not succeed while its session lives. Safety comes
+from the resources checking the fencing token (T >= stored fence).
 
 Errors (all subclasses of `lockservice.api.LockError`)::
 
@@ -44,7 +46,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 
@@ -53,6 +54,7 @@ from common.credentials import auth_headers
 from common.logs import get_logger
 from lockservice import api
 from lockservice._http import KeepAliveTransport
+from lockservice._releases import BackgroundReleases, grant_body, grant_of
 from lockservice.api import Grant, LockError
 from lockservice.grants import SignedGrant
 
@@ -66,6 +68,10 @@ if importlib.util.find_spec("sniffio") is None:
     sys.modules.setdefault("sniffio", None)  # type: ignore[arg-type]  # None = "known absent"
 
 Clock = Callable[[], float]
+#: The bounded retries of every call (FR-28): tries, and the full-jitter backoff's base and cap.
+DEFAULT_ATTEMPTS = 4
+DEFAULT_BACKOFF_BASE_S = 0.05
+DEFAULT_BACKOFF_MAX_S = 2.0
 Sleep = Callable[[float], Awaitable[None]]
 LostCallback = Callable[["Lease", str], None]
 
@@ -164,9 +170,9 @@ class LockClient:
         ttl_s: float = 15.0,
         heartbeat_s: float = 5.0,
         safety_margin: float = 0.3,
-        attempts: int = 4,
-        backoff_base_s: float = 0.05,
-        backoff_max_s: float = 2.0,
+        attempts: int = DEFAULT_ATTEMPTS,
+        backoff_base_s: float = DEFAULT_BACKOFF_BASE_S,
+        backoff_max_s: float = DEFAULT_BACKOFF_MAX_S,
         request_timeout_s: float = 5.0,
         on_lost: LostCallback | None = None,
         clock: Clock = time.monotonic,
@@ -213,8 +219,7 @@ class LockClient:
         # token last handed to a caller per key (until the caller releases it), the reapers.
         self._turns: dict[str, _Turn] = {}
         self._issued: dict[str, int] = {}
-        self._reapers: set[asyncio.Task[None]] = set()
-        self.orphans_released = 0  # for tests and diagnostics
+        self._background = BackgroundReleases(self)
         self.http_attempts = 0  # requests sent, for tests and diagnostics
 
     # ------------------------------------------------------------------ lifecycle
@@ -236,11 +241,17 @@ class LockClient:
         ]
 
     async def close(self) -> None:
-        """Stop the heartbeat and close the session, which releases every lock it holds."""
+        """Stop the heartbeat and close the session, which releases every lock it holds.
+
+        Releases still pending are not retried any more: closing the session ends their grants
+        too; if the server cannot be reached to close it, they end when the session expires,
+        within its TTL, now that nothing heartbeats it. `lock.releases_left_at_close` says which.
+        """
+        owed = self._background.pending
         # Cancel until they are done: on Python 3.11 `asyncio.wait_for` can swallow a
         # cancellation that races with its inner call completing, so one cancel() may not stop
         # a loop; re-cancel whatever is still running instead of waiting on it forever.
-        pending = set(self._tasks) | self._reapers
+        pending = set(self._tasks) | self._background.tasks()
         while pending:
             for t in pending:
                 t.cancel()
@@ -248,9 +259,19 @@ class LockClient:
         self._tasks = []
         sid, self.session_id = self.session_id, None
         self._session_lost("closed")
+        closed = False
         if sid is not None:
             with contextlib.suppress(LockError, httpx.HTTPError):
-                await self._http.delete(f"/v1/sessions/{sid}", timeout=2.0)
+                r = await self._http.delete(f"/v1/sessions/{sid}", timeout=2.0)
+                closed = r.status_code == 204
+        if owed:
+            _log.warning(
+                "lock.releases_left_at_close",
+                count=owed,
+                session_id=sid,
+                session_closed=closed,
+                grants_end="now, with the session" if closed else f"within {self.ttl_s}s (TTL)",
+            )
         await self._http.aclose()
 
     @property
@@ -350,7 +371,7 @@ class LockClient:
                 # This acquire held nothing yet, so one more try under a fresh session is safe
                 # and spares the caller a backoff (a paused worker's waiters all fail at once).
                 continue
-            lease = Lease(_grant_of(data), self, _signed_of(data))
+            lease = Lease(grant_of(data), self, _signed_of(data))
             self._leases.add(lease)
             return lease
         raise AssertionError("unreachable")  # the loop returns or raises
@@ -358,87 +379,63 @@ class LockClient:
     async def renew(self, lease: Lease) -> Lease:
         """Extend a still-valid grant; NotHeld (and the lost signal) otherwise (FR-06)."""
         try:
-            data = await self._request("POST", "/v1/locks/renew", json=_grant_body(lease.grant))
+            data = await self._request("POST", "/v1/locks/renew", json=grant_body(lease.grant))
         except api.NotHeld:
             self._mark_lost(lease, "renew_refused")
             raise
-        lease.grant = _grant_of(data)
+        lease.grant = grant_of(data)
         lease.signed = _signed_of(data)
         return lease
 
     async def release(self, lease: Lease) -> None:
-        """Compare-and-delete of this lease's own grant. NotHeld if it was no longer valid."""
+        """Compare-and-delete of this lease's own grant. NotHeld if it was no longer valid.
+
+        A release that gets no answer (the server unreachable past the bounded retries, an
+        answer lost, the caller cancelled) still raises, and is NOT forgotten: it stays pending
+        and is retried in the background until it succeeds or this session ends
+        (`releases_pending`, lockservice._releases). Why: the session lives on by its heartbeat,
+        so a grant nobody releases would hold its account for ever (issue 24 item 6).
+        """
         self._leases.discard(lease)
         lease.released = True
         if self._issued.get(lease.key) == lease.token:
             del self._issued[lease.key]  # the caller gave it up: a reaper may release it now
         try:
-            await self._request("POST", "/v1/locks/release", json=_grant_body(lease.grant))
+            await self._request("POST", "/v1/locks/release", json=grant_body(lease.grant))
         except api.NotHeld:
             self._mark_lost(lease, "release_refused")
             raise
-        except BaseException:
-            # The release may not have happened, and this session stays alive (other leases
-            # keep it heartbeating), so the grant would never expire: reap it.
-            self._reap_later(lease.key, self.request_timeout_s)
+        except BaseException as exc:
+            # It may not have happened, and this session stays alive: owe it to the server.
+            self._background.keep(lease.grant, why=str(exc) or type(exc).__name__)
             raise
+
+    @property
+    def releases_pending(self) -> int:
+        """Releases that did not get their answer yet and are being retried."""
+        return self._background.pending
+
+    @property
+    def retry_budget_s(self) -> float:
+        """How long one bounded call (acquire, release, ...) retries against a server that
+        refuses connections at once (a SIGKILLed lock server) before it raises: `retry_budget_s`
+        of this client's attempts and backoffs."""
+        return retry_budget_s(self.attempts, self.backoff_base_s, self.backoff_max_s)
 
     # ------------------------------------------------------------------ orphaned grants
 
     @property
     def reaping(self) -> int:
         """Reapers still running (for tests and diagnostics)."""
-        return len(self._reapers)
+        return self._background.reaping
+
+    @property
+    def orphans_released(self) -> int:
+        """Orphaned grants the reapers released (for tests and diagnostics)."""
+        return self._background.orphans_released
 
     def _reap_later(self, key: str, delay_s: float) -> None:
-        task = asyncio.create_task(self._reap(key, delay_s), name=f"lock-reap:{key}")
-        self._reapers.add(task)
-        task.add_done_callback(self._reapers.discard)
-
-    async def _reap(self, key: str, delay_s: float) -> None:
-        """Release a grant the server holds for this session that no caller knows about.
-
-        Why this exists: the session is process-wide and kept alive by the heartbeat, so a grant
-        nobody will release never expires, and the account's payouts would wait forever (seen
-        in load runs). One appears when an acquire's answer is lost after the server granted it
-        (a timeout, a reset connection, a lock-server restart, a cancelled caller; the server
-        may even grant after the client gave up, until its own wait ends), or when a release's
-        outcome is unknown. So the reaper first waits out the failed request's server-side
-        wait (`delay_s`), then takes the key's turn, so no acquire of the key is in flight in
-        this process, and releases a grant whose holder is this session under a token no caller
-        holds. Safety never depends on this: a grant no caller holds protects nothing, and the
-        release is the server's compare-and-delete on (key, session, token).
-        """
-        await self._sleep(delay_s)
-        async with self._turn(key, None):
-            await self._release_orphan(key)
-
-    async def _release_orphan(self, key: str) -> None:
-        for attempt in range(self.attempts):
-            if attempt:
-                await self._sleep(self._backoff(attempt))
-            sid = self.session_id
-            if sid is None:
-                return  # no session: its grants ended with it
-            try:
-                info = await self._request("GET", f"/v1/locks?key={quote(key)}", attempts=1)
-            except LockError:
-                continue
-            token = info.get("token")
-            if info.get("holder_session") != sid or token is None:
-                return
-            if self._issued.get(key) == token:
-                return  # a caller holds it
-            grant = _grant_body(_grant_of({**info, "session_id": sid}))
-            try:
-                await self._request("POST", "/v1/locks/release", json=grant, attempts=1)
-            except api.NotHeld:
-                return
-            except LockError:
-                continue
-            self.orphans_released += 1
-            _log.warning("lock.orphan_released", key=key, token=token, session_id=sid)
-            return
+        self._background.reap_later(key, delay_s)
 
     # ------------------------------------------------------------------ session and deadline
 
@@ -455,6 +452,7 @@ class LockClient:
         return {
             "session": state,
             "leases_held": len(self._leases),
+            "releases_pending": self._background.pending,
             "seconds_to_deadline": round(max(0.0, self.deadline - self.clock()), 3)
             if self.session_id is not None
             else None,
@@ -592,6 +590,20 @@ class LockClient:
         raise api.BackendUnavailable(f"{method} {path} failed after {tries} attempts ({last})")
 
 
+def retry_budget_s(
+    attempts: int = DEFAULT_ATTEMPTS,
+    backoff_base_s: float = DEFAULT_BACKOFF_BASE_S,
+    backoff_max_s: float = DEFAULT_BACKOFF_MAX_S,
+) -> float:
+    """The longest the backoffs of one bounded call add up to: attempt `a` (from 1) waits at most
+    `min(backoff_max_s, backoff_base_s * 2**a)` (full jitter), and against a server that refuses
+    connections at once (a SIGKILLed lock server, nothing listening) the tries themselves take
+    no time. A release that fails for longer than this becomes pending (`LockClient.release`).
+    With the defaults: 0.1 + 0.2 + 0.4 = 0.7 s. Tests and the chaos harness derive outage
+    lengths from it (docs/chaos.md)."""
+    return float(sum(min(backoff_max_s, backoff_base_s * 2**a) for a in range(1, attempts)))
+
+
 def _error_code(resp: httpx.Response) -> str | None:
     try:
         body = resp.json()
@@ -624,16 +636,6 @@ def _decode(resp: httpx.Response) -> dict[str, Any]:
     raise LockError(f"unexpected {resp.status_code} from lock server: {message}")
 
 
-def _grant_of(data: dict[str, Any]) -> Grant:
-    return Grant(
-        key=str(data["key"]),
-        token=int(data["token"]),
-        session_id=str(data["session_id"]),
-        acquired_at=datetime.fromisoformat(str(data["acquired_at"])),
-        expires_at=datetime.fromisoformat(str(data["expires_at"])),
-    )
-
-
 def _signed_of(data: dict[str, Any]) -> SignedGrant | None:
     """The signed form of a grant answer; the SDK does not verify it (the resources do)."""
     if not data.get("signature") or not data.get("kid"):
@@ -641,14 +643,4 @@ def _signed_of(data: dict[str, Any]) -> SignedGrant | None:
     return SignedGrant.from_json(data)
 
 
-def _grant_body(g: Grant) -> dict[str, Any]:
-    return {
-        "key": g.key,
-        "token": g.token,
-        "session_id": g.session_id,
-        "acquired_at": g.acquired_at.isoformat(),
-        "expires_at": g.expires_at.isoformat(),
-    }
-
-
-__all__ = ["Lease", "LockClient", "NotAcquiredError"]
+__all__ = ["Lease", "LockClient", "NotAcquiredError", "retry_budget_s"]

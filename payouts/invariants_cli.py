@@ -23,13 +23,16 @@ from common.exiting import load_settings
 from common.logs import configure_logging
 from invariants.checker import (
     GrantSource,
+    HoldSource,
     InvariantError,
     InvariantReport,
     InvariantSettings,
     WorkflowSource,
     check_invariants,
     lock_server_grant_source,
+    lock_server_hold_source,
     postgres_grant_source,
+    postgres_hold_source,
     stub_movement_source,
     temporal_workflow_source,
 )
@@ -47,6 +50,15 @@ def grant_source(args: argparse.Namespace, settings: InvariantSettings, db_url: 
     if (args.history or settings.history) == "http":
         return lock_server_grant_source(args.lock_url or settings.lock_url, token=settings.token())
     return postgres_grant_source(
+        settings.lock_database_url or db_url, backend_prefix=settings.lock_prefix
+    )
+
+
+def hold_source(args: argparse.Namespace, settings: InvariantSettings, db_url: str) -> HoldSource:
+    """The locks held now (INV-10's blocked accounts), from where the grant history is read."""
+    if (args.history or settings.history) == "http":
+        return lock_server_hold_source(args.lock_url or settings.lock_url, token=settings.token())
+    return postgres_hold_source(
         settings.lock_database_url or db_url, backend_prefix=settings.lock_prefix
     )
 
@@ -69,6 +81,8 @@ async def _run(args: argparse.Namespace, settings: InvariantSettings) -> Invaria
             workflow_source=workflow_source(args),
             settled=args.settled,
             sample_size=settings.sample_size,
+            hold_source=hold_source(args, settings, url),
+            hold_bound_s=settings.hold_bound_s,
         )
     finally:
         await conn.close()

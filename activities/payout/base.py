@@ -188,8 +188,13 @@ class PayoutActivitiesBase:
         return _latest_live_attempt(await self._proxy.get_attempts(payout_id))
 
     async def _release(self, req: m.StepRequest) -> None:
-        """Best effort: a lost release only delays the next holder to the lease's expiry (the
-        next grant has a higher token either way)."""
+        """Give the step's grant back; never raises for the lock service's sake.
+
+        This process's session lives on by its heartbeat, so a release the lock server did not
+        answer would otherwise hold the account for as long as the process lives: the SDK
+        keeps it pending and retries it until it succeeds or the session ends (issue 24 item 6,
+        lockservice._releases). Safety never depends on it: the next grant has a higher token.
+        """
         held = self._leases.pop((lock_key(req.account_id), req.token), None)
         if held is None:
             return

@@ -109,6 +109,8 @@ class CriticalSteps(PayoutActivitiesBase):
                 worker_id=self._worker_id,
                 token=req.token,
                 payout_id=payout.payout_id,
+                # The chaos harness thaws this process before the request's deadline passes.
+                deadline_at=deadline.isoformat(),
             )
             os.kill(os.getpid(), signal.SIGSTOP)  # resumes here on SIGCONT, unaware of the gap
             log.warning(

@@ -130,6 +130,8 @@ class LockSteps(PayoutActivitiesBase):
             "lock.grant_undelivered", key=lease.key, token=lease.token, payout_id=payout_id, why=why
         )
         if held is not None:
+            # A failure here is not the end of it: the SDK retries the release until it
+            # succeeds or the session ends (lockservice._releases).
             with contextlib.suppress(LockError, httpx.HTTPError):
                 await self._locks.release(lease)
 
@@ -226,7 +228,9 @@ class LockSteps(PayoutActivitiesBase):
 
     @activity.defn(name=m.RELEASE_LOCK)
     async def release_lock(self, req: m.StepRequest) -> None:
-        """UC-01 step 9. Best effort: a lost release only delays the next holder to expiry."""
+        """UC-01 step 9. Completes even when the lock server cannot answer: the SDK keeps that
+        release pending and retries it until it succeeds or this process's session ends, so
+        the grant never outlives its use (issue 24 item 6); see `_release`."""
         await self._release(req)
 
     # ------------------------------------------------------------------ leaked grants
@@ -259,6 +263,7 @@ class LockSteps(PayoutActivitiesBase):
                     token=lease.token,
                     idle_s=round(now - held.idle_since, 1),
                 )
+                # Unanswered, it stays pending in the SDK until it succeeds or the session ends.
                 with contextlib.suppress(LockError, httpx.HTTPError):
                     await self._locks.release(lease)
 

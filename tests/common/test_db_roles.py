@@ -261,3 +261,43 @@ def test_db_migrate_command_reads_the_password_directory(roles_db: str, tmp_path
             await conn.close()
 
     assert str(asyncio.run(stored())).startswith("SCRAM-SHA-256$")
+
+
+async def _setting(url: str, name: str, **connect: object) -> str:
+    conn = await asyncpg.connect(url, **connect)  # type: ignore[arg-type]
+    try:
+        return str(await conn.fetchval(f"SHOW {name}"))
+    finally:
+        await conn.close()
+
+
+@pytest.mark.parametrize("role", ROLE_NAMES)
+async def test_writing_roles_end_a_transaction_left_idle_past_a_lease(
+    roles_db: str, role: str
+) -> None:
+    """Every role that writes gets `idle_in_transaction_session_timeout` = one lease in this
+    database, whatever client connects as it; the read-only roles keep the server's default. A
+    connection's own setting (what the worker's pool sends) overrides the role's."""
+    expected = f"{db_roles.IDLE_IN_TRANSACTION_S}s" if role not in (RECONCILER, CHECKER) else "0"
+    url = as_role(roles_db, role)
+    assert await _setting(url, "idle_in_transaction_session_timeout") == expected
+    overridden = await _setting(
+        url,
+        "idle_in_transaction_session_timeout",
+        server_settings={"idle_in_transaction_session_timeout": "3000"},
+    )
+    assert overridden == "3s"
+
+
+async def test_the_role_defaults_are_the_tables_after_every_migrate(roles_db: str) -> None:
+    """A stray per-database default on one of our roles is reset by the next apply (as a stray
+    grant is): the table is the whole truth."""
+    conn = await asyncpg.connect(roles_db)
+    database = await conn.fetchval("SELECT current_database()")
+    try:
+        await conn.execute(f'ALTER ROLE {RECONCILER} IN DATABASE "{database}" SET work_mem = 1234')
+        assert await _setting(as_role(roles_db, RECONCILER), "work_mem") == "1234kB"
+        await apply_roles(conn)
+    finally:
+        await conn.close()
+    assert await _setting(as_role(roles_db, RECONCILER), "work_mem") != "1234kB"

@@ -18,12 +18,15 @@ import pytest
 from common.db_roles import CHECKER, LOCKSERVICE, PAYDB
 from common.migrate import migrate
 from common.pgutil import create_database, drop_database
+from invariants.blocked import HOLD_BOUND_S
 from invariants.checker import (
     GrantSource,
+    HoldSource,
     InvariantReport,
     WorkflowSource,
     check_invariants,
     postgres_grant_source,
+    postgres_hold_source,
     stub_movement_source,
 )
 from ledger import Payout, PayoutStore, WorkContext
@@ -68,7 +71,11 @@ class World:
         *,
         workflows: WorkflowSource | None = None,
         settled: bool = False,
+        holds: HoldSource | None = None,
+        hold_bound_s: float = HOLD_BOUND_S,
     ) -> InvariantReport:
+        """Every check also reads the locks held now (INV-10's blocked accounts) from the lock
+        backend's tables, unless `holds` names another source."""
         conn = await asyncpg.connect(as_role(self.url, CHECKER))  # the checker's own role
         try:
             return await check_invariants(
@@ -77,6 +84,8 @@ class World:
                 grants or self.grants(),
                 workflow_source=workflows,
                 settled=settled,
+                hold_source=holds or postgres_hold_source(as_role(self.url, CHECKER)),
+                hold_bound_s=hold_bound_s,
             )
         finally:
             await conn.close()

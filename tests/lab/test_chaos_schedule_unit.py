@@ -2,14 +2,28 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
+from lab.chaos import CHAOS_LOCK_TTL_S, CHAOS_WORKER_ENV
+from lab.chaos_locks import outage_window, workers_outage_window
 from lab.chaos_schedule import (
     FAULT_KINDS,
+    Fault,
     ScheduleError,
     kind_counts,
-    make_schedule,
 )
+from lab.chaos_schedule import make_schedule as _make_schedule
+from lockservice.client import retry_budget_s
+
+#: The chaos run's own lock-server outage window (its workers' TTL and heartbeat, the SDK's
+#: retry budget).
+WINDOW = workers_outage_window(CHAOS_WORKER_ENV)
+
+
+def make_schedule(seed: int, **shape: Any) -> list[Fault]:
+    return _make_schedule(seed, lock_outage_s=WINDOW, **shape)
 
 
 def test_same_seed_gives_the_same_schedule() -> None:
@@ -106,3 +120,28 @@ def test_the_slow_rail_and_the_clock_skew_come_first_after_the_armed_pause(payou
     for seed in range(10):
         faults = make_schedule(seed, workers=2, payouts=payouts)
         assert [f.kind for f in faults[1:3]] == ["rail_slow", "clock_skew"]
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_lock_server_outages_fall_inside_the_window_the_first_in_its_upper_half(seed: int) -> None:
+    """Every lock-server outage lasts longer than a release's bounded retries and shorter than
+    the session TTL minus a heartbeat; the first one in the upper half (the most demanding for
+    any bounded retry)."""
+    low, high = WINDOW
+    outages = [
+        f for f in make_schedule(seed, workers=2, payouts=300) if f.kind == "lock_server_outage"
+    ]
+    assert outages, "every run has one"
+    assert all(low <= f.duration_s <= high for f in outages)
+    assert outages[0].duration_s >= (low + high) / 2
+
+
+def test_the_outage_window_follows_the_sdk_retries_and_the_runs_lease() -> None:
+    """Derived, not configured: the SDK's retry budget + margin up to TTL - heartbeat - margin;
+    the chaos run's lease leaves room for the issue's 6-8 s outages; no window, no run."""
+    hb = float(CHAOS_WORKER_ENV["WORKER_LOCK_HEARTBEAT_S"])
+    assert (round(retry_budget_s() + 0.5, 2), round(CHAOS_LOCK_TTL_S - hb - 0.5, 2)) == WINDOW
+    assert WINDOW[0] < 6.0 and WINDOW[1] > 8.0
+    assert outage_window(ttl_s=15, heartbeat_s=5, budget_s=0.7) == (1.2, 9.5)
+    with pytest.raises(ValueError, match="no lock-server outage window"):
+        outage_window(ttl_s=3, heartbeat_s=0.75, budget_s=2.0)

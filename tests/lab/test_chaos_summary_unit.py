@@ -85,7 +85,14 @@ def test_summary_has_every_required_field() -> None:
     assert s["faults"]["rail_outage"] == 0
     assert list(s["violations"]) == [f"INV-{i:02d}" for i in range(1, 11)]
     assert s["fenced_out"] == 2
-    assert s["leaked_grants_released"] == {"orphan": 0, "idle": 1, "undelivered": 0}
+    assert s["leaked_grants_released"] == {
+        "orphan": 0,
+        "idle": 1,
+        "undelivered": 0,
+        "pending_then_released": 0,
+    }
+    assert s["releases_pending"] == 0 and s["held_payout_locks"] == 0
+    assert s["lock_server_outages"] == []
     assert s["duplicate_movements"] == 0
     assert s["reconcile"] == {"duplicate_submission": 0}
     assert s["elapsed_s"] == 12.3
