@@ -111,6 +111,14 @@ class Smoke:
         self.progress(f"killing {victim} (SIGKILL) while {batch} payouts run")
         self.engine.podman("kill", victim)
         self.wait_posted(self.args.payouts + batch)
+        # A killed container is not restarted by `restart: unless-stopped` (a kill counts as
+        # stopped on purpose, as with Docker): bring the replica back, as an orchestrator would,
+        # so the later steps have all three workers.
+        if (
+            next(c for c in self.engine.of_service("worker") if c.name == victim).status
+            != "running"
+        ):
+            self.engine.podman("start", victim)
         wait_healthy(self.engine, self.plans, ["worker"], self.progress)
 
     def prometheus_up(self) -> None:
