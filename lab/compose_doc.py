@@ -6,7 +6,7 @@ compose files come from the environment, lab.compose_engine), `docker pause|unpa
 podman's, `make ...` and `. FILE` are what they say, and `NAME=value` on a line of its own sets a
 value later lines expand as `$NAME`. Two commands are carried out by the runner itself, because
 this engine cannot do what they ask as asked: `docker compose ... build` (the build must trust
-this machine's CA bundle, lab.compose_images) and `docker compose ... up -d` with no service
+this machine's CA bundle, lab.compose_images) and `docker compose ... up -d [SERVICE...]`
 (podman 4.3 ignores `service_healthy`, lab.compose_up). Each is said in the progress lines.
 Must never: run a command it does not recognise (that is an error naming the line), or change the
 doc's arguments.
@@ -56,7 +56,8 @@ class DocRunner:
     doc: str  # the text of docs/deploy-compose.md
     progress: Callable[[str], None]
     build: Callable[[], None]  # the runner's image build
-    up: Callable[[list[str]], None]  # the runner's ordered up, given the compose global options
+    #: the runner's ordered up: compose global options, services (none: all), environment
+    up: Callable[[list[str], list[str], dict[str, str]], None]
     log: Path  # every command's output is appended here
     values: dict[str, str] = field(default_factory=dict)  # what `$NAME` expands to
 
@@ -100,9 +101,9 @@ class DocRunner:
                 self.progress("  (built by the runner: the build trusts this machine's CA)")
                 self.build()
                 return ""
-            if sub == "up" and rest == ["-d"]:
+            if sub == "up" and rest[:1] == ["-d"] and not any(r.startswith("-") for r in rest[1:]):
                 self.progress("  (started by the runner in depends_on order, see lab.compose_up)")
-                self.up(options)
+                self.up(options, rest[1:], env)
                 return ""
             return self._checked(cmd, [self.engine.podman_compose, *argv[2:]], env)
         if argv[0] == "docker" and len(argv) > 1 and argv[1] in ("pause", "unpause", "kill"):

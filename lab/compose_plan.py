@@ -30,6 +30,7 @@ __all__ = [
     "doc_block",
     "doc_commands",
     "expand",
+    "expected_targets",
     "health_budget_s",
     "parse_duration",
     "plan",
@@ -141,6 +142,20 @@ def reached(plan_: ServicePlan, state: State) -> bool:
     if plan_.has_healthcheck:
         return state is State.HEALTHY
     return state in (State.STARTED, State.HEALTHY)
+
+
+def expected_targets(
+    prometheus: Mapping[str, Any], plans: Mapping[str, ServicePlan]
+) -> dict[str, int]:
+    """Per scrape job of a Prometheus config, how many targets it must have: one per static
+    target, and for DNS discovery of a compose service, one per replica of that service."""
+    out: dict[str, int] = {}
+    for job in prometheus["scrape_configs"]:
+        n = sum(len(c.get("targets", [])) for c in job.get("static_configs", []))
+        for sd in job.get("dns_sd_configs", []):
+            n += sum(plans[name].replicas if name in plans else 1 for name in sd["names"])
+        out[str(job["job_name"])] = n
+    return out
 
 
 def qualified_image(name: str) -> str:

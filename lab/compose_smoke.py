@@ -35,7 +35,7 @@ import yaml
 from lab.compose_doc import DocRunner, DocStepFailed
 from lab.compose_engine import Engine, EngineError, podman_compose_binary
 from lab.compose_images import build_images
-from lab.compose_plan import ServicePlan, plan
+from lab.compose_plan import ServicePlan, expected_targets, plan
 from lab.compose_up import ServiceFailed, up_in_order, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,7 +73,9 @@ class Smoke:
             build=lambda: build_images(
                 self.engine, self.run_dir, progress, standins=not args.real_images
             ),
-            up=lambda options: up_in_order(self.engine, self.plans, options, progress),
+            up=lambda options, services, env: up_in_order(
+                self.engine, self.plans, options, progress, services=services, env=env
+            ),
             log=log,
         )
 
@@ -122,7 +124,7 @@ class Smoke:
         wait_healthy(self.engine, self.plans, ["worker"], self.progress)
 
     def prometheus_up(self) -> None:
-        jobs = {j["job_name"] for j in yaml.safe_load(PROM_CONFIG.read_text())["scrape_configs"]}
+        jobs = expected_targets(yaml.safe_load(PROM_CONFIG.read_text()), self.plans)
         address = self.engine.host_port("prometheus", 9090)
         deadline = time.monotonic() + 240
         while True:
@@ -130,7 +132,7 @@ class Smoke:
             up: dict[str, list[float]] = {}
             for r in results:
                 up.setdefault(r["metric"]["job"], []).append(float(r["value"][1]))
-            bad = sorted(j for j in jobs if not up.get(j) or min(up[j]) != 1.0)
+            bad = sorted(j for j, n in jobs.items() if len(up.get(j, [])) < n or min(up[j]) != 1.0)
             if not bad:
                 figures = ", ".join(f"{j} {len(up[j])}" for j in sorted(jobs))
                 self.progress(f"prometheus: up == 1 for every target of every job ({figures})")

@@ -112,17 +112,39 @@ def up_in_order(
     plans: Mapping[str, ServicePlan],
     compose_args: Sequence[str],
     progress: Callable[[str], None],
+    *,
+    services: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
 ) -> None:
-    """`docker compose up -d` as Docker does it: dependencies' conditions before each start."""
+    """`docker compose up -d [SERVICE...]` as Docker does it: each container started only once
+    its dependencies' conditions hold. podman-compose creates (or, for a changed service and its
+    running dependents, recreates) the containers; whatever is not running then is started here,
+    in order. Also why podman-compose's own `up -d SERVICE` is not used: on podman 4.3 its
+    `podman wait --condition=stopped` fails for good on a job that exited minutes ago ("no such
+    exit code"), and it waits forever."""
     # --no-deps: no `--requires` between the containers, whose start podman would then order
     # itself (ignoring health) and which podman 4.3 resolves wrongly for exited jobs.
-    engine.compose(*compose_args, "up", "-d", "--no-start", "--no-deps", timeout_s=900)
-    made = {c.service for c in engine.containers()}
-    missing = sorted(set(plans) - made)
+    engine.compose(
+        *compose_args, "up", "-d", "--no-start", "--no-deps", *services, env=env, timeout_s=900
+    )
+    by_service: dict[str, list[Container]] = {}
+    for c in engine.containers():
+        by_service.setdefault(c.service, []).append(c)
+    missing = sorted(set(plans) - set(by_service))
     if missing:
         raise ServiceFailed(f"podman-compose created no container for {', '.join(missing)}")
-    states = {name: State.WAITING for name in plans}
+    states = {name: _current(engine, plans[name], by_service[name]) for name in plans}
     _wait(engine, plans, states, {}, progress, start=True)
+
+
+def _current(engine: Engine, p: ServicePlan, containers: Sequence[Container]) -> State:
+    """A service already done needs no start: a job that exited 0, or a healthy service."""
+    if p.one_shot and all(c.status == "exited" and c.exit_code == 0 for c in containers):
+        return State.COMPLETED
+    if all(c.status == "running" for c in containers):
+        state = _observe(engine, p, containers)
+        return State.HEALTHY if state is State.HEALTHY else State.WAITING
+    return State.WAITING
 
 
 def wait_healthy(

@@ -166,3 +166,14 @@ def test_no_fixed_host_port_is_published() -> None:
     for name, svc in compose()["services"].items():
         for port in svc.get("ports") or []:
             assert str(port).startswith("127.0.0.1::"), (name, port)
+
+
+def test_prometheus_must_see_every_worker_replica() -> None:
+    """deploy/compose/prometheus.yml against the compose file: one target per static entry, three
+    per DNS-discovered worker job (a restarted replica missing from DNS fails the check)."""
+    from lab.compose_plan import expected_targets
+
+    config = yaml.safe_load((ROOT / "deploy" / "compose" / "prometheus.yml").read_text())
+    targets = expected_targets(config, plan(compose()))
+    assert targets["worker"] == targets["worker-sdk"] == 3
+    assert targets["lock-server"] == targets["temporal"] == 1
