@@ -181,6 +181,7 @@ class Smoke:
             "tools",
             "run",
             "--rm",
+            "--no-deps",
             "operator",
             *argv,
             check=False,
