@@ -4,7 +4,8 @@
 #   python -m lockservice serve | python -m railproxy | python -m railstub | python -m finledger
 #   payouts outbox run | python /app/worker_main.py | payouts db migrate (one-shot job)
 #   payouts reconcile schedule (one-shot job) | payouts reconcile run | payouts check-invariants
-# Built and linted statically here (tests/deploy): no container engine runs on our machines.
+# Linted statically (tests/deploy) and built for real by `make compose-smoke` (podman, with the
+# stand-in base image of docs/deploy-compose.md "Stand-in images" as PYTHON_IMAGE's name).
 
 # checkov:skip=CKV_DOCKER_7: the base is ARG PYTHON_IMAGE, pinned to python:3.11.11-slim-bookworm; checkov cannot resolve the ARG
 ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
@@ -16,7 +17,13 @@ ENV PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1
 WORKDIR /src
 RUN python -m venv /opt/venv
-COPY pyproject.toml constraints.txt README.md worker_main.py ./
+# The dependencies first, in a layer of their own that a change to the code does not invalidate
+# (pyproject's list, read with the standard library's tomllib): a rebuild after a code change
+# reinstalls only the project itself.
+COPY pyproject.toml constraints.txt ./
+RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > /tmp/requirements.txt \
+    && /opt/venv/bin/pip install --no-cache-dir -c constraints.txt -r /tmp/requirements.txt
+COPY README.md worker_main.py ./
 COPY common/ common/
 COPY payouts/ payouts/
 COPY stack/ stack/

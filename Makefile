@@ -7,7 +7,8 @@ STAMP := $(VENV)/.installed
 CHECKOV_VENV := $(VENV)/checkov
 CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
 
-.PHONY: venv compose-env test lint fmt typecheck bench-locks bench-floor bench-e2e bench-outbox demo chaos clean prometheus gameday
+
+.PHONY: venv compose-env test lint fmt typecheck bench-locks bench-floor bench-e2e bench-outbox demo chaos clean prometheus gameday compose-smoke containers
 
 venv: $(STAMP) $(CHECKOV_STAMP)
 
@@ -98,6 +99,31 @@ prometheus:
 # Every game-day scenario against a real stack and a real Prometheus; appends docs/gameday.md.
 gameday: venv prometheus
 	$(BIN)/payouts gameday --all
+
+# docker-compose.yml started for real on podman, following docs/deploy-compose.md (issue 25):
+# stand-in images of the third-party services built here, the project image from the Dockerfile,
+# ~100 payouts, reconciler and invariants, Prometheus up, a killed worker, the etcd switch, and
+# nothing left behind. COMPOSE_SMOKE_ARGS=--real-images: the registries' images, no stand-ins.
+COMPOSE_SMOKE_ARGS ?=
+PODMAN_COMPOSE_STAMP := $(VENV)/.podman-compose
+compose-smoke: venv containers $(PODMAN_COMPOSE_STAMP)
+	$(BIN)/python -m lab.compose_smoke $(COMPOSE_SMOKE_ARGS)
+
+# podman-compose from PyPI, pinned (Debian's 1.0.3 lacks --env-file and config); only this target
+# needs it, so it stays out of pyproject's dependencies.
+$(PODMAN_COMPOSE_STAMP): constraints.txt $(STAMP)
+	$(BIN)/python -m pip install --quiet -c constraints.txt podman-compose
+	@touch $(PODMAN_COMPOSE_STAMP)
+
+# podman with runc (crun fails on this kind of machine) and debootstrap for the stand-ins' base,
+# from Debian when absent and we are root on a Debian machine; otherwise one line says what to
+# install, and the target fails.
+containers:
+	@if command -v podman >/dev/null && command -v runc >/dev/null && command -v debootstrap >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -q >/dev/null && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q podman runc debootstrap >/dev/null; \
+	else echo "podman, runc and debootstrap are needed (Debian: apt-get install podman runc debootstrap)"; exit 2; fi
 
 clean:
 	rm -rf $(VENV) .run .pytest_cache .mypy_cache .ruff_cache

@@ -84,6 +84,10 @@ class WorkerSettings(BaseSettings):
         validation_alias=AliasChoices("WORKER_ID"),
     )
     metrics_port: int = 0  # /metrics and /health; 0: no HTTP endpoint
+    #: The address both metrics servers (ours on metrics_port, the SDK's on sdk_metrics_port)
+    #: bind. The default keeps a local run's endpoints off the network; a container sets
+    #: 0.0.0.0 so that Prometheus on another host can scrape them (compose, k8s).
+    metrics_host: str = "127.0.0.1"
     #: The Temporal SDK's own Prometheus metrics (its Rust runtime serves them); 0: off.
     sdk_metrics_port: int = 0
     lock_ttl_s: float = 15.0  # A-04
@@ -214,7 +218,11 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
     await check_start(settings)  # FR-29: before anything starts
     worker_queue = f"{settings.task_queue}-holder-{settings.worker_id}"
     health = worker_http.HealthSnapshot()
-    http = worker_http.serve(health, settings.metrics_port) if settings.metrics_port else None
+    http = (
+        worker_http.serve(health, settings.metrics_port, host=settings.metrics_host)
+        if settings.metrics_port
+        else None
+    )
     client = await Client.connect(
         settings.temporal_address, namespace=settings.namespace, runtime=_runtime(settings)
     )
@@ -361,7 +369,9 @@ def _runtime(settings: WorkerSettings) -> Runtime | None:
     cache hits) on WORKER_SDK_METRICS_PORT; None keeps the SDK's default runtime."""
     if not settings.sdk_metrics_port:
         return None
-    prometheus = PrometheusConfig(bind_address=f"127.0.0.1:{settings.sdk_metrics_port}")
+    prometheus = PrometheusConfig(
+        bind_address=f"{settings.metrics_host}:{settings.sdk_metrics_port}"
+    )
     return Runtime(telemetry=TelemetryConfig(metrics=prometheus))
 
 

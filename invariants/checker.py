@@ -36,10 +36,11 @@ its lock server's clock). INV-01 and INV-07 compare the two, so run them on one 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import asyncpg
 from prometheus_client import Counter, Gauge
+from pydantic import field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from common.credentials import operator_token, read_token
@@ -67,6 +68,7 @@ from invariants.sources import (
     GrantSource,
     WorkflowSource,
     lock_server_grant_source,
+    merged_grant_source,
     postgres_grant_source,
     temporal_workflow_source,
 )
@@ -89,8 +91,10 @@ __all__ = [
     "WorkflowSource",
     "WorkflowSourceUnavailable",
     "check_invariants",
+    "history_kinds",
     "lock_server_grant_source",
     "lock_server_hold_source",
+    "merged_grant_source",
     "postgres_grant_source",
     "postgres_hold_source",
     "stub_movement_source",
@@ -121,13 +125,33 @@ class InvariantSettings(BaseSettings):
         own = read_token(token_file=self.token_file, what="INVARIANTS_TOKEN_FILE")
         return own or operator_token()
 
-    history: Literal["postgres", "http"] = "postgres"  # where the grant history is read
+    #: Where the grant history is read: `postgres` (the lockservice table), `http` (the lock
+    #: server, whichever backend it runs on), or both, comma-separated and merged: a deployment
+    #: whose lock server has run on both backends (merged_grant_source says why).
+    history: str = "postgres"
     lock_database_url: str | None = None  # lockservice schema's database; default DATABASE_URL
     lock_prefix: str = ""  # the lock backend's namespace prefix (PostgreSQL source)
     sample_size: int = 10
     #: INV-10: a payout lock held by a live session and unused this long blocks its account
     #: (invariants.blocked: longer than the workers' idle-lease sweeper takes to give one back).
     hold_bound_s: float = HOLD_BOUND_S
+
+    @field_validator("history")
+    @classmethod
+    def _history_kinds(cls, value: str) -> str:
+        history_kinds(value)
+        return value
+
+
+HISTORY_KINDS = ("postgres", "http")
+
+
+def history_kinds(value: str) -> list[str]:
+    """`postgres`, `http` or `postgres,http` as a list; anything else is a ValueError."""
+    kinds = [k.strip() for k in value.split(",") if k.strip()]
+    if not kinds or any(k not in HISTORY_KINDS for k in kinds) or len(set(kinds)) < len(kinds):
+        raise ValueError(f"history must be postgres, http or postgres,http, not {value!r}")
+    return kinds
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,6 @@
 """The checker's injected sources of evidence outside the payment database: the lock service's
-grant history (PostgreSQL table, or the lock server over HTTP) and Temporal's payout workflows
-that closed without completing (INV-10). The rail's movement log source is the rail stub's
+grant history (PostgreSQL table, the lock server over HTTP, or both merged) and Temporal's payout
+workflows that closed without completing (INV-10). The rail's movement log source is the rail stub's
 client, `railstub.client.stub_movement_source`.
 
 Must never: write, or act on a workflow (it only lists and describes them). Each source returns
@@ -11,6 +11,7 @@ token or an overlap.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -27,6 +28,7 @@ __all__ = [
     "GrantSource",
     "WorkflowSource",
     "lock_server_grant_source",
+    "merged_grant_source",
     "postgres_grant_source",
     "temporal_workflow_source",
 ]
@@ -116,6 +118,47 @@ def lock_server_grant_source(
             return grants
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
             raise GrantSourceUnavailable(f"grant history unavailable: {exc}") from exc
+
+    return fetch
+
+
+def merged_grant_source(sources: Sequence[GrantSource]) -> GrantSource:
+    """The grants of several histories as one: every backend that ever issued grants.
+
+    Why: the lock server answers `GET /v1/history` from the backend it runs on now, and the
+    PostgreSQL table holds only what the PostgreSQL backend issued. After a deployment switches
+    the lock server from PostgreSQL to etcd (docs/deploy-compose.md), the writes made under the
+    earlier grants are only in the table and the later ones only behind the server: either
+    source alone reports every write of the other backend as INV-07 "without grant" (1,605 false
+    violations in the compose run of issue 25). Merged, each write is judged against every
+    grant any backend issued; a token no backend granted is still a violation.
+
+    A grant read from two sources (the server running on PostgreSQL answers from the table) is
+    kept once, as the first source gives it: same key, token and acquisition time. The horizon is
+    the latest of the sources' horizons (a pruned etcd history): before it, one of the backends'
+    grants may be missing, so INV-07 judges nothing earlier. Every source must answer whole, or
+    the merge raises its GrantSourceUnavailable (a partial history could hide a violation)."""
+    if not sources:
+        raise ValueError("merged_grant_source needs at least one source")
+
+    async def fetch() -> Sequence[GrantFact]:
+        seen: set[tuple[str, int, datetime]] = set()
+        merged = GrantHistory()
+        horizons: list[datetime] = []
+        for source in sources:
+            grants = await source()
+            since = getattr(grants, "complete_since", None)
+            if since is not None:
+                horizons.append(since)
+            for g in grants:
+                identity = (g.key, g.token, g.acquired_at)
+                if identity not in seen:
+                    seen.add(identity)
+                    # seq (the order among grants acquired at the same instant) becomes the
+                    # position in the merge, which keeps each source's own order.
+                    merged.append(replace(g, seq=len(merged)))
+        merged.complete_since = max(horizons) if horizons else None
+        return merged
 
     return fetch
 

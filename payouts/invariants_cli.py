@@ -29,16 +29,16 @@ from invariants.checker import (
     InvariantSettings,
     WorkflowSource,
     check_invariants,
+    history_kinds,
     lock_server_grant_source,
     lock_server_hold_source,
+    merged_grant_source,
     postgres_grant_source,
     postgres_hold_source,
     stub_movement_source,
     temporal_workflow_source,
 )
 from payouts.settings import DEFAULT_TEMPORAL, database_url, temporal_address
-
-HISTORY_KINDS = ("postgres", "http")
 
 
 def _out(line: str) -> None:
@@ -47,16 +47,22 @@ def _out(line: str) -> None:
 
 
 def grant_source(args: argparse.Namespace, settings: InvariantSettings, db_url: str) -> GrantSource:
-    if (args.history or settings.history) == "http":
-        return lock_server_grant_source(args.lock_url or settings.lock_url, token=settings.token())
-    return postgres_grant_source(
-        settings.lock_database_url or db_url, backend_prefix=settings.lock_prefix
-    )
+    """The history of each backend named (`postgres`, `http`, or both merged)."""
+    sources = [
+        lock_server_grant_source(args.lock_url or settings.lock_url, token=settings.token())
+        if kind == "http"
+        else postgres_grant_source(
+            settings.lock_database_url or db_url, backend_prefix=settings.lock_prefix
+        )
+        for kind in history_kinds(args.history or settings.history)
+    ]
+    return sources[0] if len(sources) == 1 else merged_grant_source(sources)
 
 
 def hold_source(args: argparse.Namespace, settings: InvariantSettings, db_url: str) -> HoldSource:
-    """The locks held now (INV-10's blocked accounts), from where the grant history is read."""
-    if (args.history or settings.history) == "http":
+    """The locks held now (INV-10's blocked accounts): from the lock server when the history
+    names it (it answers for the backend it runs on now, also after a switch), else PostgreSQL."""
+    if "http" in history_kinds(args.history or settings.history):
         return lock_server_hold_source(args.lock_url or settings.lock_url, token=settings.token())
     return postgres_hold_source(
         settings.lock_database_url or db_url, backend_prefix=settings.lock_prefix
@@ -117,6 +123,14 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def _history(value: str) -> str:
+    try:
+        history_kinds(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
+
+
 def register(subparsers: Any) -> None:
     """Add `payouts check-invariants`."""
     p = subparsers.add_parser(
@@ -128,8 +142,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--lock-url", help="lock server, for --history http ($INVARIANTS_LOCK_URL)")
     p.add_argument(
         "--history",
-        choices=HISTORY_KINDS,
-        help="where the grant history is read ($INVARIANTS_HISTORY, default postgres)",
+        type=_history,
+        help="where the grant history is read: postgres, http, or postgres,http for a lock "
+        "server that has run on both backends ($INVARIANTS_HISTORY, default postgres)",
     )
     p.add_argument(
         "--temporal",

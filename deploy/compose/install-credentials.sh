@@ -27,6 +27,10 @@ put worker tokens/worker.token worker.token
 put worker tokens/reconciler.token reconciler.token
 put reconciler tokens/reconciler.token reconciler.token
 put invariants tokens/invariants.token invariants.token
+# The operator tool's (`docker compose run --rm operator ...`): the operator's own token, and
+# the lock server's credentials file for the offline bump-epoch's check of that token.
+put operator tokens/local-operator.token local-operator.token
+put operator lock-server.json lock-server.json
 # The migrate job's DB_ROLE_PASSWORDS_DIR: one file per role of common/db_roles.py (it sets
 # them; tests/deploy checks this list against ROLES). No component gets another's password.
 put migrate db-roles/payouts_lockservice payouts_lockservice

@@ -88,6 +88,15 @@ def test_dockerfile_passes_hadolint_and_a_bad_one_does_not(tmp_path: Path) -> No
     assert "DL3013" in result.stdout  # unpinned pip install
 
 
+def test_standin_build_files_pass_hadolint() -> None:
+    """The compose smoke run's stand-in images (deploy/images, lab/compose_images.py)."""
+    files = sorted((ROOT / "deploy" / "images").glob("*/Containerfile"))
+    assert len(files) == 4
+    for path in files:
+        result = hadolint(path)
+        assert result.returncode == 0, (path, result.stdout)
+
+
 def test_dockerfile_shape() -> None:
     text = (ROOT / "Dockerfile").read_text()
     stages = re.findall(r"^FROM \S+ AS (\w+)", text, re.M)

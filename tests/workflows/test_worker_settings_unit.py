@@ -41,3 +41,27 @@ def test_the_same_variable_unset_means_the_same_as_for_the_reconciler(
     worker, reconciler = WorkerSettings(), ReconcileSettings()
     for name in SHARED:
         assert getattr(worker, f"reconcile_{name}") == getattr(reconciler, name), name
+
+
+def test_metrics_servers_bind_loopback_unless_told_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 25: Prometheus in another container could scrape no worker. The default stays
+    127.0.0.1 (a local run); WORKER_METRICS_HOST moves our /metrics+/health server (the SDK's,
+    which takes the same setting, is shown scraped from another container by make
+    compose-smoke's worker-sdk job)."""
+    from activities import worker_http
+    from worker_main import _runtime
+
+    monkeypatch.delenv("WORKER_METRICS_HOST", raising=False)
+    assert WorkerSettings().metrics_host == "127.0.0.1"
+    monkeypatch.setenv("WORKER_METRICS_HOST", "0.0.0.0")
+    monkeypatch.setenv("WORKER_SDK_METRICS_PORT", "0")
+    settings = WorkerSettings()
+    assert settings.metrics_host == "0.0.0.0" and _runtime(settings) is None
+    server = worker_http.serve(worker_http.HealthSnapshot(), 0, host=settings.metrics_host)
+    try:
+        assert server.server_address[0] == "0.0.0.0"
+    finally:
+        server.shutdown()
+        server.server_close()
