@@ -903,8 +903,10 @@ class PayoutWorkflow:
     ) -> None:
         # `short`: the holder just timed out (frozen, dead or stalled). Its frozen long-poll may
         # take this task too, so one attempt bounded by the heartbeat timeout, not two of 10 s
-        # (21 s of a 45 s takeover, issue 16); a release that does not happen only delays the
-        # next holder until the lease expires (or the holder's idle sweeper), never safety.
+        # (21 s of a 45 s takeover, issue 16). A release that does not happen here only delays
+        # the next holder, never safety: the holder's idle sweeper gives the grant back, a dead
+        # holder's session expires, and a release the lock server did not answer stays pending
+        # in the holder's SDK, retried until it succeeds or the session ends (issue 24, item 6).
         limit = min(10.0, inp.holder_heartbeat_timeout_s) if short else 10.0
         try:
             await workflow.execute_activity(
@@ -916,8 +918,8 @@ class PayoutWorkflow:
                 retry_policy=RetryPolicy(maximum_attempts=1 if short else 2),
             )
         except ActivityError as err:
-            # A lost release only delays the next holder until the lease expires; safety never
-            # depends on it (the next grant has a higher token).
+            # A lost release only delays the next holder (see above); safety never depends on it
+            # (the next grant has a higher token).
             workflow.logger.info("release of token %s failed: %s", grant.token, cause(err))
 
     async def _background_releases_done(self) -> None:
