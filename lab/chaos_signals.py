@@ -28,6 +28,7 @@ from temporalio.common import RawValue
 from temporalio.service import RPCError
 
 from activities.models import OperatorCommand
+from common.lockkey import lock_key
 from lab.chaos_schedule import Fault
 from stack.system import Stack
 from workflows.search_attributes import PAYOUT_ACCOUNT
@@ -69,7 +70,7 @@ class HostileSignals:
         handle = client.get_workflow_handle(workflow_id)
         payout_id = workflow_id.removeprefix("payout-")
         odd = RawValue(Payload(metadata={"encoding": b"binary/chaos"}, data=b"\x00\xff"))
-        genuine = await self._assertion("abandon", payout_id, f"payout:{account}")
+        genuine = await self._assertion("abandon", payout_id, lock_key(account))
         forged = {**genuine, "identity": "mallory"} if genuine else None
         sends: list[tuple[str, list[Any]]] = [
             ("abandon", [_MALLORY, _MALLORY]),
@@ -80,7 +81,7 @@ class HostileSignals:
             ("abandon", [OperatorCommand("mallory", "chaos: forged", forged)]),
         ]
         if replay:
-            signed = await self._assertion("revoke", payout_id, f"payout:{account}")
+            signed = await self._assertion("revoke", payout_id, lock_key(account))
             if signed:
                 command = OperatorCommand(signed["identity"], "chaos: replayed revoke", signed)
                 sends += [("revoke", [command]), ("revoke", [command])]
