@@ -63,10 +63,10 @@ def stack_environment(stack: Stack) -> dict[str, str]:
     }
     if stack.finledger_url:
         env["FINLEDGER_URL"] = stack.finledger_url
+    # Empty with the PostgreSQL backend: a runbook tells the backends apart by it.
+    env["ETCD_ENDPOINTS"] = ",".join(f"http://{e}" for e in stack.etcd_endpoints)
     if stack.etcd_endpoints:
-        etcd = ",".join(f"http://{e}" for e in stack.etcd_endpoints)
-        env["ETCD_ENDPOINTS"] = etcd
-        env["ETCDCTL_ENDPOINTS"] = etcd  # etcdctl reads this one
+        env["ETCDCTL_ENDPOINTS"] = env["ETCD_ENDPOINTS"]  # etcdctl reads this one
     env.update(endpoint_variables(stack))
     return env
 

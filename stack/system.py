@@ -52,6 +52,7 @@ from stack.embedded import (
 from stack.envfile import ENV_FILE_NAME, stack_environment, write_env_file
 from stack.preflight import check_ports, refuse_leftovers, safe_url
 from stack.process import ManagedProcess, tcp_check
+from stack.promconfig import write_local_config
 from stack.services import (
     Addresses,
     ServiceFactory,
@@ -636,6 +637,8 @@ class Stack:
                 f"change and removed when it stops.\nIn a shell: . {self.env_file}"
             )
             write_env_file(self.env_file, stack_environment(self), header=header)
+            # The shipped Prometheus configuration for this stack's ports (docs/local-stack.md).
+            write_local_config(self, self.run_dir / "prometheus")
         else:
             self.env_file.unlink(missing_ok=True)
 

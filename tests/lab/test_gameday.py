@@ -55,7 +55,7 @@ async def test_short_game_day_fires_confirms_and_recovers(
     doc = stack_dir / "gameday.md"
     append_table(doc, table(real, short=True))
     text = doc.read_text()
-    assert all(f"[{r.alert}]" in text for r in real) and "| yes | ok |" in text
+    assert all(f"[{r.alert}]" in text for r in real) and "commands) | ok |" in text
 
 
 def test_gameday_cli_has_help() -> None:
