@@ -43,12 +43,14 @@ def check_ports(cfg: StackConfig) -> None:
         needed.append("etcd")
     # (port, what, the variable that moves it) for every service, then every worker's two.
     wanted = [(getattr(p, key), _PORT_LABELS[key], p.ENV_VARS[key]) for key in needed]
-    for key, what in (("worker_metrics_base", "metrics"), ("worker_sdk_metrics_base", "SDK")):
+    for key, what in (
+        ("worker_metrics_base", "metrics"),
+        ("worker_sdk_metrics_base", "SDK metrics"),
+    ):
         base = getattr(p, key)
         if base is not None:
             wanted += [
-                (base + i, f"worker-{i + 1} {what} metrics", p.ENV_VARS[key])
-                for i in range(cfg.workers)
+                (base + i, f"worker-{i + 1} {what}", p.ENV_VARS[key]) for i in range(cfg.workers)
             ]
     seen: dict[int, str] = {}
     problems: list[str] = []

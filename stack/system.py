@@ -425,7 +425,8 @@ class Stack:
         port = base + self._worker_seq - 1
         if port_in_use(port):
             var = ports.ENV_VARS[base_key]
-            raise PortTakenError(f"port {port} ({name} {base_key}) is taken; set {var}")
+            what = "SDK metrics" if "sdk" in base_key else "metrics"
+            raise PortTakenError(f"port {port} ({name} {what}) is taken; set {var}")
         return port
 
     async def stop_worker(self, name: str) -> int | None:

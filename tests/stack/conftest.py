@@ -19,6 +19,7 @@ from stack.config import Ports
 from stack.embedded import free_port
 from stack.process import pid_alive
 
+
 @pytest.fixture
 def stack_env() -> dict[str, str]:
     """The environment of a test stack: every port free and set by its PAYOUTS_* variable (the
