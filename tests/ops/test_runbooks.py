@@ -166,11 +166,12 @@ async def test_every_runbook_section_runs_as_written_against_its_cause(
         ("RunbookNegativeControl",), _inject_unexported, _reported, _nothing,
     )  # fmt: skip
     options = GamedayOptions(run_dir=stack_dir, alerts=False, resolve_within_s=90.0)
-    rows = await run_gameday(options, lambda _line: None, [*rest, control])
+    lines: list[str] = []
+    rows = await run_gameday(options, lines.append, [*rest, control])
     *real, negative = rows
     assert [r.alert for r in real] == [a for s in rest for a in s.alerts]
     for row in real:
-        assert row.ok, (row.alert, row.problems)
+        assert row.ok, (row.alert, row.problems, lines[-40:])
         assert row.blocks_run >= 1
     # Every alert's section ran here or in the short game day.
     covered = {r.alert for r in real} | {a for s in short for a in s.alerts}
