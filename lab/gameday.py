@@ -332,10 +332,16 @@ def table(
         lines.append(
             f"| [{r.alert}](runbooks/{_runbook(r.alert)}) | {r.scenario} "
             f"| {_num(r.detection_s)} | {_num(r.recovery_s)} "
-            f"| {f'yes ({r.blocks_run} commands)' if r.confirmed and r.blocks_run else 'no'} "
+            f"| {_executed(r)} "
             f"| {result} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _executed(r: Row) -> str:
+    if not (r.confirmed and r.blocks_run):
+        return "no"
+    return f"yes ({r.blocks_run} command{'' if r.blocks_run == 1 else 's'})"
 
 
 def _num(value: float | None) -> str:
