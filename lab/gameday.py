@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -51,10 +51,6 @@ class GamedayOptions:
     #: After recovery, keep watching at least this long: a consequence (e.g. the latency of
     #: payouts that completed late) must show and clear inside its own scenario.
     settle_s: float = 15.0
-    #: False: the runbook check (tests/ops/test_runbooks.py): each cause is confirmed by its
-    #: scenario's own evidence and its runbook run, without waiting for Prometheus to fire and
-    #: resolve the alert (no detection latency is measured).
-    alerts: bool = True
     doc: Path = GAMEDAY_DOC
 
 
@@ -100,12 +96,16 @@ async def run_gameday(
     options: GamedayOptions,
     progress: Callable[[str], None],
     scenarios: list[Scenario] | None = None,
+    runbook_checks: Sequence[Scenario] = (),
 ) -> list[Row]:
-    """Run `scenarios` (default: the short or the full set) on a fresh stack; one row per alert."""
+    """Run `scenarios` (default: the short or the full set) on a fresh stack, then, on the same
+    stack, `runbook_checks`: each cause confirmed by its scenario's own evidence and its
+    runbook run as written, without waiting for Prometheus to fire and resolve the alert (no
+    detection latency; the make-test check of every runbook). One row per alert."""
     scenarios = selected(options.short, options.only) if scenarios is None else scenarios
-    if not scenarios:
+    if not scenarios and not runbook_checks:
         raise ValueError(f"no game-day scenario matches {options.only!r}")
-    etcd = any(s.etcd for s in scenarios)
+    etcd = any(s.etcd for s in [*scenarios, *runbook_checks])
     # A fresh folder per run: an embedded etcd cluster restarted on an earlier run's data
     # (members killed by that run's scenarios) can fail to answer the lock server in time.
     run_dir = options.run_dir / datetime.now(UTC).strftime("run-%Y%m%dT%H%M%S")
@@ -136,6 +136,10 @@ async def run_gameday(
             unscraped = await _warm_up(ctx, scenarios, progress)
             for scenario in scenarios:
                 rows.extend(await _run_one(ctx, scenario, options, progress, unscraped))
+            for scenario in runbook_checks:
+                rows.extend(
+                    await _run_one(ctx, scenario, options, progress, unscraped, alerts=False)
+                )
         finally:
             await ctx.aclose()
             await http.aclose()
@@ -179,8 +183,10 @@ async def _run_one(
     options: GamedayOptions,
     progress: Callable[[str], None],
     unscraped: set[str],
+    *,
+    alerts: bool = True,
 ) -> list[Row]:
-    rows = {a: Row(a, scenario.name, measured=options.alerts) for a in scenario.alerts}
+    rows = {a: Row(a, scenario.name, measured=alerts) for a in scenario.alerts}
     for alert, row in rows.items():
         if never := sorted(alert_series(alert) & unscraped):
             row.problems.append(f"ops/prometheus/prometheus.yml scrapes none of {never}")
@@ -193,7 +199,7 @@ async def _run_one(
     try:
         await scenario.cause(ctx)
         within_s = scenario.fire_within_s or options.fire_within_s
-        if options.alerts:
+        if alerts:
             await _until_fired(ctx, rows, allowed, t0, within_s)
             await _explain_silence(ctx, rows)
             held = await scenario.confirm(ctx)
@@ -214,7 +220,7 @@ async def _run_one(
     if left:
         progress(f"  {left} payout(s) of this scenario not terminal yet")
     ctx.created.clear()
-    if options.alerts:
+    if alerts:
         await _until_resolved(
             ctx, rows, allowed, t1, options.resolve_within_s, settle_s=options.settle_s
         )
