@@ -118,10 +118,12 @@ def parse(path: Path, text: str | None = None) -> Runbook:
 
 
 def runbooks(folder: Path = RUNBOOKS) -> dict[str, Runbook]:
-    """Every runbook with sections (README.md has none), by file name."""
+    """Every alert runbook, by file name: each file with ```` ```sh ```` blocks but README.md
+    (whose block is the one every runbook starts with). A page with no such block (e.g.
+    temporal-ui.md, which no alert links to) has nothing this module runs."""
     out = {}
     for path in sorted(folder.glob("*.md")):
-        if path.name != "README.md":
+        if path.name != "README.md" and re.search(r"^```sh\b", path.read_text(), re.M):
             out[path.name] = parse(path)
     return out
 
