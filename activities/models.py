@@ -18,6 +18,9 @@ RELEASE_LOCK = "release_lock"
 #: The merged holder step (patch `merged-holder-steps`): re-read + claim, submit (once), post,
 #: and the release of the grant at the end, as one activity on the holder's queue.
 EXECUTE_PAYOUT = "execute_payout"
+#: The two-task happy path (patch `acquire-and-execute`, issue 29): acquire, then the merged
+#: holder step in the same activity, run by the worker that got the grant.
+ACQUIRE_AND_EXECUTE = "acquire_and_execute"
 LOOKUP_RAIL = "lookup_rail"
 RESOLVE_AMBIGUOUS = "resolve_ambiguous"
 ABANDON_PAYOUT = "abandon_payout"
@@ -181,6 +184,9 @@ class PayoutInput:
     account_id: str
     correlation_id: str = ""
     amount: int = 0  # minor units, for what the Temporal UI shows (0: not given by the starter)
+    #: The two-task happy path (acquire_and_execute, patch `acquire-and-execute`); False: the
+    #: acquire and the merged holder step as two activities (issue 29's A/B).
+    two_task: bool = True
     # How long one acquire waits for the account's previous payout to release its lock. Long,
     # so a queue of payouts on one account hands the lock on by NOTIFY instead of by retries
     # (each retry costs Temporal an activity, a timer and two workflow tasks).
@@ -225,6 +231,25 @@ class AcquireRequest:
     account_id: str
     wait_s: float
     context: WorkContext
+
+
+@dataclass
+class RunRequest:
+    """acquire_and_execute: the acquire, then execute_payout under the grant it got."""
+
+    acquire: AcquireRequest
+    #: The submit's deadline, counted from when the grant was obtained (not from scheduling:
+    #: the acquire may have waited for the account's previous payout).
+    submit_deadline_s: float = 30.0
+
+
+@dataclass
+class StepFailure:
+    """How the critical section part of acquire_and_execute failed, for the workflow to act on
+    exactly as on a failed execute_payout (`type` is an error type of this module, or "")."""
+
+    type: str
+    message: str
 
 
 @dataclass
@@ -273,6 +298,16 @@ class PayoutView:
     #: abandon_payout only: the rail's evidence found by its last lookup ("settled", "declined",
     #: "absent"), in which case nothing was abandoned: evidence outranks the command.
     evidence: str = ""
+
+
+@dataclass
+class RunResult:
+    """acquire_and_execute's answer: the grant (acquired or why not), and once acquired the view
+    execute_payout returned, or how it failed."""
+
+    grant: AcquireResult
+    view: PayoutView | None = None
+    failure: StepFailure | None = None
 
 
 @dataclass

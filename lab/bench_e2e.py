@@ -201,8 +201,11 @@ async def _figures(sysm: System, ids: list[str]) -> dict[str, Any]:
     return out
 
 
-async def system_burst(sysm: System, n: int, progress: Progress, what: str) -> dict[str, Any]:
-    """N payouts, one per account, created then started at once."""
+async def system_burst(
+    sysm: System, n: int, progress: Progress, what: str, **overrides: Any
+) -> dict[str, Any]:
+    """N payouts, one per account, created then started at once (`overrides`: PayoutInput
+    fields, e.g. two_task=False for the three-task shape of the A/B)."""
     specs = _specs(await _accounts(sysm, n), uuid.uuid4().hex[:6])
     ids = [s.payout_id for s in specs]
     await create_payouts(sysm.stack.database_url, specs)
@@ -210,7 +213,11 @@ async def system_burst(sysm: System, n: int, progress: Progress, what: str) -> d
     calls_before = await temporal_rpcs.settled(metrics_port)
     before = _cpu(sysm)
     await start_workflows(
-        sysm.stack.temporal_address, sysm.stack.config.task_queue, specs, client=sysm.client
+        sysm.stack.temporal_address,
+        sysm.stack.config.task_queue,
+        specs,
+        client=sysm.client,
+        **overrides,
     )
     states = await _wait_terminal(sysm, ids, what, progress)
     cpu = per_item_ms(before, _cpu(sysm), n)
@@ -350,26 +357,33 @@ def _stack_config(opts: Options) -> StackConfig:
 
 async def _rounds(
     sysm: System, floor: tuple[Any, str], progress: Progress
-) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]]]:
-    """Floor bursts of every shape and a system burst, alternated round by round."""
+) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """Floor bursts of every shape, a system burst, and the system in its three-task shape
+    (the two-task lever's A/B, issue 29), alternated round by round."""
     opts = sysm.options
     floors: dict[str, list[dict[str, Any]]] = {shape: [] for shape in bench_floor.SHAPES}
     systems: list[dict[str, Any]] = []
+    three_task: list[dict[str, Any]] = []
     client, shared = floor
     await bench_floor.burst(client, shared, "today", min(opts.n, 20))  # warm-up
     for r in range(opts.rounds):
-        steps = [*bench_floor.SHAPES, "system"]
+        steps = [*bench_floor.SHAPES, "system", "system_three_task"]
         for step in steps if r % 2 == 0 else list(reversed(steps)):
-            if step == "system":
-                if not systems:
+            if step in ("system", "system_three_task"):
+                if not systems and not three_task:
                     await sysm.stack.wait_for_rail_history()
-                res = await system_burst(sysm, opts.n, progress, f"round {r + 1} system")
-                systems.append(res)
+                what = f"round {r + 1} {step}"
+                if step == "system":
+                    res = await system_burst(sysm, opts.n, progress, what)
+                    systems.append(res)
+                else:
+                    res = await system_burst(sysm, opts.n, progress, what, two_task=False)
+                    three_task.append(res)
             else:
                 res = await bench_floor.burst(client, shared, step, opts.n)
                 floors[step].append(res)
             progress(f"round {r + 1} {step}: {res}")
-    return floors, systems
+    return floors, systems, three_task
 
 
 async def _measure(opts: Options, work: Path, progress: Progress) -> dict[str, Any]:
@@ -386,10 +400,11 @@ async def _measure(opts: Options, work: Path, progress: Progress) -> dict[str, A
             async with bench_floor.floor_server(
                 opts.workers, config.temporal_transfer_rps, work=work
             ) as floor:
-                floors, systems = await _rounds(sysm, floor, progress)
+                floors, systems, three_task = await _rounds(sysm, floor, progress)
             system = _system_mean(systems)
             out |= _floors(floors, system["workflow_tasks_per_payout"])
             out["system"] = system
+            out["system_three_task"] = _system_mean(three_task)
             out["ratios"] = _ratios(out)
             rate = 0.7 * out["system"]["throughput_per_s"]
             out["steady"] = await system_steady(sysm, max(rate, 0.1), progress)
@@ -404,8 +419,9 @@ async def _measure(opts: Options, work: Path, progress: Progress) -> dict[str, A
 def _floors(floors: dict[str, list[dict[str, Any]]], system_tasks: float | None) -> dict[str, Any]:
     """`baseline_floor` is the payout's shape before the merge (6 workflow tasks); `floor` the
     floor shape whose workflow tasks, counted from its histories, are nearest the real payouts'
-    measured tasks per payout (the 3-task `execute` shape since patch merged-holder-steps);
-    `merged_floor` the issue's 4-task trial, always, for comparison."""
+    measured tasks per payout (the 2-task `run` shape since patch acquire-and-execute, the
+    3-task `execute` one for the three-task A/B); `merged_floor` the issue's 4-task trial, and
+    `three_task_floor` / `two_task_floor` always, for comparison."""
     means = {shape: bench_floor.mean(runs) for shape, runs in floors.items()}
     tasks = system_tasks if system_tasks is not None else means["today"]["workflow_tasks"]
     same = min(
@@ -417,6 +433,8 @@ def _floors(floors: dict[str, list[dict[str, Any]]], system_tasks: float | None)
         "floor": means[same],
         "floor_shape": same,
         "merged_floor": means["merged"],
+        "three_task_floor": means["execute"],
+        "two_task_floor": means["run"],
     }
 
 
@@ -429,7 +447,13 @@ def _ratios(out: dict[str, Any]) -> dict[str, float | None]:
         floor = out[name]["throughput_per_s"]
         return round(system / floor, 2) if floor else None
 
-    return {"system_to_floor": ratio("floor"), "system_to_baseline_floor": ratio("baseline_floor")}
+    three = out.get("system_three_task", {}).get("throughput_per_s")
+    return {
+        "system_to_floor": ratio("floor"),
+        "system_to_baseline_floor": ratio("baseline_floor"),
+        # The two-task lever (issue 29): the same system in its three-task shape, same run.
+        "system_to_three_task": round(system / three, 2) if three else None,
+    }
 
 
 def _system_mean(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -516,14 +540,20 @@ def table(result: dict[str, Any]) -> str:
     )
     lines = [f"{'run':<16}" + "".join(f"{c:>18}" for c in cols)]
     lines.append(f"(floor = the {result['floor_shape']!r} shape; floor p50/p99: start -> result)")
-    for name in ("baseline_floor", "floor", "merged_floor"):
+    for name in ("baseline_floor", "floor", "merged_floor", "three_task_floor", "two_task_floor"):
         f = result[name]
         row = (f["throughput_per_s"], f["p50_ms"], f["p99_ms"], "", "", f["workflow_tasks"])
         lines.append(f"{name:<16}" + "".join(f"{v!s:>18}" for v in row))
-    for name in ("system", "degraded"):
+    for name in ("system", "system_three_task", "degraded"):
         s = result[name]
         row = (*(s[c] for c in cols[:-1]), s["workflow_tasks_per_payout"])
         lines.append(f"{name:<16}" + "".join(f"{v!s:>18}" for v in row))
+    cpu3 = result["system_three_task"].get("cpu_ms_per_payout")
+    if cpu3:
+        lines.append(
+            "three-task burst CPU per payout, ms: "
+            + " ".join(f"{k}={v}" for k, v in sorted(cpu3.items(), key=lambda kv: -kv[1]))
+        )
     st = result["steady"]
     row = (st["rate_per_s"], *(st[c] for c in cols[1:-1]), "")
     lines.append(f"{'steady (rate)':<16}" + "".join(f"{v!s:>18}" for v in row))

@@ -35,16 +35,22 @@ from temporalio.worker import Worker
 from lab.bench_locks import loadavg
 from stack.embedded import temporal_binary
 from stack.services import TEMPORAL_SQLITE_PRAGMAS
-from workflows.floor import FloorExecute, FloorMerged, FloorToday
+from workflows.floor import FloorExecute, FloorMerged, FloorRun, FloorToday
 
 #: Shape name -> (workflow, the workflow tasks it is built to take; `burst` counts them).
 SHAPES: dict[str, tuple[Any, int]] = {
     "today": (FloorToday, 6),
     "merged": (FloorMerged, 4),
     "execute": (FloorExecute, 3),
+    "run": (FloorRun, 2),
 }
 #: The JSON's name for each shape's figures.
-JSON_NAMES = {"today": "baseline_floor", "execute": "floor", "merged": "merged_floor"}
+JSON_NAMES = {
+    "today": "baseline_floor",
+    "execute": "floor",
+    "merged": "merged_floor",
+    "run": "two_task_floor",
+}
 #: The dev server's default for history.transferProcessorMaxPollRPS.
 DEFAULT_TRANSFER_RPS = 20
 
@@ -92,11 +98,15 @@ async def _workers(client: Client, shared: str, count: int) -> AsyncIterator[Non
             async def acquire(own: str = own) -> str:
                 return own
 
+            @activity.defn(name="floor_acquire_execute")
+            async def acquire_execute() -> None:
+                return None
+
             shared_worker = Worker(
                 conn,
                 task_queue=shared,
                 workflows=[w for w, _ in SHAPES.values()],
-                activities=[acquire],
+                activities=[acquire, acquire_execute],
             )
             own_worker = Worker(conn, task_queue=own, activities=_holder_activities())
             await stack.enter_async_context(shared_worker)
@@ -214,7 +224,8 @@ async def run(
         for rps in rps_values:
             by_shape = await measure(n, workers, rounds, rps, work=Path(d), serial=serial)
             out[f"transfer_rps_{rps}"] = {
-                JSON_NAMES[shape]: by_shape[shape] for shape in ("today", "execute", "merged")
+                JSON_NAMES[shape]: by_shape[shape]
+                for shape in ("today", "execute", "merged", "run")
             }
     out["loadavg_after"] = loadavg()
     return out

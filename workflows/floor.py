@@ -5,7 +5,9 @@ the shared queue returning a worker queue, then claim, submit, post and release 
 activities, 6 workflow tasks; `baseline_floor`). `FloorMerged`: claim+submit+post as one holder
 activity and release after it (3 activities, 4 workflow tasks; the issue's trial).
 `FloorExecute`: PayoutWorkflow's commands since patch `merged-holder-steps` (the acquire, then one
-holder activity that also releases: 2 activities, 3 workflow tasks; `floor`). Must never: touch
+holder activity that also releases: 2 activities, 3 workflow tasks). `FloorRun`: since patch
+`acquire-and-execute`, one activity on the shared queue that acquires and executes (1 activity, 2
+workflow tasks; `floor` when the payouts take 2 tasks, issue 29). Must never: touch
 money, a lock or a database; it measures what Temporal alone costs for a workflow of that shape.
 """
 
@@ -53,3 +55,13 @@ class FloorExecute:
             "floor_execute_release", task_queue=queue, start_to_close_timeout=_T
         )
         return 3
+
+
+@workflow.defn(name="FloorRun")
+class FloorRun:
+    @workflow.run
+    async def run(self, shared_queue: str) -> int:
+        await workflow.execute_activity(
+            "floor_acquire_execute", task_queue=shared_queue, start_to_close_timeout=_T
+        )
+        return 2

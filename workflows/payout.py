@@ -84,8 +84,14 @@ PATCH_LEAN_VISIBILITY = "lean-visibility"
 #: refused; the rail's evidence outranks an abandon; a cancellation request is refused and the
 #: payout goes on; continue-as-new waits for a revoke in flight instead of cancelling it.
 PATCH_OPERATOR_COMMANDS = "operator-commands"
+#: The two-task happy path (issue 29): the first workflow task schedules ONE activity on the shared
+#: queue, `acquire_and_execute`, in which the worker that is granted the lock runs the merged
+#: holder step itself: 2 workflow tasks and 1 activity per payout instead of 3 and 2. Anything
+#: but the happy outcome goes on by the same state-based steps on that worker's queue.
+PATCH_TWO_TASK = "acquire-and-execute"
 #: What an operator sees as the merged activity's summary in the Temporal UI (UC-01 steps 3-9).
 EXECUTE_SUMMARY = "UC-01: re-read + claim -> submit (once) -> post -> release"
+RUN_SUMMARY = "UC-01: acquire -> re-read + claim -> submit (once) -> post -> release"
 
 # Database writes before handoff may be retried a few times; fenced rejections never are. A write
 # that still fails is not fatal: the critical section ends, the grant is released, and the run
@@ -198,6 +204,8 @@ class PayoutWorkflow:
             # Decided here, in the first task, so its TemporalChangeVersion upsert joins this
             # task's visibility write instead of costing the next task one of its own.
             workflow.patched(PATCH_MERGED_HOLDER)
+        # Decided once for the run, in its first task (`inp.two_task`: the A/B switch).
+        two_task = inp.two_task and workflow.patched(PATCH_TWO_TASK)
         self._publish()
         backoff_round = 0
         while self._state not in TERMINAL_STATES:
@@ -207,7 +215,10 @@ class PayoutWorkflow:
             if self._state == PayoutState.RAIL_AMBIGUOUS.value and not self._resolution_known():
                 await self._resolve_ambiguity(inp)
                 continue
-            grant = await self._acquire(inp)
+            run = await self._acquire_and_execute(inp) if two_task else None
+            grant = (run.grant if run.grant.acquired else None) if run else None
+            if not two_task:
+                grant = await self._acquire(inp)
             if grant is None:
                 # Fail closed (UC-08, FR-27): no grant, no execution. The payout stays as it is
                 # and we try again after a jittered backoff: no thundering herd. Contention (the
@@ -224,7 +235,7 @@ class PayoutWorkflow:
                         summary=f"backoff {backoff_round}: {self._last_error[:120]}",
                     )
                 continue
-            progressed = await self._critical_section(inp, grant)
+            progressed = await self._critical_section(inp, grant, run)
             if progressed:
                 backoff_round = 0
             else:
@@ -665,15 +676,24 @@ class PayoutWorkflow:
             **kw,
         )
 
-    async def _critical_section(self, inp: m.PayoutInput, grant: m.AcquireResult) -> bool:
+    async def _critical_section(
+        self, inp: m.PayoutInput, grant: m.AcquireResult, run: m.RunResult | None = None
+    ) -> bool:
         """Run the steps the payout's state calls for, under one grant. Returns whether the
-        payout progressed (False: retry later after a backoff)."""
+        payout progressed (False: retry later after a backoff). `run`: what acquire_and_execute
+        already did under this grant (the two-task path), in place of execute_payout."""
         queue = grant.worker_queue
         holder_timed_out = False
         released = False  # by execute_payout, at the end of its last step
         try:
-            if workflow.patched(PATCH_MERGED_HOLDER):
-                view = await self._execute(inp, grant)
+            if run is not None and run.failure is not None:
+                return self._section_failed(grant, run.failure.type, run.failure.message)
+            if run is not None or workflow.patched(PATCH_MERGED_HOLDER):
+                if run is not None and run.view is not None:
+                    view = run.view
+                    self._observe(view)
+                else:
+                    view = await self._execute(inp, grant)
                 released = view.released
                 if "submit" in view.steps and view.state == PayoutState.CLAIMED.value:
                     # NOT_SUBMITTED (circuit open, admission full, ...): try again later, under a
@@ -687,15 +707,11 @@ class PayoutWorkflow:
                 )
             return await self._advance(inp, grant, view)
         except ActivityError as err:
-            self._last_error = cause(err)
-            if _is_type(err, m.FENCED_OUT) or _is_type(err, m.LOCK_LOST):
-                # Never retry under the same token: abort this attempt and re-acquire.
-                workflow.logger.warning("grant %s lost: %s", grant.token, self._last_error)
-                return True
             # A timeout means the holder's worker died or stalled: re-acquire at once, and
             # recovery reads the state afresh. Anything else: back off before the next try.
             holder_timed_out = isinstance(err.cause, ActivityTimeout)
-            return holder_timed_out
+            kind = err.cause.type or "" if isinstance(err.cause, ApplicationError) else ""
+            return self._section_failed(grant, kind, cause(err)) or holder_timed_out
         finally:
             if not released:
                 short = holder_timed_out and workflow.patched(PATCH_SHORT_RELEASE_AFTER_TIMEOUT)
@@ -710,6 +726,55 @@ class PayoutWorkflow:
                     )
                 else:
                     await self._release(inp, grant, short=short)
+
+    def _section_failed(self, grant: m.AcquireResult, kind: str, why: str) -> bool:
+        """A failed critical-section step: True when the grant is lost (fenced out, lock lost):
+        never retried under the same token, re-acquired at once."""
+        self._last_error = why
+        if kind in (m.FENCED_OUT, m.LOCK_LOST):
+            workflow.logger.warning("grant %s lost: %s", grant.token, why)
+            return True
+        return False
+
+    async def _acquire_and_execute(self, inp: m.PayoutInput) -> m.RunResult | None:
+        """The two-task path's one activity (patch `acquire-and-execute`): the acquire, and
+        under its grant the merged holder step, in the worker that got the grant.
+
+        What prevents a double payout: ONE attempt (`_SUBMIT_ONCE`), because the activity may
+        reach the submit; inside it is execute_payout, which submits only a payout it claimed
+        from PENDING itself (the activity's docstring has the rest). None: the activity itself
+        failed (a worker died or froze in it: its grant, if any, has an older token than the
+        next one, and the fences refuse it), so the next acquire comes soon."""
+        try:
+            run: m.RunResult = await workflow.execute_activity(
+                m.ACQUIRE_AND_EXECUTE,
+                m.RunRequest(
+                    acquire=m.AcquireRequest(
+                        payout_id=inp.payout_id,
+                        account_id=inp.account_id,
+                        wait_s=inp.acquire_wait_s,
+                        context=self._context(inp, "execute"),
+                    ),
+                    submit_deadline_s=inp.submit_deadline_s,
+                ),
+                result_type=m.RunResult,
+                # The acquire's wait, then the merged step's own bound (see `_on_holder`).
+                start_to_close_timeout=timedelta(seconds=inp.acquire_wait_s + 5 + 60),
+                heartbeat_timeout=timedelta(seconds=inp.holder_heartbeat_timeout_s),
+                retry_policy=_SUBMIT_ONCE,
+                summary=RUN_SUMMARY,
+            )
+        except ActivityError as err:
+            self._contended = isinstance(err.cause, ActivityTimeout)
+            self._last_error = f"acquire and execute failed: {cause(err)}"
+            return None
+        grant = run.grant
+        self._contended = grant.reason in ("held", "timeout")
+        if not grant.acquired:
+            self._last_error = f"lock not acquired: {grant.reason}"
+        else:
+            self._token = grant.token
+        return run
 
     async def _execute(self, inp: m.PayoutInput, grant: m.AcquireResult) -> m.PayoutView:
         """UC-01 steps 3-9 as one holder activity (patch `merged-holder-steps`).

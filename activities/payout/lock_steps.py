@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import time
 from datetime import UTC, datetime, timedelta
+from typing import TypeVar
 
 import httpx
 from temporalio import activity
@@ -23,6 +24,8 @@ from common.lockkey import lock_key
 from ledger import TERMINAL_STATES
 from lockservice.api import LockError
 from lockservice.client import Lease, NotAcquiredError
+
+T = TypeVar("T")
 
 #: Temporal's answers to a completion that say "try again", not "nobody is waiting for it".
 _TRANSIENT = frozenset(
@@ -48,6 +51,15 @@ class LockSteps(PayoutActivitiesBase):
             return await self._acquire_lock(req)
 
     async def _acquire_lock(self, req: m.AcquireRequest) -> m.AcquireResult:
+        taken = await self._take_lease(req)
+        if isinstance(taken, m.AcquireResult):
+            return taken
+        result = m.AcquireResult(acquired=True, token=taken.token, worker_queue=self._worker_queue)
+        return self._deliver(taken, result, req.payout_id)
+
+    async def _take_lease(self, req: m.AcquireRequest) -> Lease | m.AcquireResult:
+        """The account's grant, held by this process (registered for its steps and the idle
+        sweeper), or why not (an AcquireResult with acquired=False)."""
         try:
             # Heartbeats while it waits on the lock server: the workflow gives this activity a
             # heartbeat timeout, so one taken by a frozen worker is retried elsewhere in seconds.
@@ -72,11 +84,15 @@ class LockSteps(PayoutActivitiesBase):
                 await self._locks.release(lease)
             return m.AcquireResult(acquired=False, reason="late")
         self._leases[(lease.key, lease.token)] = _HeldGrant(lease)
-        result = m.AcquireResult(acquired=True, token=lease.token, worker_queue=self._worker_queue)
+        return lease
+
+    def _deliver(self, lease: Lease, result: T, payout_id: str) -> T:
+        """Return `result` as this activity's answer; with a Temporal client, complete the
+        activity from here instead (`_hand_over`), which learns whether the workflow got it."""
         if self._temporal is None:
             return result
         info = activity.info()
-        handover = asyncio.create_task(self._hand_over(info, lease, result, req.payout_id))
+        handover = asyncio.create_task(self._hand_over(info, lease, result, payout_id))
         self._handovers.add(handover)
         handover.add_done_callback(self._handovers.discard)
         activity.raise_complete_async()
@@ -87,7 +103,7 @@ class LockSteps(PayoutActivitiesBase):
         return len(self._handovers)
 
     async def _hand_over(
-        self, info: activity.Info, lease: Lease, result: m.AcquireResult, payout_id: str
+        self, info: activity.Info, lease: Lease, result: object, payout_id: str
     ) -> None:
         """Complete the acquire activity from here, so that this process learns whether its
         workflow got the grant, and give the grant back at once when it did not.

@@ -163,6 +163,22 @@ class MockWorld:
             world.executes.append((req.token, steps))
             return view
 
+        @activity.defn(name=m.ACQUIRE_AND_EXECUTE)
+        async def acquire_and_execute(req: m.RunRequest) -> m.RunResult:
+            """The two-task path as the real one: the acquire, then the merged step under its
+            grant, in one activity; a step's failure is answered with the grant's token."""
+            grant = await acquire(req.acquire)
+            if not grant.acquired:
+                return m.RunResult(grant=grant)
+            step = m.StepRequest(
+                req.acquire.payout_id, req.acquire.account_id, grant.token, req.acquire.context
+            )
+            try:
+                return m.RunResult(grant=grant, view=await execute(step))
+            except ApplicationError as exc:
+                failure = m.StepFailure(type=exc.type or "", message=str(exc))
+                return m.RunResult(grant=grant, failure=failure)
+
         @activity.defn(name=m.LOOKUP_RAIL)
         async def lookup(req: m.LookupRequest) -> m.LookupResult:
             if world.lookup_failures > 0:
@@ -249,6 +265,7 @@ class MockWorld:
 
         return [
             acquire,
+            acquire_and_execute,
             execute,
             claim,
             submit,

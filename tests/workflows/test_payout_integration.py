@@ -104,36 +104,37 @@ async def test_happy_path_pays_once_and_posts(
     await create_payout(system.database_url, payout_id, account_id, 2_500)
     handle = await start(temporal_env.client, workers, payout_id, account_id)
     result = await handle.result()
-    # The shape since patch lean-visibility; `merged_happy_path.json` is the same run before
-    # it, `happy_path.json` before the merge.
-    await record(handle, "lean_happy_path")
+    # The shape since patch acquire-and-execute; `lean_happy_path.json` is the same run before
+    # it (three tasks), `merged_happy_path.json` before lean-visibility, `happy_path.json`
+    # before the merge.
+    await record(handle, "two_task_happy_path")
     assert result.state == "POSTED"
     assert len(system.movements(payout_id)) == 1
     assert await balance_and_breaks(system.database_url, account_id) == (7_500, 0)
-    # One merged holder activity did claim, submit, post and the release (patch
-    # merged-holder-steps): 3 workflow tasks, and what it did is in its result for operators.
+    # ONE activity acquired, then did claim, submit, post and the release (patch
+    # acquire-and-execute): 2 workflow tasks, and what it did is in its result for operators.
     history = await handle.fetch_history()
     done = [
         e.activity_task_completed_event_attributes
         for e in history.events
         if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED
     ]
-    assert len(done) == 2  # acquire_lock, execute_payout: no separate release
-    executed = json.loads(done[1].result.payloads[0].data)
+    assert len(done) == 1  # acquire_and_execute: no separate acquire, step or release
+    executed = json.loads(done[0].result.payloads[0].data)["view"]
     assert executed["steps"] == ["claim", "submit", "post", "release"] and executed["released"]
     tasks = EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
     completed = [e.event_id for e in history.events if e.event_type == tasks]
-    assert len(completed) == 3
+    assert len(completed) == 2
     # Search attributes (its own and the SDK's TemporalChangeVersion of each patch) are upserted
-    # by the first and the last task only: the middle one costs no visibility write (patch
-    # lean-visibility). Started without search attributes, the first task upserted all three.
+    # by the first and the last task: one visibility write each (patch lean-visibility). Started
+    # without search attributes, the first task upserted all three.
     upserts = [
         e.upsert_workflow_search_attributes_event_attributes
         for e in history.events
         if e.event_type == EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES
     ]
-    assert {u.workflow_task_completed_event_id for u in upserts} == {completed[0], completed[2]}
-    last = [u for u in upserts if u.workflow_task_completed_event_id == completed[2]]
+    assert {u.workflow_task_completed_event_id for u in upserts} == {completed[0], completed[1]}
+    last = [u for u in upserts if u.workflow_task_completed_event_id == completed[1]]
     assert [set(u.search_attributes.indexed_fields) for u in last] == [{"PayoutState"}]
     # The grant was released by the activity: the account's lock is free at once.
     assert lock_token(system, f"payout:{account_id}") is None
@@ -346,9 +347,10 @@ async def test_worker_killed_mid_submit_recovers_by_state(
         doomed.wait(10)
         async with in_process_workers(temporal_env.client, system, queue, count=1):
             result = await handle.result()
-        # Killed inside the merged holder step, after the submit was sent: recovered by the
-        # proxy's attempt record (`worker_killed_recovered.json`: the same before the merge).
-        await record(handle, "merged_worker_killed_recovered")
+        # Killed inside the two-task step, after the submit was sent: recovered by the proxy's
+        # attempt record (`merged_worker_killed_recovered.json`: the same in the three-task
+        # shape, `worker_killed_recovered.json` before the merge).
+        await record(handle, "two_task_worker_killed_recovered")
     finally:
         if doomed.poll() is None:
             stop(doomed)
@@ -357,8 +359,9 @@ async def test_worker_killed_mid_submit_recovers_by_state(
     assert result.token > first_token
     assert len(system.movements(payout_id)) == 1
     assert await balance_and_breaks(system.database_url, account_id) == (8_800, 0)
-    # The killed attempt was the merged step; it was not retried, and the next grant did not
-    # submit again: it recovered from the attempt record, then posted.
+    # The killed attempt was the two-task step; it was not retried, and the next grant (another
+    # acquire_and_execute, which found the payout in flight) did not submit again: it
+    # recovered from the attempt record, then posted.
     history = await handle.fetch_history()
     scheduled = [
         e.activity_task_scheduled_event_attributes.activity_type.name
@@ -366,7 +369,7 @@ async def test_worker_killed_mid_submit_recovers_by_state(
         if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
     ]
     assert scheduled.count(m.SUBMIT_TO_RAIL) == 0
-    assert m.RECOVER_FROM_ATTEMPT in scheduled and m.EXECUTE_PAYOUT in scheduled
+    assert m.RECOVER_FROM_ATTEMPT in scheduled and scheduled.count(m.ACQUIRE_AND_EXECUTE) == 2
 
 
 def test_worker_main_entry_point_is_importable() -> None:

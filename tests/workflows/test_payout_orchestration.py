@@ -7,6 +7,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHandle
@@ -51,9 +52,9 @@ async def start(
 
 
 async def test_happy_path_runs_uc01_steps_in_order(temporal_env: WorkflowEnvironment) -> None:
-    """acquire, claim, submit, post, release: one submit, all under the same token, the holder
-    steps inside ONE merged activity (patch merged-holder-steps) that also released the grant,
-    so no separate release was scheduled."""
+    """acquire, claim, submit, post, release: one submit, all under the same token, inside ONE
+    activity on the shared queue (patch acquire-and-execute, issue 29) that also released the
+    grant: 2 workflow tasks and 1 activity per payout."""
     world = new_world()
     async with running(temporal_env, world) as q:
         handle = await start(temporal_env, q)
@@ -62,19 +63,40 @@ async def test_happy_path_runs_uc01_steps_in_order(temporal_env: WorkflowEnviron
     assert world.names() == ["acquire:ok", "claim", "submit", "post", "release"]
     assert {t for n, t in world.calls if n in ("claim", "submit", "post", "release")} == {1}
     assert world.executes == [(1, ["claim", "submit", "post", "release"])]
+    scheduled, tasks = await _shape(handle)
+    assert [a.activity_type.name for a in scheduled] == [m.ACQUIRE_AND_EXECUTE]
+    # It may reach the submit: one attempt, never retried by Temporal.
+    assert scheduled[0].retry_policy.maximum_attempts == 1
+    assert tasks == 2  # 3 with the acquire and the merged step apart, 6 before the merge
+
+
+async def test_the_three_task_shape_is_kept_for_the_ab(temporal_env: WorkflowEnvironment) -> None:
+    """two_task=False (bench-e2e's A/B): the acquire, then the merged holder step on the
+    holder's own queue, 3 workflow tasks; the same steps and the same single submit."""
+    world = new_world()
+    async with running(temporal_env, world) as q:
+        handle = await start(temporal_env, q, two_task=False)
+        result = await handle.result()
+    assert result.state == "POSTED"
+    assert world.executes == [(1, ["claim", "submit", "post", "release"])]
+    scheduled, tasks = await _shape(handle)
+    assert [a.activity_type.name for a in scheduled] == [m.ACQUIRE_LOCK, m.EXECUTE_PAYOUT]
+    assert scheduled[1].retry_policy.maximum_attempts == 1
+    assert tasks == 3
+
+
+async def _shape(handle: WorkflowHandle[PayoutWorkflow, m.PayoutStatus]) -> tuple[list[Any], int]:
+    """The activities a run scheduled, and how many workflow tasks it completed."""
     history = await handle.fetch_history()
     scheduled = [
         e.activity_task_scheduled_event_attributes
         for e in history.events
         if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
     ]
-    assert [a.activity_type.name for a in scheduled] == [m.ACQUIRE_LOCK, m.EXECUTE_PAYOUT]
-    # The merged activity may reach the submit: one attempt, never retried by Temporal.
-    assert scheduled[1].retry_policy.maximum_attempts == 1
     tasks = [
         e for e in history.events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
     ]
-    assert len(tasks) == 3  # was 6 with the separate claim, submit, post and release
+    return scheduled, len(tasks)
 
 
 async def test_a_failure_after_the_merged_submit_recovers_by_evidence_without_resubmitting(
@@ -232,10 +254,12 @@ async def test_revoke_signal_force_revokes_through_the_lock_service(
 
 
 async def test_dead_holder_queue_leads_to_reacquire(temporal_env: WorkflowEnvironment) -> None:
-    """If the holder's worker is gone (nobody polls its queue), the workflow re-acquires."""
+    """If the holder's worker is gone (nobody polls its queue), the workflow re-acquires. (The
+    three-task shape: in the two-task one the first critical section runs in the acquiring
+    activity itself, and a dead holder queue only meets the recovery steps.)"""
     world = new_world(acquire_script=["dead_queue"])
     async with running(temporal_env, world) as q:
-        result = await (await start(temporal_env, q)).result()
+        result = await (await start(temporal_env, q, two_task=False)).result()
     assert result.state == "POSTED"
     assert world.names()[0] == "acquire:dead_queue"
     assert [t for n, t in world.calls if n == "submit"] == [2]

@@ -60,6 +60,10 @@ REQUIRED = {
     "commands_revoke_then_replay_refused",
     "commands_update_abandon_carried_out",
     "commands_cancel_refused",
+    # Since patch acquire-and-execute (issue 29): the two-task happy path, and the holder killed
+    # inside it after the submit, recovered by the attempt record under the next grant.
+    "two_task_happy_path",
+    "two_task_worker_killed_recovered",
 }
 
 

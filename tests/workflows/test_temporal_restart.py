@@ -7,7 +7,9 @@ timers and task queues survive, the workers and clients are not restarted and re
 themselves. The payout's acquire waits at the lock server for the account's key, which the test
 holds; Temporal is stopped; the test lets the key go, so the lock server grants it to the waiting
 acquire while Temporal is down. The worker's hand-over of that grant (it completes the acquire
-activity itself) then fails with UNAVAILABLE and is retried. Two outages:
+activity itself) then fails with UNAVAILABLE and is retried. In the two-task shape
+(acquire_and_execute) the worker pays the payout under that grant first (the database and the proxy
+are up), releases it, then hands the result over the same way. Two outages:
 
 - short (Temporal back well inside the acquire's start-to-close; after a clean shutdown and after
   a crash): the completion reaches Temporal, and the workflow runs its critical section under
@@ -180,7 +182,10 @@ def _acquire_outcomes(history: WorkflowHistory) -> list[str]:
     for e in history.events:
         if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             attrs = e.activity_task_scheduled_event_attributes
-            scheduled[e.event_id] = attrs.activity_type.name == m.ACQUIRE_LOCK
+            scheduled[e.event_id] = attrs.activity_type.name in (
+                m.ACQUIRE_LOCK,
+                m.ACQUIRE_AND_EXECUTE,
+            )
         elif e.event_type in outcomes:
             name, field = outcomes[e.event_type]
             if scheduled.get(getattr(e, f"{field}_event_attributes").scheduled_event_id):
@@ -196,6 +201,10 @@ class Outage:
     acquire_wait_s: float  # the acquire's start-to-close is this + 5 s (workflows/payout.py)
     past_start_to_close: bool
     sig: signal.Signals = signal.SIGTERM
+    #: The two-task shape (acquire_and_execute): the grant obtained while Temporal is down is
+    #: used at once (the payout is paid: the database and the proxy are up), then handed over.
+    #: The others take the three-task shape, whose acquire alone is handed over.
+    two_task: bool = False
 
 
 SHORT = Outage("short", acquire_wait_s=60.0, past_start_to_close=False)
@@ -205,9 +214,10 @@ CRASH = Outage("short-sigkill", acquire_wait_s=60.0, past_start_to_close=False, 
 # Small, so that the attempt times out in seconds; long enough that Temporal is down (SIGTERM
 # waited for, about a second here) before the acquire's wait at the lock server runs out.
 LONG = Outage("long", acquire_wait_s=8.0, past_start_to_close=True)
+TWO_TASK = Outage("two-task-short", acquire_wait_s=60.0, past_start_to_close=False, two_task=True)
 
 
-@pytest.mark.parametrize("outage", [SHORT, CRASH, LONG], ids=lambda o: o.name)
+@pytest.mark.parametrize("outage", [SHORT, CRASH, LONG, TWO_TASK], ids=lambda o: o.name)
 async def test_a_grant_issued_while_temporal_is_down_is_delivered_or_given_back(
     outage: Outage, temporal: RestartableTemporal, system: System
 ) -> None:
@@ -233,6 +243,7 @@ async def test_a_grant_issued_while_temporal_is_down_is_delivered_or_given_back(
             # Longer than the outage: the acquire's last heartbeat before the stop does not time
             # it out at the restart (which would only be the re-acquire branch once more).
             holder_heartbeat_timeout_s=30.0,
+            two_task=outage.two_task,
         )
         handle = await client.start_workflow(
             PayoutWorkflow.run, inp, id=f"payout-{payout_id}", task_queue=queue
