@@ -59,6 +59,8 @@ def export_env(stack: Stack) -> dict[str, str]:
         "TEMPORAL_ADDRESS": stack.temporal_address,
         "LOCK_URL": stack.lock_url,
         "WORKER_TASK_QUEUE": stack.config.task_queue,
+        # Where `payouts payout create` writes its spans and `payouts payout trace` reads them.
+        "PAYOUTS_TRACE_DIR": str((stack.config.run_dir / "traces").resolve()),
         "RECONCILE_RAIL_ADMIN_URL": stack.railstub_url,
         "INVARIANTS_RAIL_ADMIN_URL": stack.railstub_url,
         "INVARIANTS_LOCK_URL": stack.lock_url,
