@@ -52,6 +52,8 @@ TRACE_DIR_VAR = "PAYOUTS_TRACE_DIR"
 #: Requests that are not work: health probes and Prometheus scrapes start no span at all.
 EXCLUDED_URLS = "/health$,/livez$,/readyz$,/metrics$"
 _TRACER = "fenced-payouts"
+#: The attributes Temporal's TracingInterceptor puts on every span it starts.
+_TEMPORAL_IDS = ("temporalWorkflowID", "temporalActivityID")
 #: Only the W3C trace context travels in a row or a body: no baggage.
 _W3C = TraceContextTextMapPropagator()
 
@@ -70,11 +72,15 @@ class EntryPointSampler(Sampler):
     """The decision for a span without a parent (under `ParentBased`, which keeps every child
     with its parent's decision, so a payout's trace is kept or dropped whole).
 
-    A root CLIENT span is background work: a statement, a heartbeat or a poll that no traced
-    request caused (the lock session's heartbeat, the backlog gauge, the outbox's claim). It
-    starts no trace, and the unsampled context it sends makes the server drop its side too. Any
-    other root (a payout's start, a request from outside such as an operator's, an activity of a
-    Schedule's workflow) is kept at `ratio` of trace ids (1.0 unless OTEL_TRACES_SAMPLER_ARG)."""
+    Two kinds of root start no trace, and the unsampled context they send makes every process
+    after them drop its side too:
+    - a CLIENT span: background work, a statement, a heartbeat or a poll that no traced work
+      caused (the lock session's heartbeat, the backlog gauge, the outbox's claim);
+    - a Temporal span (one carrying a workflow or activity id): work whose start did not trace
+      (a starter with tracing off, the hourly reconcile Schedule), which would be a fragment
+      of a payout, not its trace.
+    Any other root (a payout's start, a request from outside such as an operator's) is kept at
+    `ratio` of trace ids (1.0 unless OTEL_TRACES_SAMPLER_ARG)."""
 
     def __init__(self, ratio: float = 1.0) -> None:
         self._ratio = TraceIdRatioBased(ratio)
@@ -89,7 +95,8 @@ class EntryPointSampler(Sampler):
         links: Sequence[Link] | None = None,
         trace_state: trace.TraceState | None = None,
     ) -> SamplingResult:
-        if kind is SpanKind.CLIENT:
+        temporal = attributes is not None and any(k in attributes for k in _TEMPORAL_IDS)
+        if kind is SpanKind.CLIENT or temporal:
             return SamplingResult(Decision.DROP)
         return self._ratio.should_sample(
             parent_context, trace_id, name, kind, attributes, links, trace_state

@@ -46,8 +46,9 @@ def _provider(
 def test_unit_background_work_starts_no_trace_and_a_payout_is_kept_whole(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A root CLIENT span (a poll, a heartbeat) is dropped and so is everything under it; a root
-    of any other kind is kept, and so are its CLIENT children (parent-based)."""
+    """A root CLIENT span (a poll, a heartbeat) is dropped and so is everything under it, and so
+    is a root Temporal span (its start did not trace); any other root is kept, and so are its
+    CLIENT children (parent-based)."""
     provider, memory = _provider(tmp_path, monkeypatch)
     tracer = provider.get_tracer("unit")
     with tracer.start_as_current_span("SELECT", kind=SpanKind.CLIENT) as poll:
@@ -60,6 +61,11 @@ def test_unit_background_work_starts_no_trace_and_a_payout_is_kept_whole(
             assert call.is_recording()
     with tracer.start_as_current_span("GET /admin", kind=SpanKind.SERVER) as request:
         assert request.is_recording()  # a request from outside any trace: its own trace
+    fragment = {"temporalActivityID": "1", "temporalWorkflowID": "reconcile-hourly"}
+    with tracer.start_as_current_span(
+        "RunActivity:reconcile", kind=SpanKind.SERVER, attributes=fragment
+    ) as run:
+        assert not run.is_recording()  # its start did not trace: no fragment of a trace
     assert [s.name for s in memory.get_finished_spans()] == ["POST", PAYOUT_ROOT, "GET /admin"]
 
 
