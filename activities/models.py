@@ -180,6 +180,7 @@ class PayoutInput:
     payout_id: str
     account_id: str
     correlation_id: str = ""
+    amount: int = 0  # minor units, for what the Temporal UI shows (0: not given by the starter)
     # How long one acquire waits for the account's previous payout to release its lock. Long,
     # so a queue of payouts on one account hands the lock on by NOTIFY instead of by retries
     # (each retry costs Temporal an activity, a timer and two workflow tasks).

@@ -71,6 +71,23 @@ def workflow_task_timeout(holder_heartbeat_timeout_s: float) -> timedelta:
     return timedelta(seconds=max(1.0, min(10.0, holder_heartbeat_timeout_s / 2)))
 
 
+def static_summary(inp: m.PayoutInput) -> str:
+    """The one line the Temporal UI's workflow list shows: which payout, whose, how much."""
+    money = f"amount {inp.amount}" if inp.amount else "amount ?"
+    return f"payout {inp.payout_id} · account {inp.account_id} · {money}"
+
+
+def static_details(inp: m.PayoutInput) -> str:
+    """The workflow page's static details (Markdown); the current state is in its current
+    details, which the workflow keeps up to date (workflows.details)."""
+    amount = f"{inp.amount} (minor units)" if inp.amount else "not given at start"
+    return (
+        f"**Payout** `{inp.payout_id}`  \n**Account** `{inp.account_id}`  \n"
+        f"**Amount** {amount}  \n`payouts payout status {inp.payout_id}` shows what the "
+        "workflow knows; the payment database is the record."
+    )
+
+
 async def start_payout(
     client: Client,
     queue: str,
@@ -96,6 +113,8 @@ async def start_payout(
                 task_timeout=workflow_task_timeout(inp.holder_heartbeat_timeout_s),
                 search_attributes=TypedSearchAttributes(list(search_attributes)),
                 id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
+                static_summary=static_summary(inp),
+                static_details=static_details(inp),
             )
         except WorkflowAlreadyStartedError:
             root.set_attribute(NOT_STARTED, True)  # the running one has a trace of its own
@@ -109,6 +128,7 @@ class Stranded:
     account_id: str
     state: str
     workflow: str  # how its last workflow ended: TERMINATED, CANCELED, ..., or NONE (never)
+    amount: int = 0
 
 
 async def find_stranded(
@@ -123,7 +143,7 @@ async def find_stranded(
     not returned."""
     async with pool.acquire() as conn:
         rows = await conn.fetch(
-            "SELECT payout_id, account_id, state FROM paydb.payouts"
+            "SELECT payout_id, account_id, state, amount FROM paydb.payouts"
             " WHERE state <> ALL($1::text[])"
             " AND ($3::text[] IS NULL OR payout_id = ANY($3::text[]))"
             " ORDER BY created_at LIMIT $2",
@@ -144,7 +164,9 @@ async def find_stranded(
             continue
         if status is None or status in _ENDED_UNFINISHED:
             name = "NONE" if status is None else status.name
-            stranded.append(Stranded(r["payout_id"], r["account_id"], r["state"], name))
+            stranded.append(
+                Stranded(r["payout_id"], r["account_id"], r["state"], name, int(r["amount"]))
+            )
     return stranded
 
 
@@ -174,7 +196,10 @@ class RedriveActivities:
         redriven = []
         for s in await find_stranded(self._pool, self._client, limit):
             inp = m.PayoutInput(
-                payout_id=s.payout_id, account_id=s.account_id, correlation_id=s.payout_id
+                payout_id=s.payout_id,
+                account_id=s.account_id,
+                correlation_id=s.payout_id,
+                amount=s.amount,
             )
             if await start_payout(self._client, self._queue, inp):
                 log.warning(

@@ -30,6 +30,7 @@ from common.logs import get_logger
 from common.pgutil import create_pool
 from lab.chaos_locks import LockServerOutage
 from lab.chaos_schedule import Fault
+from lab.chaos_signals import HostileSignals
 from lab.experiments import json_events, process_state, resumed_then_submitted
 from stack.process import ManagedProcess, pid_alive
 from stack.system import Stack
@@ -108,6 +109,7 @@ class FaultInjector:
         # The harness steers the rail stub as the stack's operator; the lock probe below acts as
         # a holder and presents the worker's credential instead.
         self._http = httpx.AsyncClient(timeout=5.0, headers=stack.operator_headers())
+        self._hostile_signals = HostileSignals(stack, self._http)
         self._pool: asyncpg.Pool | None = None
         self.workload_done = workload_done
         self.slots: list[str] = []
@@ -185,6 +187,7 @@ class FaultInjector:
             "rail_restart": self._rail_restart,
             "rail_slow": self._rail_slow,
             "clock_skew": self._clock_skew,
+            "hostile_signals": self._hostile_signals.fire,
         }[fault.kind]
         if fault.kind == "pause" and fault.armed:
             record.update(await self._armed_pause(fault, armed))

@@ -26,6 +26,7 @@ FaultKind = Literal[
     "rail_restart",
     "rail_slow",
     "clock_skew",
+    "hostile_signals",
 ]
 
 #: Every kind, in report order. Both backends support all of them (etcd: a leader kill).
@@ -46,6 +47,7 @@ _WEIGHTS: dict[FaultKind, int] = {
     "rail_restart": 1,
     "rail_slow": 1,
     "clock_skew": 1,
+    "hostile_signals": 1,
 }
 
 
@@ -93,6 +95,8 @@ class Fault:
     #: rail_slow: seconds by which the rail's latency exceeds the run's submit deadline;
     #: clock_skew: the rail clock's offset in seconds (either sign: ahead or behind ours).
     level: float = 0.0
+    #: hostile_signals: the seed of its choice of payouts (lab.chaos_signals).
+    seed: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -108,6 +112,7 @@ class Fault:
             "slow_lookups": f"visibility delay {self.level:.1f}s for {self.duration_s:.1f}s",
             "rail_slow": f"latency deadline+{self.level:.1f}s for {self.duration_s:.1f}s",
             "clock_skew": f"rail clock {self.level:+.1f}s for {self.duration_s:.1f}s",
+            "hostile_signals": "malformed, forged and replayed signals to running payouts",
         }.get(self.kind, "")
         return f"#{self.index} t+{self.at_s:.1f}s {self.kind} {extra}".rstrip()
 
@@ -187,6 +192,8 @@ def _draw(
         return Fault(index, kind, at_s, duration, rng.randrange(workers), armed)
     if kind == "kill":
         return Fault(index, kind, at_s, target=rng.randrange(workers))
+    if kind == "hostile_signals":
+        return Fault(index, kind, at_s, seed=rng.randrange(2**31))
     if kind in _WINDOWS:
         return _window(rng, index, kind, at_s)
     return Fault(index, kind, at_s)  # lock_server_restart, backend_restart, the crash restarts

@@ -32,6 +32,7 @@ from typing import Any
 
 import yaml
 
+from common.lockkey import lock_key
 from lab.compose_doc import DocRunner, DocStepFailed
 from lab.compose_engine import Engine, EngineError, podman_compose_binary
 from lab.compose_images import build_images
@@ -90,7 +91,7 @@ class Smoke:
 
     def pause_step_one(self) -> None:
         out = "".join(self.doc.run_block("pause-inspect"))
-        if "holder_session" not in out or "payout:acct-00000" not in out:
+        if "holder_session" not in out or lock_key("acct-00000") not in out:
             raise SmokeFailed(f"lockservice inspect printed no key and holder: {out[-300:]!r}")
 
     def kill_a_worker(self) -> None:

@@ -29,7 +29,6 @@ import httpx
 
 from common.logs import get_logger
 from stack.config import Ports, StackConfig
-from stack.embedded import free_port
 from stack.system import Stack
 
 log = get_logger("lab.experiments")
@@ -560,14 +559,7 @@ def _crash_checks(r: dict[str, Any]) -> dict[str, bool]:
 
 def isolated_ports() -> Ports:
     """Free ports for every service: an experiment never collides with a running `payouts up`."""
-    return Ports(
-        temporal=free_port(),
-        temporal_ui=free_port(),
-        lock=free_port(),
-        railstub=free_port(),
-        railproxy=free_port(),
-        finledger=free_port(),
-    )
+    return Ports.isolated()
 
 
 def default_config(backend: str, run_dir: Path | None = None) -> StackConfig:

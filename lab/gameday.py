@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,9 +25,11 @@ from lab.chaos_faults import RAIL_BASELINE, FaultInjector
 from lab.experiments import isolated_ports
 from lab.gameday_ctx import Ctx, Scenario
 from lab.gameday_prom import GamedayPrometheus
-from lab.gameday_rules import runbook_of
+from lab.gameday_rules import FAULT_ONLY_SERIES, alert_series, runbook_of
+from lab.gameday_runbooks import unexported
 from lab.gameday_scenarios import SCENARIOS
 from stack.config import StackConfig
+from stack.envfile import read_env_file
 from stack.system import Stack
 
 GAMEDAY_DOC = Path(__file__).resolve().parent.parent / "docs" / "gameday.md"
@@ -60,13 +62,18 @@ class Row:
     recovery_s: float | None = None
     confirmed: bool = False
     problems: list[str] = field(default_factory=list)
+    #: Runbook blocks of the alert's section that ran (docs/runbooks/, lab.gameday_runbooks).
+    blocks_run: int = 0
+    #: False in the runbook check, which measures no detection latency.
+    measured: bool = True
 
     @property
     def ok(self) -> bool:
+        timed = self.detection_s is not None and self.recovery_s is not None
         return (
-            self.detection_s is not None
-            and self.recovery_s is not None
+            (timed or not self.measured)
             and self.confirmed
+            and self.blocks_run > 0
             and not self.problems
         )
 
@@ -89,12 +96,16 @@ async def run_gameday(
     options: GamedayOptions,
     progress: Callable[[str], None],
     scenarios: list[Scenario] | None = None,
+    runbook_checks: Sequence[Scenario] = (),
 ) -> list[Row]:
-    """Run `scenarios` (default: the short or the full set) on a fresh stack; one row per alert."""
+    """Run `scenarios` (default: the short or the full set) on a fresh stack, then, on the same
+    stack, `runbook_checks`: each cause confirmed by its scenario's own evidence and its
+    runbook run as written, without waiting for Prometheus to fire and resolve the alert (no
+    detection latency; the make-test check of every runbook). One row per alert."""
     scenarios = selected(options.short, options.only) if scenarios is None else scenarios
-    if not scenarios:
+    if not scenarios and not runbook_checks:
         raise ValueError(f"no game-day scenario matches {options.only!r}")
-    etcd = any(s.etcd for s in scenarios)
+    etcd = any(s.etcd for s in [*scenarios, *runbook_checks])
     # A fresh folder per run: an embedded etcd cluster restarted on an earlier run's data
     # (members killed by that run's scenarios) can fail to answer the lock server in time.
     run_dir = options.run_dir / datetime.now(UTC).strftime("run-%Y%m%dT%H%M%S")
@@ -116,12 +127,19 @@ async def run_gameday(
         http = httpx.AsyncClient(timeout=5.0, headers=stack.operator_headers())
         ctx = Ctx(stack, prom, faults, http)
         try:
+            # Before anything runs: every runbook names only variables `payouts up` exports.
+            if problems := unexported(ctx.books.values(), set(read_env_file(stack.env_file))):
+                raise RuntimeError("; ".join(problems))
             await prom.start()
-            progress(f"prometheus {prom.url} scraping {len(prom.stack.processes)} processes")
+            progress(f"prometheus {prom.url}: ops/prometheus/prometheus.yml for this stack")
             await faults.rail(RAIL_BASELINE)
-            await _warm_up(ctx, progress)
+            unscraped = await _warm_up(ctx, scenarios, progress)
             for scenario in scenarios:
-                rows.extend(await _run_one(ctx, scenario, options, progress))
+                rows.extend(await _run_one(ctx, scenario, options, progress, unscraped))
+            for scenario in runbook_checks:
+                rows.extend(
+                    await _run_one(ctx, scenario, options, progress, unscraped, alerts=False)
+                )
         finally:
             await ctx.aclose()
             await http.aclose()
@@ -130,25 +148,48 @@ async def run_gameday(
     return rows
 
 
-async def _warm_up(ctx: Ctx, progress: Callable[[str], None]) -> None:
-    """A few healthy payouts, so that every ratio has a denominator; then every target up."""
+async def _warm_up(
+    ctx: Ctx, scenarios: list[Scenario], progress: Callable[[str], None]
+) -> set[str]:
+    """A few healthy payouts, so that every ratio has a denominator; then every target up and
+    every series the scenarios' alerts read scraped, except those only a fault creates
+    (lab.gameday_rules.FAULT_ONLY_SERIES). Returns the series still not scraped: their alerts
+    fail (the shipped configuration does not scrape what they read)."""
     specs = await ctx.payouts(3)
     progress(f"warm-up: {len(specs)} payouts")
+    wanted = {n for s in scenarios for a in s.alerts for n in alert_series(a)}
+    wanted -= {"up", *FAULT_ONLY_SERIES}
     deadline = time.monotonic() + 60
+    healthy = False
     while time.monotonic() < deadline:
         up = await ctx.prom.query("up")
-        if up and all(r["value"][1] == "1" for r in up) and not await ctx.prom.firing():
-            return
+        healthy = bool(up) and all(r["value"][1] == "1" for r in up)
+        healthy = healthy and not await ctx.prom.firing()
+        missing = wanted - await ctx.prom.present(wanted)
+        if healthy and not missing:
+            return set()
         await asyncio.sleep(1.0)
-    raise RuntimeError(
-        f"before any fault: targets down or alerts firing: {await ctx.prom.firing()}"
-    )
+    if not healthy:
+        raise RuntimeError(
+            f"before any fault: targets down or alerts firing: {await ctx.prom.firing()}"
+        )
+    progress(f"warm-up: series not scraped by the shipped configuration: {sorted(missing)}")
+    return missing
 
 
 async def _run_one(
-    ctx: Ctx, scenario: Scenario, options: GamedayOptions, progress: Callable[[str], None]
+    ctx: Ctx,
+    scenario: Scenario,
+    options: GamedayOptions,
+    progress: Callable[[str], None],
+    unscraped: set[str],
+    *,
+    alerts: bool = True,
 ) -> list[Row]:
-    rows = {a: Row(a, scenario.name) for a in scenario.alerts}
+    rows = {a: Row(a, scenario.name, measured=alerts) for a in scenario.alerts}
+    for alert, row in rows.items():
+        if never := sorted(alert_series(alert) & unscraped):
+            row.problems.append(f"ops/prometheus/prometheus.yml scrapes none of {never}")
     allowed = set(scenario.alerts) | set(scenario.tolerated)
     already = set(await ctx.prom.firing()) & set(scenario.alerts)
     for a in already:
@@ -158,9 +199,15 @@ async def _run_one(
     try:
         await scenario.cause(ctx)
         within_s = scenario.fire_within_s or options.fire_within_s
-        await _until_fired(ctx, rows, allowed, t0, within_s)
+        if alerts:
+            await _until_fired(ctx, rows, allowed, t0, within_s)
+            await _explain_silence(ctx, rows)
+            held = await scenario.confirm(ctx)
+        else:
+            held = await _until_confirmed(ctx, scenario, t0, within_s)
         for row in rows.values():
-            row.confirmed = await scenario.confirm(ctx)
+            row.confirmed = held
+        await _runbook_phase(ctx, scenario, rows, "confirm")
     except Exception as exc:  # a scenario that broke is a failed row, and the next still runs
         for row in rows.values():
             row.problems.append(f"{type(exc).__name__}: {exc}")
@@ -168,13 +215,16 @@ async def _run_one(
     await ctx.cancel_background()
     with contextlib.suppress(Exception):
         await scenario.recover(ctx)
+    await _runbook_phase(ctx, scenario, rows, "do")  # the operator's part of the recovery
     left = await ctx.until_terminal(options.resolve_within_s)
     if left:
         progress(f"  {left} payout(s) of this scenario not terminal yet")
     ctx.created.clear()
-    await _until_resolved(
-        ctx, rows, allowed, t1, options.resolve_within_s, settle_s=options.settle_s
-    )
+    if alerts:
+        await _until_resolved(
+            ctx, rows, allowed, t1, options.resolve_within_s, settle_s=options.settle_s
+        )
+    await _runbook_phase(ctx, scenario, rows, "verify")
     for row in rows.values():
         progress(
             f"  {row.alert}: detected {row.detection_s}s, recovered {row.recovery_s}s,"
@@ -184,6 +234,37 @@ async def _run_one(
         progress(f"  note: {note}")
     ctx.notes.clear()
     return list(rows.values())
+
+
+async def _runbook_phase(ctx: Ctx, scenario: Scenario, rows: dict[str, Row], phase: str) -> None:
+    """Each alert's runbook blocks of `phase`, run verbatim (lab.gameday_runbooks); a block
+    that fails is a problem of its alert's row."""
+    for alert, row in rows.items():
+        for outcome in await ctx.runbook(alert, phase, scenario):
+            row.blocks_run += 1
+            if outcome.problem:
+                row.problems.append(outcome.problem)
+
+
+async def _until_confirmed(ctx: Ctx, scenario: Scenario, t0: float, within_s: float) -> bool:
+    """Without Prometheus's verdict (the runbook test): until the scenario's own evidence of
+    its condition holds, or `within_s` passed."""
+    while time.monotonic() - t0 < within_s:
+        if await scenario.confirm(ctx):
+            return True
+        await asyncio.sleep(1.0)
+    return False
+
+
+async def _explain_silence(ctx: Ctx, rows: dict[str, Row]) -> None:
+    """An alert that did not fire although its cause was made: name the series it reads that
+    Prometheus never got (the shipped configuration does not scrape them)."""
+    for alert, row in rows.items():
+        if row.detection_s is None:
+            wanted = alert_series(alert) - {"up"}
+            missing = wanted - await ctx.prom.present(wanted)
+            if missing == wanted and wanted:
+                row.problems.append(f"no sample of {sorted(missing)} was scraped")
 
 
 def _spurious(firing: dict[str, Any], allowed: set[str], rows: dict[str, Row]) -> None:
@@ -257,9 +338,16 @@ def table(
         lines.append(
             f"| [{r.alert}](runbooks/{_runbook(r.alert)}) | {r.scenario} "
             f"| {_num(r.detection_s)} | {_num(r.recovery_s)} "
-            f"| {'yes' if r.confirmed else 'no'} | {result} |"
+            f"| {_executed(r)} "
+            f"| {result} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _executed(r: Row) -> str:
+    if not (r.confirmed and r.blocks_run):
+        return "no"
+    return f"yes ({r.blocks_run} command{'' if r.blocks_run == 1 else 's'})"
 
 
 def _num(value: float | None) -> str:

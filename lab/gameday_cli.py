@@ -63,11 +63,13 @@ def register(sub: Any) -> None:
     p = sub.add_parser(
         "gameday",
         help="cause every alert's condition for real, see it fire in Prometheus, recover",
-        description="Starts the local stack and a real Prometheus scraping every process and "
-        "evaluating ops/prometheus/rules.yml (shortened windows, for: and thresholds), runs one "
-        "scenario per alert, and appends detection latency and recovery time to docs/gameday.md. "
-        "Exit 0 only if every alert fired, its runbook confirm step held, it resolved after "
-        "recovery, and no alert fired without its condition. Needs prometheus on PATH.",
+        description="Starts the local stack and a real Prometheus loading the shipped "
+        "ops/prometheus/prometheus.yml with this stack's addresses and rules.yml (shortened "
+        "windows, for: and thresholds), runs one scenario per alert, runs each alert's runbook "
+        "section (docs/runbooks/) as written, and appends detection latency and recovery time "
+        "to docs/gameday.md. Exit 0 only if every alert fired, its runbook's commands held, it "
+        "resolved after recovery, and no alert fired without its condition. Needs prometheus "
+        "on PATH.",
     )
     p.add_argument("--all", action="store_true", help="every scenario (default: the short set)")
     p.add_argument(

@@ -22,11 +22,12 @@ import httpx
 
 from lab.chaos_faults import FaultInjector
 from lab.gameday_prom import GamedayPrometheus
+from lab.gameday_runbooks import Outcome, Runbook, block_env, run_block, runbooks, section_of
 from lab.gameday_scratch import ScratchReconciler
 from ledger.states import TERMINAL_STATES
 from payouts.batch import PayoutSpec
 from payouts.workload import create_payouts, seed_accounts, start_workflows
-from stack.cli import export_env
+from stack.envfile import read_env_file
 from stack.system import Stack
 
 
@@ -48,6 +49,8 @@ class Ctx:
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     #: The scratch reconciliation world, once a scenario made one (closed by `aclose`).
     scratch: ScratchReconciler | None = None
+    #: docs/runbooks/*.md, parsed (each scenario runs its alerts' sections).
+    books: dict[str, Runbook] = field(default_factory=runbooks)
 
     async def aclose(self) -> None:
         """The game day's end: drop the scratch database, stop its exporter."""
@@ -67,9 +70,21 @@ class Ctx:
         self.tasks.clear()
 
     def env(self) -> dict[str, str]:
-        """The addresses the operator commands read: exactly what `payouts up` prints as
-        exports for this stack (over any of the caller's own, which may name another stack)."""
-        return {**os.environ, **export_env(self.stack)}
+        """The addresses the operator commands read: exactly what `payouts up` writes to the
+        stack's environment file (over any of the caller's own, which may name another stack)."""
+        return {**os.environ, **read_env_file(self.stack.env_file)}
+
+    async def runbook(self, alert: str, phase: str, scenario: Scenario) -> list[Outcome]:
+        """The alert's runbook blocks of `phase`, each run verbatim against this stack."""
+        book, _ = section_of(alert, self.books)
+        overrides = scenario.runbook_env(self) if scenario.runbook_env else {}
+        env = block_env(self.stack.env_file, overrides)
+        outcomes = []
+        for block in book.section(alert, phase):
+            outcome = await run_block(book, block, env)
+            outcomes.append(outcome)
+            self.notes.append(f"runbook {block.where}: exit {outcome.rc}")
+        return outcomes
 
     async def command(
         self, *argv: str, timeout_s: float = 60.0, env: dict[str, str] | None = None
@@ -145,3 +160,6 @@ class Scenario:
     short: bool = False
     #: Longer than the game day's default fire budget (a cause that must wait out a lease).
     fire_within_s: float | None = None
+    #: What its runbook blocks see in place of the environment file's values (a scenario's own
+    #: world): `PAYOUTS_RUNBOOK_<NAME>` values (lab.gameday_runbooks.OVERRIDE_PREFIX).
+    runbook_env: Callable[[Ctx], dict[str, str]] | None = None

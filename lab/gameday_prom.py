@@ -1,16 +1,18 @@
-"""A real Prometheus for the game day: its configuration, its process, and its alerts API.
+"""A real Prometheus for the game day: the shipped configuration, its process, its alerts API.
 
-Owns: writing a prometheus.yml that scrapes every process of a running `Stack` (file-based
-discovery, so workers started later are scraped too), rendering the repository's rules with the
-game day's shortened windows, `for:` durations and thresholds (ops/prometheus/gameday-
-thresholds.yml), starting and stopping the `prometheus` binary, and reading /api/v1/alerts.
-Must never: change ops/prometheus/*.yml (the rendered copies live under the run directory),
-download anything, or be used outside a game day (its thresholds are seconds, not hours).
+Owns: loading ops/prometheus/prometheus.yml as shipped and filling in this stack's addresses with
+the same renderer compose and Kubernetes use (stack.promconfig: file-based discovery per shipped
+job, so workers started later are scraped too), the game day's time compression (every interval
+of the shipped file divided by one factor; rules.yml rendered with shortened windows and `for:`;
+ops/prometheus/gameday-thresholds.yml in place of thresholds.yml), starting and stopping the
+`prometheus` binary, and reading /api/v1/alerts. Must never: scrape a job the shipped file does
+not have (an alert whose series it does not scrape must fail the game day), change
+ops/prometheus/*.yml (the rendered copies live under the run directory), download anything, or
+be used outside a game day (its thresholds are seconds, not hours).
 """
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 from collections.abc import Mapping
@@ -20,12 +22,13 @@ from typing import Any
 import httpx
 import yaml
 
+from stack import promconfig
 from stack.embedded import free_port
 from stack.process import ManagedProcess, http_check
 from stack.system import Stack
 
 #: The repository's rules, production thresholds, and the game day's thresholds.
-OPS_DIR = Path(__file__).resolve().parent.parent / "ops" / "prometheus"
+OPS_DIR = promconfig.OPS_DIR
 RULES = OPS_DIR / "rules.yml"
 GAMEDAY_THRESHOLDS = OPS_DIR / "gameday-thresholds.yml"
 
@@ -39,6 +42,9 @@ GAMEDAY_WINDOWS = {
     "6h": "60s",
     "1d": "90s",
 }
+
+_DURATION = re.compile(r"(\d+)(ms|s|m|h)")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
 class PrometheusMissingError(RuntimeError):
@@ -66,44 +72,38 @@ def render_rules(text: str, *, for_s: float) -> str:
     return re.sub(r"(\n\s+for: )\S+", rf"\g<1>{for_s:g}s", text)
 
 
-def scrape_targets(stack: Stack) -> list[dict[str, Any]]:
-    """file_sd groups for every process of the stack that serves /metrics, one job each."""
-    groups: list[dict[str, Any]] = []
-
-    def add(job: str, *urls: str | None) -> None:
-        hosts = [u.removeprefix("http://").rstrip("/") for u in urls if u]
-        if hosts:
-            groups.append({"targets": hosts, "labels": {"job": job}})
-
-    add("lock-server", stack.lock_url)
-    add("railproxy", stack.railproxy_url)
-    add("railstub", stack.railstub_url)
-    add("finledger", stack.finledger_url)
-    procs = stack.processes
-    add("outbox", procs["outbox"].url if "outbox" in procs else None)
-    add("worker", *(procs[w].url for w in stack.workers))
-    sdk = [stack._procs[w].env.get("WORKER_SDK_METRICS_PORT") for w in stack.workers]
-    add("worker-temporal-sdk", *(f"127.0.0.1:{p}" for p in sdk if p))
-    if stack.config.backend == "etcd":
-        add("etcd", *stack.etcd_endpoints)
-    return groups
+def seconds(duration: str) -> float:
+    """A Prometheus duration ("15s", "1m30s") in seconds."""
+    parts = _DURATION.findall(duration)
+    if not parts or "".join(n + u for n, u in parts) != duration:
+        raise ValueError(f"not a Prometheus duration: {duration!r}")
+    return sum(int(n) * _UNIT_S[u] for n, u in parts)
 
 
-def scrape_config(targets_file: Path, temporal_metrics_port: int | None) -> dict[str, Any]:
-    jobs: list[dict[str, Any]] = [
-        {"job_name": "payouts", "file_sd_configs": [{"files": [str(targets_file)]}]}
-    ]
-    if temporal_metrics_port:
-        # The dev server's page is ~1.7 MB: scraped less often than ours.
-        jobs.append(
-            {
-                "job_name": "temporal",
-                "scrape_interval": "10s",
-                "scrape_timeout": "5s",
-                "static_configs": [{"targets": [f"127.0.0.1:{temporal_metrics_port}"]}],
-            }
-        )
-    return {"scrape_configs": jobs}
+def compress(config: Mapping[str, Any], interval_s: float) -> dict[str, Any]:
+    """The game day's clock: the global scrape and evaluation interval becomes `interval_s`, and
+    every job's own interval is divided by the same factor (never below `interval_s`); every
+    scrape may take its whole interval, so a loaded machine's slow answer is not a target down."""
+    out = dict(config)
+    glob = dict(out["global"])
+    factor = seconds(glob["scrape_interval"]) / interval_s
+    glob.update(
+        scrape_interval=f"{interval_s:g}s",
+        scrape_timeout=f"{interval_s:g}s",
+        evaluation_interval=f"{max(interval_s, seconds(glob['evaluation_interval']) / factor):g}s",
+    )
+    out["global"] = glob
+    jobs = []
+    for shipped_job in out["scrape_configs"]:
+        job = dict(shipped_job)
+        if "scrape_interval" in job:
+            every = max(interval_s, round(seconds(job["scrape_interval"]) / factor))
+            job["scrape_interval"] = job["scrape_timeout"] = f"{every:g}s"
+        else:
+            job.pop("scrape_timeout", None)
+        jobs.append(job)
+    out["scrape_configs"] = jobs
+    return out
 
 
 class GamedayPrometheus:
@@ -116,38 +116,38 @@ class GamedayPrometheus:
         self.interval_s = interval_s
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.targets_file = self.dir / "targets.json"
+        self.targets_dir = self.dir / "targets"
         self._proc: ManagedProcess | None = None
-        #: Targets outside the stack (job -> host:port), e.g. the game day's scratch reconciler.
-        self.extra_targets: dict[str, str] = {}
+        #: Targets beside the stack's own, by shipped job: e.g. the game day's scratch
+        #: reconciler, whose reconcile_* series a worker serves in production (job "worker").
+        self.extra_targets: dict[str, list[str]] = {}
         self._http = httpx.AsyncClient(timeout=5.0)
+
+    def config(self) -> dict[str, Any]:
+        """ops/prometheus/prometheus.yml for this stack, its clock compressed: the only changes
+        are its addresses (stack.promconfig, as for compose and Kubernetes), its intervals,
+        and the rule files' (rules.yml with shortened windows, the game day's thresholds)."""
+        shipped = promconfig.load()
+        rendered = promconfig.render(
+            shipped,
+            rule_files=[str(self.dir / "rules.yml"), str(GAMEDAY_THRESHOLDS)],
+            jobs=promconfig.local_jobs(self.targets_dir, promconfig.job_names(shipped)),
+        )
+        return compress(rendered, self.interval_s)
 
     def write_config(self) -> Path:
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "rules.yml").write_text(render_rules(RULES.read_text(), for_s=self.for_s))
-        shutil.copyfile(GAMEDAY_THRESHOLDS, self.dir / "thresholds.yml")
         self.refresh_targets()
-        cfg = {
-            "global": {
-                "scrape_interval": f"{self.interval_s:g}s",
-                "scrape_timeout": f"{self.interval_s:g}s",
-                "evaluation_interval": f"{self.interval_s:g}s",
-            },
-            "rule_files": [str(self.dir / "rules.yml"), str(self.dir / "thresholds.yml")],
-            **scrape_config(self.targets_file, self.stack.config.ports.temporal_metrics),
-        }
         path = self.dir / "prometheus.yml"
-        path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        path.write_text(yaml.safe_dump(self.config(), sort_keys=False))
         return path
 
     def refresh_targets(self) -> None:
-        """Rewrite the discovery file (after a worker was added or replaced); atomic rename."""
-        tmp = self.targets_file.with_suffix(".tmp")
-        groups = scrape_targets(self.stack) + [
-            {"targets": [host], "labels": {"job": job}} for job, host in self.extra_targets.items()
-        ]
-        tmp.write_text(json.dumps(groups, indent=1))
-        tmp.replace(self.targets_file)
+        """Rewrite the discovery files if the stack's processes changed (a worker added, replaced
+        or stopped); each is replaced atomically. Called on every alerts poll."""
+        targets = promconfig.local_targets(self.stack, self.extra_targets)
+        promconfig.write_local_targets(self.targets_dir, targets)
 
     async def start(self) -> None:
         config = self.write_config()
@@ -180,6 +180,7 @@ class GamedayPrometheus:
 
     async def firing(self) -> dict[str, list[Mapping[str, str]]]:
         """Alert name -> label sets of its *firing* instances, from Prometheus's own API."""
+        self.refresh_targets()
         r = await self._http.get(f"{self.url}/api/v1/alerts")
         r.raise_for_status()
         out: dict[str, list[Mapping[str, str]]] = {}
@@ -193,6 +194,14 @@ class GamedayPrometheus:
         r.raise_for_status()
         result: list[dict[str, Any]] = r.json()["data"]["result"]
         return result
+
+    async def present(self, names: set[str]) -> set[str]:
+        """Which of these series Prometheus has a sample of right now."""
+        if not names:
+            return set()
+        selector = "|".join(sorted(names))
+        rows = await self.query(f'group by (__name__) ({{__name__=~"{selector}"}})')
+        return {r["metric"]["__name__"] for r in rows}
 
     async def metric_names(self) -> set[str]:
         r = await self._http.get(f"{self.url}/api/v1/label/__name__/values")

@@ -22,6 +22,7 @@ from lab.chaos_faults import RAIL_BASELINE, FaultInjector
 from lab.chaos_schedule import Fault
 from lab.experiments import FAST_WORKFLOW, LOCK_TTL_S, WORKER_ENV, json_events
 from lab.gameday_ctx import Ctx, Scenario
+from lab.gameday_runbooks import OVERRIDE_PREFIX
 from lab.gameday_scratch import ScratchReconciler
 
 # ---------------------------------------------------------------- metrics target down
@@ -67,16 +68,6 @@ async def _confirm_dead_letters(ctx: Ctx) -> bool:
         "-m", "payouts.cli", "outbox", "list", "--status", "delivery_failed", "--json"
     )
     return rc == 0 and json.loads(out.splitlines()[-1])["summary"]["delivery_failed"] > 0
-
-
-async def _retry_dead_letters(ctx: Ctx) -> None:
-    await _finledger_faults(ctx, {})
-    rc, out = await ctx.command(
-        "-m", "payouts.cli", "outbox", "retry", "--status", "delivery_failed",
-        "--operator", "gameday", "--reason", "finance restored the account",
-    )  # fmt: skip
-    if rc != 0:
-        raise RuntimeError(f"outbox retry failed: {out.strip()}")
 
 
 async def _outbox_down(ctx: Ctx) -> None:
@@ -227,9 +218,9 @@ async def _fenced_out_write(ctx: Ctx) -> None:
     triggered = inj._armed_triggered[0] = asyncio.Event()
     pause: asyncio.Future[dict[str, Any]] | None = None
     try:
+        # A worker of the stack: the shipped config's worker job scrapes it while it lives (its
+        # paydb_fenced_out_total is the second enforcement point's).
         armed = await inj.arm(fault)
-        # Scraped while it lives: its paydb_fenced_out_total is the second enforcement point's.
-        ctx.prom.extra_targets["worker-armed"] = (armed.url or "").removeprefix("http://")
         ctx.prom.refresh_targets()
         pause = asyncio.ensure_future(inj._armed_pause(fault, armed))
         while not triggered.is_set():  # one payout at a time until the armed worker takes one
@@ -242,8 +233,6 @@ async def _fenced_out_write(ctx: Ctx) -> None:
             pause.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await pause
-        ctx.prom.extra_targets.pop("worker-armed", None)
-        ctx.prom.refresh_targets()
         await inj.close()
     ctx.notes.append(f"armed pause: {record}")
     if not (record.get("triggered") and record.get("taken_over") and record.get("stale_attempt")):
@@ -276,7 +265,9 @@ async def _plant_discrepancy(ctx: Ctx) -> None:
     scratch = ScratchReconciler(ctx.stack.database_url)
     ctx.scratch = scratch
     scratch.start()
-    ctx.prom.extra_targets["reconciler"] = scratch.url.removeprefix("http://")
+    # In production the workers serve reconcile_* (the ReconcileWorkflow runs there): the
+    # exporter is one more target of the shipped worker job, not a job of its own.
+    ctx.prom.extra_targets["worker"] = [scratch.url.removeprefix("http://")]
     ctx.prom.refresh_targets()
     await scratch.create()
     await scratch.plant()
@@ -305,6 +296,17 @@ async def _confirm_discrepancy(ctx: Ctx) -> bool:
     return scratch.planted in {i for ids in report["samples"].values() for i in ids}
 
 
+def _scratch_world(ctx: Ctx) -> dict[str, str]:
+    """The runbook's reconciliation commands read the scratch world, not the stack's."""
+    scratch = ctx.scratch
+    if scratch is None:
+        return {}
+    return {
+        f"{OVERRIDE_PREFIX}RECONCILE_DATABASE_URL": scratch.dsn,
+        f"{OVERRIDE_PREFIX}RECONCILE_RAIL_ADMIN_URL": scratch.url,
+    }
+
+
 async def _drop_scratch(ctx: Ctx) -> None:
     """Drop the planted database; the reconciler's next run (on a freshly migrated scratch
     database, with nothing false in it) reports zero for every class."""
@@ -327,7 +329,9 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         "outbox downstream returns permanent errors (404)",
         ("OutboxDeadLetters",),
-        _outbox_permanent, _confirm_dead_letters, _retry_dead_letters, short=True,
+        # Finance opens the account; the runbook's Do step (`payouts outbox retry`) is the
+        # operator's part of the recovery.
+        _outbox_permanent, _confirm_dead_letters, _finledger_up, short=True,
     ),
     Scenario(
         "rail outage: breaker opens",
@@ -379,5 +383,6 @@ SCENARIOS: tuple[Scenario, ...] = (
         "discrepancy planted in a scratch database (POSTED, no rail movement)",
         ("ReconciliationDiscrepancies",),
         _plant_discrepancy, _confirm_discrepancy, _drop_scratch,
+        runbook_env=_scratch_world,
     ),
 )  # fmt: skip

@@ -118,6 +118,7 @@ async def start_workflows(
             payout_id=s.payout_id,
             account_id=s.account_id,
             correlation_id=s.payout_id,
+            amount=s.amount,
             **input_overrides,
         )
         # Findable by state from the start, before its first workflow task runs.
@@ -147,4 +148,4 @@ async def stranded_payouts(
         stranded = await find_stranded(pool, client, limit=100_000, payout_ids=payout_ids)
     finally:
         await pool.close()
-    return [PayoutSpec(s.payout_id, s.account_id, 0, s.state) for s in stranded]
+    return [PayoutSpec(s.payout_id, s.account_id, s.amount, s.state) for s in stranded]

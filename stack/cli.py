@@ -17,6 +17,9 @@ from typing import Any
 
 from common.logs import configure_logging
 from stack.config import DEFAULT_RUN_DIR, StackConfig, StackError
+from stack.endpoints import endpoints
+from stack.envfile import stack_environment
+from stack.preflight import safe_url
 from stack.system import Stack
 
 
@@ -29,7 +32,7 @@ def _summary(stack: Stack) -> str:
     rows = [
         ("Temporal", stack.temporal_address),
         ("Temporal Web UI", stack.ui_url),
-        ("PostgreSQL", stack.database_url),
+        ("PostgreSQL", safe_url(stack.database_url)),
         ("lock server", f"{stack.lock_url} (backend {stack.config.backend})"),
         ("rail stub", stack.railstub_url),
         ("rail proxy", stack.railproxy_url),
@@ -44,6 +47,17 @@ def _summary(stack: Stack) -> str:
     return "\n".join(f"  {k.ljust(width)}  {v}" for k, v in rows)
 
 
+def _endpoints_table(stack: Stack) -> str:
+    """Every metrics and health endpoint with the Prometheus job that scrapes it."""
+    rows = [
+        (e.process, e.job, f"{e.url}/metrics" + (f"  {e.url}/health" if e.health else ""))
+        for e in endpoints(stack)
+    ]
+    w1 = max(len(r[0]) for r in rows)
+    w2 = max(len(r[1]) for r in rows)
+    return "\n".join(f"  {p.ljust(w1)}  job {j.ljust(w2)}  {u}" for p, j, u in rows)
+
+
 def exports(stack: Stack) -> str:
     """Ready-to-paste `export` lines: every address a command needs, for this stack's ports."""
     env = export_env(stack)
@@ -51,25 +65,9 @@ def exports(stack: Stack) -> str:
 
 
 def export_env(stack: Stack) -> dict[str, str]:
-    """The variables `exports` prints (the game day runs operator commands with them)."""
-    return {
-        "DATABASE_URL": stack.database_url,  # the admin DSN: `payouts db migrate`, bump-epoch
-        **stack.role_urls,  # each command's own role (docs/database-roles.md)
-        "PGPASSFILE": str(stack.pgpass_file),  # their passwords, never printed
-        "TEMPORAL_ADDRESS": stack.temporal_address,
-        "LOCK_URL": stack.lock_url,
-        "WORKER_TASK_QUEUE": stack.config.task_queue,
-        # Where `payouts payout create` writes its spans and `payouts payout trace` reads them.
-        "PAYOUTS_TRACE_DIR": str((stack.config.run_dir / "traces").resolve()),
-        "RECONCILE_RAIL_ADMIN_URL": stack.railstub_url,
-        "INVARIANTS_RAIL_ADMIN_URL": stack.railstub_url,
-        "INVARIANTS_LOCK_URL": stack.lock_url,
-        # The operator's bearer token (a file, 0600): every operator command presents it.
-        "PAYOUTS_OPERATOR_TOKEN_FILE": str(stack.credentials.operator_token_file),
-        # Operator commands that check the token themselves (no server in between).
-        "OUTBOX_CREDENTIALS_PATH": str(stack.credentials.servers["outbox-cli"]),
-        "LOCK_CREDENTIALS_PATH": str(stack.credentials.servers["lock-server"]),
-    }
+    """The variables of the stack's environment file (the game day runs operator commands with
+    them): stack.envfile.stack_environment."""
+    return stack_environment(stack)
 
 
 async def _run(config: StackConfig, *, check: bool) -> int:
@@ -92,7 +90,12 @@ async def _run(config: StackConfig, *, check: bool) -> int:
     try:
         async with Stack(config, progress=_say) as stack:
             _say("stack is up\n" + _summary(stack))
+            _say(
+                "\nmetrics and health endpoints (docs/local-stack.md, Ports):\n"
+                + _endpoints_table(stack)
+            )
             _say("\nfor the payouts commands in another shell:\n" + exports(stack))
+            _say(f"\nthe same in one file (the runbooks' first step):\n  . {stack.env_file}")
             if config.fencing is False:
                 _say("WARNING: fencing is OFF (FR-29): experiment mode only")
             if not check:

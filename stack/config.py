@@ -43,23 +43,29 @@ class UnknownProcessError(StackError, KeyError):
 
 @dataclass(frozen=True, kw_only=True)
 class Ports:
-    """One TCP port per service on 127.0.0.1. `None` means "any free port, chosen at start"."""
+    """One TCP port per service on 127.0.0.1: the defaults below are the only place a local port
+    is chosen (docs/local-stack.md, "Ports"; ops/prometheus/prometheus.yml scrapes them).
+    `None` means "any free port, chosen at start and recorded"; `Ports.isolated()` gives every
+    port that way (experiments, chaos, tests: never a developer's `payouts up`)."""
 
     temporal: int = 7233
     temporal_ui: int = 8233
-    #: The dev server's HTTP API and /metrics (None: free ports, chosen at start and recorded).
-    temporal_http: int | None = None
-    temporal_metrics: int | None = None
-    #: The outbox publisher's /metrics (None: a free port, chosen at start and recorded).
-    outbox_metrics: int | None = None
+    #: The dev server's HTTP API and its /metrics.
+    temporal_http: int | None = 7243
+    temporal_metrics: int | None = 8760
     lock: int = 8701
     railstub: int = 8710
     railproxy: int = 8720
     finledger: int = 8730
+    #: The outbox publisher's /metrics.
+    outbox_metrics: int | None = 8740
+    #: The embedded etcd's first member: its client API, /metrics and /health.
+    etcd: int | None = 8780
     postgres: int | None = None
-    etcd: int | None = None
-    #: Worker i serves /metrics and /health on worker_metrics_base + i (None: free ports).
-    worker_metrics_base: int | None = None
+    #: Worker i (1, 2, ...) serves /metrics and /health on worker_metrics_base + i - 1, and the
+    #: Temporal SDK's own metrics on worker_sdk_metrics_base + i - 1 (None: free ports).
+    worker_metrics_base: int | None = 8800
+    worker_sdk_metrics_base: int | None = 8900
 
     #: The environment variable that sets each port: named in every "port is taken" message.
     ENV_VARS = {
@@ -75,11 +81,14 @@ class Ports:
         "postgres": "PAYOUTS_PG_PORT",
         "etcd": "PAYOUTS_ETCD_PORT",
         "worker_metrics_base": "PAYOUTS_WORKER_METRICS_PORT",
+        "worker_sdk_metrics_base": "PAYOUTS_WORKER_SDK_METRICS_PORT",
     }
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Ports:
-        values: dict[str, int] = {}
+        """The defaults, each moved by its variable; 0 means "any free port" (for a worker base:
+        each worker its own free ports)."""
+        values: dict[str, int | None] = {}
         for f in fields(cls):
             raw = environ.get(cls.ENV_VARS[f.name], "").strip()
             if not raw:
@@ -88,13 +97,24 @@ class Ports:
                 port = int(raw)
             except ValueError:
                 raise StackError(f"{cls.ENV_VARS[f.name]}={raw!r} is not a port number") from None
-            if not 1 <= port <= 65535:
-                raise StackError(f"{cls.ENV_VARS[f.name]}={port} is outside 1..65535")
-            values[f.name] = port
-        return cls(**values)
+            if not 0 <= port <= 65535:
+                raise StackError(f"{cls.ENV_VARS[f.name]}={port} is outside 0..65535")
+            if port == 0:
+                values[f.name] = None if f.name.startswith("worker_") else free_port()
+            else:
+                values[f.name] = port
+        return cls(**values)  # type: ignore[arg-type]  # None only for the Optional fields
+
+    @classmethod
+    def isolated(cls) -> Ports:
+        """Every port free, chosen now: a stack that never collides with a `payouts up` on the
+        defaults, nor with another isolated stack of this process."""
+        ports = {f.name: free_port() for f in fields(cls) if not f.name.startswith("worker_")}
+        return cls(**ports, worker_metrics_base=None, worker_sdk_metrics_base=None)
 
     def resolved(self) -> Ports:
-        """The same ports with every "any free port" replaced by a concrete free port."""
+        """The same ports with every "any free port" of a single service replaced by a concrete
+        free port (the worker bases stay None: each worker then takes its own free ports)."""
         return replace(
             self,
             postgres=self.postgres or free_port(),
@@ -147,6 +167,9 @@ class StackConfig:
     #: The dev server's history.transferProcessorMaxPollRPS: how often its one history shard's
     #: transfer queue is read, which bounds every task hand-off (docs/performance.md).
     temporal_transfer_rps: int = DEFAULT_TEMPORAL_TRANSFER_RPS
+    #: The Temporal Schedule `reconcile-hourly` that compose's `reconcile-schedule` job creates:
+    #: ReconcileWorkflow every this many seconds in the workers (None: no Schedule).
+    reconcile_every_s: float | None = 3600.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> StackConfig:

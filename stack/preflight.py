@@ -41,19 +41,27 @@ def check_ports(cfg: StackConfig) -> None:
         needed.append("postgres")
     if cfg.backend == "etcd" and not cfg.etcd_endpoints:
         needed.append("etcd")
+    # (port, what, the variable that moves it) for every service, then every worker's two.
+    wanted = [(getattr(p, key), _PORT_LABELS[key], p.ENV_VARS[key]) for key in needed]
+    for key, what in (
+        ("worker_metrics_base", "metrics"),
+        ("worker_sdk_metrics_base", "SDK metrics"),
+    ):
+        base = getattr(p, key)
+        if base is not None:
+            wanted += [
+                (base + i, f"worker-{i + 1} {what}", p.ENV_VARS[key]) for i in range(cfg.workers)
+            ]
     seen: dict[int, str] = {}
     problems: list[str] = []
-    for key in needed:
-        port = getattr(p, key)
-        var = p.ENV_VARS[key]
+    for port, what, var in wanted:
         if port in seen:
             problems.append(
-                f"port {port} is configured for both {_PORT_LABELS[seen[port]]} and "
-                f"{_PORT_LABELS[key]}; set {var}"
+                f"port {port} is configured for both {seen[port]} and {what}; set {var}"
             )
         elif port_in_use(port):
-            problems.append(f"port {port} ({_PORT_LABELS[key]}) is taken; set {var}")
-        seen[port] = key
+            problems.append(f"port {port} ({what}) is taken; set {var}")
+        seen[port] = what
     if problems:
         raise PortTakenError("; ".join(problems))
 

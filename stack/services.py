@@ -18,7 +18,7 @@ from common.tracing import TRACE_DIR_VAR
 from lockservice.grants import KeyPairFiles, generate_keypair
 from stack.config import StackConfig
 from stack.credentials import StackCredentials, stack_credentials
-from stack.embedded import free_port, temporal_binary
+from stack.embedded import temporal_binary
 from stack.process import (
     HealthCheck,
     ManagedProcess,
@@ -112,6 +112,11 @@ class ServiceFactory:
         if self._keys is None:
             self._keys = generate_keypair(self.config.run_dir / "keys", STACK_KEY_ID)
         return self._keys
+
+    @property
+    def lock_state_dir(self) -> Path:
+        """The lock server's LOCK_STATE_DIR, kept across restarts like the backend's data."""
+        return self.config.run_dir / "lock-state"
 
     @property
     def credentials(self) -> StackCredentials:
@@ -222,6 +227,9 @@ class ServiceFactory:
             "LOCK_SIGNING_KEY_PATH": str(self.grant_keys.private_path),
             "LOCK_SIGNING_KEY_ID": self.grant_keys.kid,
             "LOCK_CREDENTIALS_PATH": str(self.credentials.servers["lock-server"]),
+            # INV-04: the issuance watermark, outside the backend's data (as compose and the
+            # manifests give it a volume): a backend restored beneath this stack is refused.
+            "LOCK_STATE_DIR": str(self.lock_state_dir),
         }
         if self.addr.etcd_endpoints:
             own["LOCK_ETCD_ENDPOINTS"] = ",".join(self.addr.etcd_endpoints)
@@ -330,7 +338,7 @@ class ServiceFactory:
         )
 
     def worker(
-        self, name: str, metrics_port: int, env_overrides: Mapping[str, str]
+        self, name: str, metrics_port: int, sdk_metrics_port: int, env_overrides: Mapping[str, str]
     ) -> ManagedProcess:
         own = {
             # Bytecode for the workflow sandbox, which imports the workflow module afresh for
@@ -350,7 +358,7 @@ class ServiceFactory:
             "RECONCILE_TOKEN_FILE": str(self.credentials.tokens["reconciler"]),
             "WORKER_ID": name,
             "WORKER_METRICS_PORT": str(metrics_port),
-            "WORKER_SDK_METRICS_PORT": str(free_port()),
+            "WORKER_SDK_METRICS_PORT": str(sdk_metrics_port),
             # FR-29: the worker's own fencing checks; off only for the negative-control experiment.
             "WORKER_ENFORCE_FENCING": _flag(self.config.fencing),
             "WORKER_VERIFY_GRANTS": _flag(self.config.fencing),

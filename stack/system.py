@@ -22,7 +22,7 @@ import signal
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -49,8 +49,10 @@ from stack.embedded import (
     EtcdMember,
     free_port,
 )
+from stack.envfile import ENV_FILE_NAME, stack_environment, write_env_file
 from stack.preflight import check_ports, refuse_leftovers, safe_url
 from stack.process import ManagedProcess, tcp_check
+from stack.promconfig import write_local_config
 from stack.services import (
     Addresses,
     ServiceFactory,
@@ -79,6 +81,8 @@ class ProcessInfo:
     pid: int
     log_path: Path
     url: str | None = None
+    #: A worker's Temporal SDK metrics (PayoutWorkflow's end-to-end latency histogram).
+    sdk_metrics_url: str | None = None
 
 
 async def _in_thread(fn: Callable[[], T]) -> T:
@@ -113,6 +117,10 @@ class Stack:
         self._factory: ServiceFactory | None = None
         self._creds: StackCredentials | None = None
         self._worker_seq = 0
+        #: True from the end of start-up to the beginning of stop (the env file exists).
+        self._up = False
+        #: Each worker's Temporal SDK metrics port (its own /metrics is ProcessInfo.url).
+        self._sdk_ports: dict[str, int] = {}
         self.addresses: Addresses | None = None
         self._roles: RoleFiles | None = None
 
@@ -208,7 +216,9 @@ class Stack:
                     out[name] = ProcessInfo(name, m.proc.pid, log_path, m.client_url)
         for name, p in self._procs.items():
             if p.pid is not None and p.running():
-                out[name] = ProcessInfo(name, p.pid, p.log_path, p.url)
+                sdk = self._sdk_ports.get(name)
+                sdk_url = f"http://127.0.0.1:{sdk}" if sdk else None
+                out[name] = ProcessInfo(name, p.pid, p.log_path, p.url, sdk_url)
         return out
 
     @property
@@ -285,8 +295,35 @@ class Stack:
                 await self.start_worker()
         elif cfg.workers:
             self._skip("workers", "worker_main.py does not exist yet")
+        if cfg.reconcile_every_s:
+            await self._ensure_reconcile_schedule(cfg.reconcile_every_s)
+        self._up = True
         self._write_state(stopped=False)
-        log.info("stack.up", processes=sorted(self.processes))
+        log.info("stack.up", processes=sorted(self.processes), env_file=str(self.env_file))
+
+    async def _ensure_reconcile_schedule(self, every_s: float) -> None:
+        """The Temporal Schedule `reconcile-hourly`, as compose's `reconcile-schedule` job makes
+        it: scheduled reconciliation runs in this stack's workers, visible in its Web UI."""
+        # Imported here: the Schedule's workflow and settings modules take ~0.5 s to import,
+        # which every `payouts` command would pay (payouts.cli loads stack.cli, hence this).
+        from temporalio.client import Client
+
+        from payouts.reconcile_cli import SCHEDULE_ID, ensure_schedule
+        from reconcile.reconciler import ReconcileSettings
+
+        client = await Client.connect(self.temporal_address)
+        await ensure_schedule(
+            client,
+            every=timedelta(seconds=every_s),
+            task_queue=self.config.task_queue,
+            settle_lag_s=ReconcileSettings().settle_lag_s,
+        )
+        self._progress(f"Temporal Schedule {SCHEDULE_ID}: ReconcileWorkflow every {every_s:g}s")
+
+    @property
+    def env_file(self) -> Path:
+        """RUN/stack.env: every address a runbook needs (stack.envfile); present while up."""
+        return self.run_dir / ENV_FILE_NAME
 
     async def wait_for_rail_history(self) -> float:
         """Wait until the rail stub's records begin earlier than the proxy's clock-skew margin.
@@ -352,6 +389,7 @@ class Stack:
                 errors.append(str(exc))
                 with contextlib.suppress(EmbeddedServerError):
                     await _in_thread(lambda: pg.stop("immediate"))
+        self._up = False
         if self.run_dir.exists():
             self._write_state(stopped=True)
         if errors:
@@ -371,15 +409,25 @@ class Stack:
         name = name or f"worker-{self._worker_seq}"
         if name in self._procs:
             raise StackError(f"a process named {name} is already running")
-        base = self.config.ports.worker_metrics_base
-        port = base + self._worker_seq - 1 if base is not None else free_port()
-        if base is not None and port_in_use(port):
-            raise PortTakenError(
-                f"port {port} ({name} metrics) is taken; set PAYOUTS_WORKER_METRICS_PORT"
-            )
-        proc = self._factory.worker(name, port, env_overrides or {})
+        port = self._worker_port("worker_metrics_base", name)
+        sdk_port = self._worker_port("worker_sdk_metrics_base", name)
+        proc = self._factory.worker(name, port, sdk_port, env_overrides or {})
+        self._sdk_ports[name] = sdk_port
         await self._launch(proc)
         return proc
+
+    def _worker_port(self, base_key: str, name: str) -> int:
+        """The next worker's port from its base (docs/local-stack.md, "Ports"), else a free one."""
+        ports = self.config.ports
+        base: int | None = getattr(ports, base_key)
+        if base is None:
+            return free_port()
+        port = base + self._worker_seq - 1
+        if port_in_use(port):
+            var = ports.ENV_VARS[base_key]
+            what = "SDK metrics" if "sdk" in base_key else "metrics"
+            raise PortTakenError(f"port {port} ({name} {what}) is taken; set {var}")
+        return port
 
     async def stop_worker(self, name: str) -> int | None:
         """Stop a worker gracefully (SIGTERM, then SIGKILL); returns its exit code."""
@@ -584,6 +632,16 @@ class Stack:
             procs[name] = {"pid": info.pid, "log": str(info.log_path), "cmd": cmd}
         body = {"stopped": stopped, "addresses": addrs, "processes": procs}
         (self.run_dir / "stack.json").write_text(json.dumps(body, indent=2, sort_keys=True))
+        if self._up and not stopped:
+            header = (
+                f"The local stack in {self.run_dir} (`payouts up`), rewritten when its processes "
+                f"change and removed when it stops.\nIn a shell: . {self.env_file}"
+            )
+            write_env_file(self.env_file, stack_environment(self), header=header)
+            # The shipped Prometheus configuration for this stack's ports (docs/local-stack.md).
+            write_local_config(self, self.run_dir / "prometheus")
+        else:
+            self.env_file.unlink(missing_ok=True)
 
 
 async def _wait(check: Callable[[], Awaitable[bool]], within_s: float, what: str) -> None:

@@ -33,6 +33,7 @@ from temporalio.exceptions import TimeoutError as ActivityTimeout
 with workflow.unsafe.imports_passed_through():
     from activities import models as m
     from ledger.states import TERMINAL_STATES, PayoutState
+    from workflows.details import Snapshot, current_details
     from workflows.operator_desk import (
         Facts,
         OperatorDesk,
@@ -152,6 +153,9 @@ class PayoutWorkflow:
         self._evidence = ""  # what the rail said that decided `_resolution`
         self._lookups_before = 0  # lookups of this payout in the runs before this one
         self._last_lookup: m.LookupRecord | None = None
+        self._amount = inp.amount  # from the starter; then from the payment database's view
+        self._failure_reason: str | None = None
+        self._step_name = ""  # the step it is at (the Temporal UI's current details)
         carried = inp.carried.commands if inp.carried is not None else []
         retry = _unlimited_retry(inp)
         self._desk = OperatorDesk(inp, self._facts, retry, carried, self._rejections)
@@ -210,17 +214,25 @@ class PayoutWorkflow:
                 # account's other payout holds the lock) is normal: the acquire already waited
                 # its budget, so retry soon; an unavailable lock service backs off exponentially.
                 if self._contended:
-                    await workflow.sleep(self._backoff(inp, 0))
+                    await workflow.sleep(
+                        self._backoff(inp, 0), summary="the account's lock is held: try again"
+                    )
                 else:
                     backoff_round += 1
-                    await workflow.sleep(self._backoff(inp, backoff_round))
+                    await workflow.sleep(
+                        self._backoff(inp, backoff_round),
+                        summary=f"backoff {backoff_round}: {self._last_error[:120]}",
+                    )
                 continue
             progressed = await self._critical_section(inp, grant)
             if progressed:
                 backoff_round = 0
             else:
                 backoff_round += 1
-                await workflow.sleep(self._backoff(inp, backoff_round))
+                await workflow.sleep(
+                    self._backoff(inp, backoff_round),
+                    summary=f"backoff {backoff_round}: {self._last_error[:120]}",
+                )
         await self._drop_pending_revokes(revoker)
         await self._background_releases_done()
         await workflow.wait_condition(workflow.all_handlers_finished)
@@ -501,6 +513,8 @@ class PayoutWorkflow:
         self, inp: m.PayoutInput, step: str, deadline_s: float | None = None
     ) -> m.WorkContext:
         self._steps += 1
+        self._step_name = step
+        self._show()
         info = workflow.info()
         deadline = None
         if deadline_s is not None:
@@ -584,15 +598,43 @@ class PayoutWorkflow:
 
     def _observe(self, view: m.PayoutView) -> None:
         self._state = view.state
+        self._amount = view.amount or self._amount
+        self._failure_reason = view.failure_reason or self._failure_reason
         self._client_reference = view.client_reference or self._client_reference
         if view.attempt is not None:
             self._attempt = view.attempt
         self._publish()
 
+    def _show(self) -> None:
+        """Refresh what the Temporal UI shows of the payout (workflows.details). Not a command:
+        replay is unaffected, and it costs no history event."""
+        workflow.set_current_details(
+            current_details(
+                Snapshot(
+                    payout_id=self._input.payout_id,
+                    account_id=self._input.account_id,
+                    amount=self._amount,
+                    state=self._state,
+                    step=self._step_name,
+                    token=self._token,
+                    escalated=self._escalated,
+                    resolution=self._resolution,
+                    evidence=self._evidence,
+                    failure_reason=self._failure_reason,
+                    lookups=self._lookups_before + self._lookups,
+                    last_lookup=self._last_lookup,
+                    commands=self._desk.records(),
+                    cancel_requests=self._desk.cancel_requests,
+                    last_error=self._last_error,
+                )
+            )
+        )
+
     def _publish(self) -> None:
         """Upsert state, account and escalation as search attributes when they changed, so that
         operators find payouts by state in the Temporal UI and CLI (workflows.search_attributes).
         Histories recorded before this patch replay without the upserts."""
+        self._show()
         now = (self._state, self._escalated)
         if now == self._published or not workflow.patched(PATCH_SEARCH_ATTRIBUTES):
             return
@@ -861,8 +903,10 @@ class PayoutWorkflow:
     ) -> None:
         # `short`: the holder just timed out (frozen, dead or stalled). Its frozen long-poll may
         # take this task too, so one attempt bounded by the heartbeat timeout, not two of 10 s
-        # (21 s of a 45 s takeover, issue 16); a release that does not happen only delays the
-        # next holder until the lease expires (or the holder's idle sweeper), never safety.
+        # (21 s of a 45 s takeover, issue 16). A release that does not happen here only delays
+        # the next holder, never safety: the holder's idle sweeper gives the grant back, a dead
+        # holder's session expires, and a release the lock server did not answer stays pending
+        # in the holder's SDK, retried until it succeeds or the session ends (issue 24, item 6).
         limit = min(10.0, inp.holder_heartbeat_timeout_s) if short else 10.0
         try:
             await workflow.execute_activity(
@@ -874,8 +918,8 @@ class PayoutWorkflow:
                 retry_policy=RetryPolicy(maximum_attempts=1 if short else 2),
             )
         except ActivityError as err:
-            # A lost release only delays the next holder until the lease expires; safety never
-            # depends on it (the next grant has a higher token).
+            # A lost release only delays the next holder (see above); safety never depends on it
+            # (the next grant has a higher token).
             workflow.logger.info("release of token %s failed: %s", grant.token, cause(err))
 
     async def _background_releases_done(self) -> None:
@@ -911,7 +955,10 @@ class PayoutWorkflow:
             # A durable timer: the next lookup, or an operator's abandon, whichever comes first.
             with contextlib.suppress(TimeoutError):
                 await workflow.wait_condition(
-                    self._abandon_waiting, timeout=timedelta(seconds=inp.lookup_interval_s)
+                    self._abandon_waiting,
+                    timeout=timedelta(seconds=inp.lookup_interval_s),
+                    timeout_summary=f"next lookup of the rail in {inp.lookup_interval_s:g}s "
+                    "(sooner for an accepted abandon)",
                 )
 
     async def _lookup(self, inp: m.PayoutInput) -> m.LookupResult:
@@ -938,6 +985,7 @@ class PayoutWorkflow:
             detail=result.detail[:500],
             at=workflow.now().isoformat(),
         )
+        self._show()
         return result
 
     def _last_lookup_number(self) -> int:

@@ -19,15 +19,15 @@ from stack.config import Ports
 from stack.embedded import free_port
 from stack.process import pid_alive
 
-PORT_KEYS = ("temporal", "temporal_ui", "lock", "railstub", "railproxy", "finledger", "etcd")
-
 
 @pytest.fixture
 def stack_env() -> dict[str, str]:
-    """The environment of a test stack: every port free and set by its PAYOUTS_* variable."""
+    """The environment of a test stack: every port free and set by its PAYOUTS_* variable (the
+    worker bases 0: each worker its own free ports), so that no default port is ever bound."""
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
-    for key in PORT_KEYS:
-        env[Ports.ENV_VARS[key]] = str(free_port())  # never one it handed out before
+    for key, var in Ports.ENV_VARS.items():
+        # free_port never returns one it handed out before
+        env[var] = "0" if key.startswith("worker_") else str(free_port())
     env.pop("ETCD_ENDPOINTS", None)  # the stack tests start their own etcd
     return env
 

@@ -7,6 +7,7 @@ import json
 import signal
 import stat
 import uuid
+from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -18,10 +19,14 @@ from structlog.testing import capture_logs
 from temporalio.client import Client
 
 from common import db_roles
+from lab.experiments import json_events
 from payouts.batch import PayoutSpec
+from payouts.reconcile_cli import SCHEDULE_ID
 from payouts.workload import create_payouts, seed_accounts, start_workflows
 from stack.cli import exports
 from stack.config import ServiceFailedError, StackConfig
+from stack.endpoints import endpoints
+from stack.envfile import read_env_file
 from stack.services import worker_available
 from stack.system import Stack
 from tests.stack.conftest import assert_all_gone
@@ -177,6 +182,8 @@ async def test_stack_starts_every_service_and_leaves_nothing_behind(
             assert proxy["fencing_enforced"] is True
             assert proxy["submission_guard_enforced"] is True
         assert await _acquire_token(stack, "stack-test:a") > 0
+        await _assert_what_compose_runs(stack, client)
+        _assert_env_file(stack)
         _assert_private_key_only_at_the_lock_server(stack, stack_dir)
         await _assert_credentials(stack)
         await _assert_role_sessions(stack, _assert_every_process_on_its_own_role(stack, stack_dir))
@@ -209,8 +216,38 @@ async def test_stack_starts_every_service_and_leaves_nothing_behind(
 
         state = json.loads((stack_dir / "stack.json").read_text())
         assert state["processes"]["lock-server"]["pid"] == new_pid
+        _assert_env_file(stack)  # rewritten after the restarts and the extra worker
+    assert not stack.env_file.exists()  # a stopped stack leaves no addresses to source
     assert_all_gone(seen)
     assert not Stack(config).processes
+
+
+async def _assert_what_compose_runs(stack: Stack, client: Client) -> None:
+    """As compose's jobs do: the reconcile-hourly Schedule exists (scheduled reconciliation in
+    the workers), and the lock server keeps its watermark under RUN/lock-state (restore
+    detection on: its first event is the baseline, never lock.restore_detection_off)."""
+    description = await client.get_schedule_handle(SCHEDULE_ID).describe()
+    assert description.schedule.spec.intervals[0].every == timedelta(hours=1)
+    assert list((stack.run_dir / "lock-state").glob("watermark-*.json"))
+    events = [e["event"] for e in json_events(stack.processes["lock-server"].log_path)]
+    assert "lock.watermark_baseline" in events and "lock.restore_detection_off" not in events
+
+
+def _assert_env_file(stack: Stack) -> None:
+    """RUN/stack.env holds every address, and each metrics endpoint the stack serves."""
+    env = read_env_file(stack.env_file)
+    assert stat.S_IMODE(stack.env_file.stat().st_mode) == 0o600
+    assert env["LOCK_URL"] == stack.lock_url and env["RAILPROXY_URL"] == stack.railproxy_url
+    assert env["TEMPORAL_ADDRESS"] == stack.temporal_address
+    assert env["RAILSTUB_URL"] == stack.railstub_url
+    if stack.finledger_url:
+        assert env["FINLEDGER_URL"] == stack.finledger_url
+    assert Path(env["PAYOUTS_OPERATOR_TOKEN_FILE"]).exists()
+    urls = {e.url for e in endpoints(stack)}
+    listed = {env["OUTBOX_METRICS_URL"], env["TEMPORAL_METRICS_URL"]}
+    listed |= set(env["WORKER_URLS"].split()) | set(env["WORKER_SDK_METRICS_URLS"].split())
+    assert listed <= urls and len(env["WORKER_URLS"].split()) == len(stack.workers)
+    assert stack.database_url not in {v for k, v in env.items() if k != "DATABASE_URL"}
 
 
 #: Label names that would carry an unbounded identifier (NFR-09).
@@ -221,20 +258,9 @@ _ID_LABELS = {
 
 
 def _metrics_endpoints(stack: Stack) -> dict[str, str]:
-    """Every /metrics the stack's processes serve: ours, and the Temporal SDK's per worker."""
-    urls = {
-        "lock-server": f"{stack.lock_url}/metrics",
-        "railproxy": f"{stack.railproxy_url}/metrics",
-        "railstub": f"{stack.railstub_url}/metrics",
-        "outbox": f"{stack.processes['outbox'].url}/metrics",
-    }
-    if stack.finledger_url:
-        urls["finledger"] = f"{stack.finledger_url}/metrics"
-    for name in stack.workers:
-        urls[name] = f"{stack.processes[name].url}/metrics"
-        sdk_port = stack._procs[name].env["WORKER_SDK_METRICS_PORT"]
-        urls[f"{name}-temporal-sdk"] = f"http://127.0.0.1:{sdk_port}/metrics"
-    return urls
+    """Every /metrics the stack's processes serve (stack.endpoints, as `payouts up` prints
+    them): ours, the Temporal SDK's per worker, and the dev server's."""
+    return {e.process: f"{e.url}/metrics" for e in endpoints(stack) if e.job != "temporal"}
 
 
 async def _one_payout_then_scrape_every_process(stack: Stack) -> None:

@@ -28,7 +28,7 @@ def test_unit_a_worker_caches_the_workflow_module_bytecode_under_the_run_dir(
         pgpass_dir=str(tmp_path),
     )
     config = StackConfig.from_env({}, run_dir=tmp_path)
-    worker = ServiceFactory(config, addr, {}).worker("worker-1", 1, {})
+    worker = ServiceFactory(config, addr, {}).worker("worker-1", 1, 2, {})
     python = {k: v for k, v in worker.env.items() if k.startswith("PYTHON")}
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", **python}  # as on our machines
     subprocess.run(

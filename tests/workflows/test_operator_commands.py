@@ -13,7 +13,7 @@ and the rail stub as real processes, the real activities.
 - A cancellation request (`temporal workflow cancel`, the UI's Request Cancellation) is refused
   and audited; the workflow keeps running and the payout is posted.
 - A terminated workflow's payout is driven again (`payouts payout start-pending`) by state and
-  evidence: never a second submission.
+  evidence: never a second submission; a reset one goes on by evidence and pays once.
 """
 
 from __future__ import annotations
@@ -332,3 +332,32 @@ async def test_a_terminated_payout_is_driven_again_by_evidence(
     assert result.state == "POSTED" and len(system.movements(payout_id)) == 1
     second = await _payouts(system, address, "payout", "start-pending", *env_db)
     assert "started 0 workflow(s)" in second.stdout  # a completed one is never started again
+
+
+async def test_a_reset_payout_goes_on_by_evidence_and_pays_once(
+    temporal_env: WorkflowEnvironment, system: System, workers: str, lagging_rail: None
+) -> None:
+    """`temporal workflow reset --type FirstWorkflowTask` (the UI's Reset) of a RAIL_AMBIGUOUS
+    payout: the new run re-executes from its start, re-reads the payout under a fresh grant,
+    finds it ambiguous and looks it up (never submits it again); posted once the rail answers."""
+    address = _address(temporal_env)
+    payout_id, _, handle = await _ambiguous(temporal_env, system, workers)
+    first_token = (await handle.query(PayoutWorkflow.status)).token
+    reset = await _temporal(
+        address,
+        "workflow",
+        "reset",
+        "--workflow-id",
+        f"payout-{payout_id}",
+        "--type",
+        "FirstWorkflowTask",
+        "--reason",
+        "operator drill",
+    )
+    assert reset.returncode == 0, reset.stderr
+    latest = temporal_env.client.get_workflow_handle_for(PayoutWorkflow.run, f"payout-{payout_id}")
+    status = await _until(latest, lambda s: s.lookups >= 1 and s.token > first_token)
+    assert status.state == "RAIL_AMBIGUOUS"
+    system.stub_set(visibility_delay_s=0)
+    result = await latest.result()
+    assert result.state == "POSTED" and len(system.movements(payout_id)) == 1
