@@ -26,7 +26,7 @@ from stack.cli import export_env
 from stack.config import Ports, StackConfig
 from stack.embedded import free_port
 from stack.system import Stack
-from tests.stack.conftest import PORT_KEYS, external_database
+from tests.stack.conftest import external_database
 from tests.stack.test_stack import _ID_LABELS, _metrics_endpoints
 from tests.waiting import wait_for
 from workflows.payout import PayoutWorkflow
@@ -58,10 +58,11 @@ tracing.shutdown()
 async def stack(run_dir: Path) -> AsyncIterator[Stack]:
     """One stack with one worker for the module; the rail stub answers `amb-` payouts
     ambiguously and keeps every movement out of lookups for an hour."""
+    # As tests/stack/conftest.py's stack_env, for a module: every port free, never a default.
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
     env.pop("ETCD_ENDPOINTS", None)
-    for key in PORT_KEYS:
-        env[Ports.ENV_VARS[key]] = str(free_port())
+    for key, var in Ports.ENV_VARS.items():
+        env[var] = "0" if key.startswith("worker_") else str(free_port())
     folder = run_dir / f"tracing-{uuid.uuid4().hex[:8]}"
     folder.mkdir(mode=0o755)
     async with external_database("payouts_tracing") as database_url:
