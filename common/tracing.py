@@ -119,7 +119,11 @@ def _ratio() -> float:
 
 def _int_env(name: str, default: int) -> int:
     raw = os.environ.get(name, "").strip()
-    return int(raw) if raw else default
+    if not raw:
+        return default
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"{name}={raw!r} is not a positive integer")
+    return int(raw)
 
 
 def _exporter(service: str, trace_dir: Path | None) -> SpanExporter | None:
@@ -146,7 +150,8 @@ def tracer_provider(
     Batching (BatchSpanProcessor): spans leave in batches from the SDK's thread, never on the
     request's path. A 1 s delay instead of the SDK's 5 s so that a stopped process loses little
     and a waiting test or `payouts payout trace` sees spans soon; a queue of 16,384 instead of
-    2,048 so that a burst (a worker records about a hundred spans per payout) is not dropped.
+    2,048 so that a burst is not dropped (a payout is about seventy spans, forty of them in its
+    worker).
     OTEL_BSP_SCHEDULE_DELAY and OTEL_BSP_MAX_QUEUE_SIZE override both."""
     if disabled():
         return None

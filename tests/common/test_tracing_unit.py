@@ -75,11 +75,21 @@ def test_unit_disabled_means_no_provider(monkeypatch: pytest.MonkeyPatch) -> Non
     assert tracing.tracer_provider("unit") is None
 
 
-def test_unit_a_bad_ratio_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [("OTEL_TRACES_SAMPLER_ARG", "lots"), ("OTEL_TRACES_SAMPLER_ARG", "1.5"),
+     ("OTEL_BSP_MAX_QUEUE_SIZE", "-1"), ("OTEL_BSP_SCHEDULE_DELAY", "soon")],
+)  # fmt: skip
+def test_unit_a_bad_setting_is_one_clear_error(
+    variable: str, value: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sampling ratio outside 0..1 or a batch setting that is not a positive integer is
+    refused with the variable's name, never silently replaced."""
     monkeypatch.delenv("OTEL_SDK_DISABLED", raising=False)
-    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "lots")
-    with pytest.raises(ValueError, match="OTEL_TRACES_SAMPLER_ARG"):
-        tracing.tracer_provider("unit")
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ValueError, match=variable):
+        tracing.tracer_provider("unit", trace_dir=tmp_path)
 
 
 def test_unit_the_file_holds_one_line_per_span_and_reads_back_as_a_trace(
