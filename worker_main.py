@@ -38,6 +38,7 @@ from activities import backlog_metrics, worker_http
 from activities.payout_activities import PayoutActivities
 from activities.reconcile import ReconcileActivities
 from activities.redrive import RedriveActivities
+from common import tracing
 from common.credentials import CredentialsError, read_token
 from common.exiting import exit_now, load_settings
 from common.logs import configure_logging, get_logger
@@ -224,7 +225,12 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
         else None
     )
     client = await Client.connect(
-        settings.temporal_address, namespace=settings.namespace, runtime=_runtime(settings)
+        settings.temporal_address,
+        namespace=settings.namespace,
+        runtime=_runtime(settings),
+        # Spans of workflows, activities and starts, and their context in every header; the
+        # workers below inherit it from this client (common.tracing).
+        interceptors=tracing.temporal_interceptors(),
     )
     # A transaction of this process left idle longer than its lease (it was frozen between its
     # UPDATEs and its COMMIT) is ended by PostgreSQL: rolled back, its rows free for the next
@@ -409,6 +415,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.stderr.write(f"worker: {exc}\n")
         raise SystemExit(2) from None
     configure_logging("worker")
+    tracing.setup("worker", instance=settings.worker_id)
 
     async def _main() -> None:
         stop = asyncio.Event()

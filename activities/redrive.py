@@ -35,7 +35,9 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities import models as m
 from activities.reconcile_models import REDRIVE_STRANDED, RedriveReport
+from common import tracing
 from common.logs import get_logger
+from common.tracefile import NOT_STARTED
 
 log = get_logger("activities.redrive")
 
@@ -97,21 +99,26 @@ async def start_payout(
     One running workflow per payout, ever: a start beside a running one is refused, and a
     completed one (its payout terminal) is never started again; only a run that ended without
     completing may be followed by a new one (module docstring: why that cannot pay twice).
+
+    Each start is the root of the payout's own trace (common.tracing.payout_root): with a
+    traced client, everything the workflow does joins it.
     """
-    try:
-        await client.start_workflow(
-            PAYOUT_WORKFLOW,
-            inp,
-            id=f"payout-{inp.payout_id}",
-            task_queue=queue,
-            task_timeout=workflow_task_timeout(inp.holder_heartbeat_timeout_s),
-            search_attributes=TypedSearchAttributes(list(search_attributes)),
-            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
-            static_summary=static_summary(inp),
-            static_details=static_details(inp),
-        )
-    except WorkflowAlreadyStartedError:
-        return False
+    with tracing.payout_root(inp.payout_id, inp.account_id) as root:
+        try:
+            await client.start_workflow(
+                PAYOUT_WORKFLOW,
+                inp,
+                id=f"payout-{inp.payout_id}",
+                task_queue=queue,
+                task_timeout=workflow_task_timeout(inp.holder_heartbeat_timeout_s),
+                search_attributes=TypedSearchAttributes(list(search_attributes)),
+                id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
+                static_summary=static_summary(inp),
+                static_details=static_details(inp),
+            )
+        except WorkflowAlreadyStartedError:
+            root.set_attribute(NOT_STARTED, True)  # the running one has a trace of its own
+            return False
     return True
 
 

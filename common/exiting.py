@@ -30,7 +30,11 @@ S = TypeVar("S", bound=BaseSettings)
 
 
 def exit_now(code: int) -> NoReturn:
-    """Flush logging and stdio, then `os._exit(code)`."""
+    """Export the spans still queued (common.tracing), flush logging and stdio, then
+    `os._exit(code)`."""
+    from common import tracing
+
+    tracing.shutdown()
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         # A closed pipe cannot take more output; the exit code still counts.

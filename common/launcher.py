@@ -1,8 +1,9 @@
 """The one launcher of the project's HTTP services: the lock server, the rail proxy, the rail stub
 and the finance ledger each serve their app through `serve`.
 
-Owns: the order of a service's start (JSON logging first, then the app, so that whatever the
-app's factory logs is an event too) and the uvicorn configuration every service shares: uvicorn
+Owns: the order of a service's start (JSON logging and tracing first, then the app, so that
+whatever the app's factory logs is an event too, and the app gets its server spans:
+common.tracing) and the uvicorn configuration every service shares: uvicorn
 installs no log handler of its own (`log_config=None`: its lines go through the root handler of
 `common.logs` as JSON events), only its warnings and errors are kept, and there is no access log
 (a request line carries ids in its path; services emit events for what they commit).
@@ -15,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from common import tracing
 from common.logs import configure_logging
 
 
@@ -30,11 +32,33 @@ def serve(
     import uvicorn
 
     configure_logging(service, level=log_level)
+    tracing.setup(service)
     uvicorn.run(
-        app_factory(),
+        _FlushSpansAtShutdown(tracing.instrument_app(app_factory())),
         host=host,
         port=port,
         log_level="warning",
         log_config=None,
         access_log=False,
     )
+
+
+class _FlushSpansAtShutdown:
+    """Pure ASGI wrapper: once the app's lifespan has shut down, the queued spans are exported.
+    uvicorn re-raises SIGTERM after its shutdown, which ends the process without exit hooks, so
+    the SDK's own flush at exit would never run."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "lifespan":
+            await self.app(scope, receive, send)
+            return
+
+        async def flush_after_shutdown(message: Any) -> None:
+            await send(message)
+            if message["type"] in ("lifespan.shutdown.complete", "lifespan.shutdown.failed"):
+                tracing.shutdown()
+
+        await self.app(scope, receive, flush_after_shutdown)

@@ -3,7 +3,8 @@
 Event names are the contract that alerts filter on (NFR-08), e.g. `lock.acquired`,
 `lock.fenced_out`, `payout.transition`, `rail.submit`: never rename one casually, and never
 filter on message text. Unbounded identifiers (keys, ids, tokens) go into event fields, never
-into metric labels (NFR-09).
+into metric labels (NFR-09). An event emitted inside a trace carries its `trace_id` and
+`span_id` (W3C hex, common.tracing): from a log line to the payout's waterfall and back.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import MutableMapping
 from typing import Any
 
 import structlog
+from opentelemetry import trace
 
 #: Libraries whose INFO lines are per-request chatter (httpx logs every request with its URL,
 #: which carries ids): only their warnings and errors are kept.
@@ -38,6 +40,17 @@ def _name_library_record(
     return event_dict
 
 
+def add_trace_ids(
+    _: Any, __: str, event_dict: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
+    """The current span's trace and span ids, when there is one (nothing outside a trace)."""
+    ctx = trace.get_current_span().get_span_context()
+    if ctx.is_valid:
+        event_dict["trace_id"] = format(ctx.trace_id, "032x")
+        event_dict["span_id"] = format(ctx.span_id, "016x")
+    return event_dict
+
+
 def configure_logging(component: str, *, level: str = "INFO", stream: Any = None) -> None:
     """One JSON object per line on stderr (or `stream`), each with `event`, `component`, `ts`.
 
@@ -49,6 +62,7 @@ def configure_logging(component: str, *, level: str = "INFO", stream: Any = None
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True, key="ts"),
+        add_trace_ids,
     ]
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(

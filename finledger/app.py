@@ -11,10 +11,12 @@ from typing import Any
 
 from fastapi import Depends, FastAPI, Path, Request
 from fastapi.responses import JSONResponse, Response
+from opentelemetry.trace import SpanKind
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 from pydantic import BaseModel, Field
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from common import tracing
 from common.correlation import CorrelationMiddleware
 from common.credentials import REFUSAL_RESPONSES, load_optional, require
 from common.logs import get_logger
@@ -26,6 +28,8 @@ from finledger.settings import FinledgerSettings
 log = get_logger("finledger")
 
 _IDENT = r"^[\x21-\x7e]+$"  # visible ASCII
+_IDENT_SPACED = r"^[\x20-\x7e]*$"  # visible ASCII and spaces (a W3C tracestate)
+_TRACEPARENT = r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$"
 _FLAGS = "finledger.flags"
 #: Components that read what the ledger recorded with their own credential (besides operators).
 _READERS = ("outbox", "invariants", "reconciler")
@@ -43,12 +47,20 @@ class RecordIn(BaseModel):
 
 
 class BatchItem(RecordIn):
-    """One record of a batch, with the key it is booked under (the single write's path)."""
+    """One record of a batch, with the key it is booked under (the single write's path) and the
+    W3C trace context of its delivery (the single write's `traceparent` header): one batch holds
+    items of several payouts' traces, and each booking joins its own (docs/tracing.md)."""
 
     correlation_id: str = Field(min_length=1, max_length=256, pattern=_IDENT)
+    traceparent: str | None = Field(default=None, max_length=55, pattern=_TRACEPARENT)
+    tracestate: str | None = Field(default=None, max_length=512, pattern=_IDENT_SPACED)
 
     def record(self) -> RecordIn:
-        return RecordIn.model_construct(**self.model_dump(exclude={"correlation_id"}))
+        envelope = {"correlation_id", "traceparent", "tracestate"}
+        return RecordIn.model_construct(**self.model_dump(exclude=envelope))
+
+    def trace_context(self) -> dict[str, str | None]:
+        return {"traceparent": self.traceparent, "tracestate": self.tracestate}
 
 
 class BatchIn(BaseModel):
@@ -170,6 +182,19 @@ async def _apply(
         ledger.writes.labels(answer=answer).inc()
 
 
+async def _apply_item(ledger: LedgerState, item: BatchItem, batch: int) -> Applied:
+    """One item of a batch, booked in its own delivery's trace (span `finledger.book`)."""
+    with tracing.continued(
+        "finledger.book",
+        item.trace_context(),
+        kind=SpanKind.CONSUMER,
+        attributes={"finledger.correlation_id": item.correlation_id, "finledger.batch": batch},
+    ) as span:
+        applied = await _apply(ledger, item.correlation_id, item.record(), batch=batch)
+        span.set_attribute("http.response.status_code", applied.status)
+        return applied
+
+
 async def _write(
     ledger: LedgerState, flags: dict[str, bool], correlation_id: str, body: RecordIn
 ) -> Response:
@@ -188,9 +213,7 @@ async def _write_batch(
     item loses the whole reply, after the other items were booked: the publisher resends the
     batch and the book answers duplicate for what it already holds."""
     batch = ledger.book.next_batch()
-    applied = await asyncio.gather(
-        *(_apply(ledger, item.correlation_id, item.record(), batch=batch) for item in body.records)
-    )
+    applied = await asyncio.gather(*(_apply_item(ledger, item, batch) for item in body.records))
     ledger.batches.inc()
     if any(a.drop for a in applied):
         flags["drop"] = True

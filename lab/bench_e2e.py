@@ -10,6 +10,11 @@ degraded-rail burst (a 3 s latency tail and an outage that opens the proxy's bre
 UC-03 pause experiment's takeover figure. Latencies come from the payment database (created,
 terminal) and the Temporal histories (workflow start, workflow tasks).
 
+Tracing's cost (issue 27 §3): the stack above traces, as every stack does by default (this
+process starts the payouts, the roots of their traces); a second, identical stack runs with
+OTEL_SDK_DISABLED=true and its bursts alternate with the traced ones in the same rounds
+(`system_untraced`, `tracing_cost`). `--no-untraced` skips it.
+
 Must never: assert a timing (it reports figures), make the rail decline or answer ambiguously
 (except the outage, which records nothing), or leave a process behind. Prints progress, a
 table, and as its LAST line one JSON object.
@@ -27,7 +32,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -36,6 +41,7 @@ from typing import Any
 import asyncpg
 import httpx
 
+from common import tracing
 from lab import bench_floor, temporal_rpcs
 from lab.bench_locks import loadavg
 from lab.cpu import per_item_ms, snapshot
@@ -70,6 +76,8 @@ class Options:
     outage_max_s: float = 10.0
     takeover: bool = True
     backend: str = "postgres"
+    #: A second stack with tracing off, its bursts alternated with the traced stack's.
+    untraced: bool = True
     settle_timeout_s: float = 600.0
     run_dir: Path = field(default_factory=lambda: Path(".run") / "bench-e2e")
 
@@ -356,64 +364,114 @@ def _stack_config(opts: Options) -> StackConfig:
 
 
 async def _rounds(
-    sysm: System, floor: tuple[Any, str], progress: Progress
-) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]], list[dict[str, Any]]]:
-    """Floor bursts of every shape, a system burst, and the system in its three-task shape
-    (the two-task lever's A/B, issue 29), alternated round by round."""
+    sysm: System, floor: tuple[Any, str], progress: Progress, untraced: System | None = None
+) -> tuple[dict[str, list[dict[str, Any]]], dict[str, list[dict[str, Any]]]]:
+    """Floor bursts of every shape, a system burst, the system in its three-task shape (the
+    two-task lever's A/B, issue 29), and one of the untraced system (tracing's A/B, issue 27),
+    alternated round by round. Returns the floors' runs and the systems' runs by name."""
     opts = sysm.options
     floors: dict[str, list[dict[str, Any]]] = {shape: [] for shape in bench_floor.SHAPES}
-    systems: list[dict[str, Any]] = []
-    three_task: list[dict[str, Any]] = []
+    runs: dict[str, list[dict[str, Any]]] = {"system": [], "system_three_task": []}
+    if untraced is not None:
+        runs["system_untraced"] = []
     client, shared = floor
     await bench_floor.burst(client, shared, "today", min(opts.n, 20))  # warm-up
     for r in range(opts.rounds):
-        steps = [*bench_floor.SHAPES, "system", "system_three_task"]
+        steps = [*bench_floor.SHAPES, *runs]
         for step in steps if r % 2 == 0 else list(reversed(steps)):
-            if step in ("system", "system_three_task"):
-                if not systems and not three_task:
-                    await sysm.stack.wait_for_rail_history()
-                what = f"round {r + 1} {step}"
-                if step == "system":
-                    res = await system_burst(sysm, opts.n, progress, what)
-                    systems.append(res)
-                else:
-                    res = await system_burst(sysm, opts.n, progress, what, two_task=False)
-                    three_task.append(res)
+            if step in runs:
+                target = untraced if step == "system_untraced" and untraced else sysm
+                if not runs[step]:
+                    await target.stack.wait_for_rail_history()
+                shape = {"two_task": False} if step == "system_three_task" else {}
+                res = await system_burst(target, opts.n, progress, f"round {r + 1} {step}", **shape)
+                runs[step].append(res)
             else:
                 res = await bench_floor.burst(client, shared, step, opts.n)
                 floors[step].append(res)
             progress(f"round {r + 1} {step}: {res}")
-    return floors, systems, three_task
+    return floors, runs
 
 
-async def _measure(opts: Options, work: Path, progress: Progress) -> dict[str, Any]:
-    config = _stack_config(opts)
-    out: dict[str, Any] = {}
+@contextlib.asynccontextmanager
+async def _system(
+    config: StackConfig, opts: Options, progress: Progress, *, traced: bool
+) -> AsyncIterator[System]:
+    """A started stack, its rail at the fixed latency, a pool and a Temporal client (traced, so
+    that each start is its trace's root, only for the traced stack)."""
+    from temporalio.client import Client
+
     async with Stack(config, progress=progress) as stack:
         await _rail_behaviour(
             stack, {"latency_mode": "fixed", "latency_fixed_ms": opts.rail_latency_ms}
         )
         pool = await asyncpg.create_pool(stack.database_url, min_size=1, max_size=8)
         try:
-            client = await connect_temporal(stack.temporal_address)
-            sysm = System(stack, client, pool, opts)
-            async with bench_floor.floor_server(
-                opts.workers, config.temporal_transfer_rps, work=work
-            ) as floor:
-                floors, systems, three_task = await _rounds(sysm, floor, progress)
-            system = _system_mean(systems)
-            out |= _floors(floors, system["workflow_tasks_per_payout"])
-            out["system"] = system
-            out["system_three_task"] = _system_mean(three_task)
-            out["ratios"] = _ratios(out)
-            rate = 0.7 * out["system"]["throughput_per_s"]
-            out["steady"] = await system_steady(sysm, max(rate, 0.1), progress)
-            progress(f"steady: {out['steady']}")
-            out["degraded"] = await system_degraded(sysm, progress)
-            progress(f"degraded: {out['degraded']}")
+            if traced:
+                client = await connect_temporal(stack.temporal_address)
+            else:
+                client = await Client.connect(stack.temporal_address)
+            yield System(stack, client, pool, opts)
         finally:
             await pool.close()
+
+
+def _untraced_config(opts: Options) -> StackConfig:
+    """The same stack with OTEL_SDK_DISABLED=true for every process (common.tracing)."""
+    config = _stack_config(opts)
+    env = {name: dict(values) for name, values in config.service_env.items()}
+    env["*"] = {**env.get("*", {}), "OTEL_SDK_DISABLED": "true"}
+    return replace(config, service_env=env)
+
+
+async def _measure(opts: Options, work: Path, progress: Progress) -> dict[str, Any]:
+    config = _stack_config(opts)
+    out: dict[str, Any] = {}
+    async with contextlib.AsyncExitStack() as systems_up:
+        sysm = await systems_up.enter_async_context(_system(config, opts, progress, traced=True))
+        untraced = None
+        if opts.untraced:
+            untraced = await systems_up.enter_async_context(
+                _system(_untraced_config(opts), opts, progress, traced=False)
+            )
+        async with bench_floor.floor_server(
+            opts.workers, config.temporal_transfer_rps, work=work
+        ) as floor:
+            floors, runs = await _rounds(sysm, floor, progress, untraced)
+        system = _system_mean(runs["system"])
+        out |= _floors(floors, system["workflow_tasks_per_payout"])
+        out["system"] = system
+        out["system_three_task"] = _system_mean(runs["system_three_task"])
+        if runs.get("system_untraced"):
+            out["system_untraced"] = _system_mean(runs["system_untraced"])
+            out["tracing_cost"] = tracing_cost(system, out["system_untraced"])
+        out["ratios"] = _ratios(out)
+        rate = 0.7 * out["system"]["throughput_per_s"]
+        out["steady"] = await system_steady(sysm, max(rate, 0.1), progress)
+        progress(f"steady: {out['steady']}")
+        out["degraded"] = await system_degraded(sysm, progress)
+        progress(f"degraded: {out['degraded']}")
     return out
+
+
+def tracing_cost(on: dict[str, Any], off: dict[str, Any]) -> dict[str, Any]:
+    """Tracing on against off, same rounds: burst throughput and CPU per payout (in all and per
+    process: what tracing adds where)."""
+    cpu_on, cpu_off = on.get("cpu_ms_per_payout", {}), off.get("cpu_ms_per_payout", {})
+    total_on, total_off = cpu_on.get("total"), cpu_off.get("total")
+    return {
+        "throughput_per_s": {"on": on["throughput_per_s"], "off": off["throughput_per_s"]},
+        "throughput_ratio": (
+            round(on["throughput_per_s"] / off["throughput_per_s"], 3)
+            if on["throughput_per_s"] and off["throughput_per_s"]
+            else None
+        ),
+        "cpu_ms_per_payout": {"on": total_on, "off": total_off},
+        "cpu_ratio": round(total_on / total_off, 3) if total_on and total_off else None,
+        "cpu_added_ms_per_payout": {
+            k: round(cpu_on[k] - cpu_off.get(k, 0.0), 1) for k in cpu_on if k in cpu_off
+        },
+    }
 
 
 def _floors(floors: dict[str, list[dict[str, Any]]], system_tasks: float | None) -> dict[str, Any]:
@@ -582,6 +640,15 @@ def table(result: dict[str, Any]) -> str:
         f"takeover: {t['seconds']} s at a {t['ttl_s']} s TTL (goal {2 * t['ttl_s'] + 5} s;"
         f" W2 polling after {t.get('w2_ready_s')} s of it)"
     )
+    cost = result.get("tracing_cost")
+    if cost:
+        tp, cpu = cost["throughput_per_s"], cost["cpu_ms_per_payout"]
+        lines.append(
+            f"tracing on/off: burst {tp['on']} / {tp['off']} payouts/s (ratio "
+            f"{cost['throughput_ratio']}), CPU per payout {cpu['on']} / {cpu['off']} ms (ratio "
+            f"{cost['cpu_ratio']}); added ms per payout: "
+            + " ".join(f"{k}={v}" for k, v in cost["cpu_added_ms_per_payout"].items())
+        )
     r = result["ratios"]
     lines.append(
         f"burst: system/floor {r['system_to_floor']} (goal >= 0.9), "
@@ -603,6 +670,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--outage-max-s", type=float, default=d.outage_max_s)
     p.add_argument("--backend", choices=("postgres", "etcd"), default=d.backend)
     p.add_argument("--no-takeover", action="store_true", help="skip the pause experiment")
+    p.add_argument(
+        "--no-untraced",
+        action="store_true",
+        help="skip the second stack with tracing off (OTEL_SDK_DISABLED=true)",
+    )
     p.add_argument("--settle-timeout-s", type=float, default=d.settle_timeout_s)
     p.add_argument("--run-dir", type=Path, default=d.run_dir)
     return p
@@ -626,11 +698,15 @@ def main(argv: list[str] | None = None) -> int:
         degraded_n=a.degraded_n,
         outage_max_s=a.outage_max_s,
         takeover=not a.no_takeover,
+        untraced=not a.no_untraced,
         backend=a.backend,
         settle_timeout_s=a.settle_timeout_s,
         run_dir=a.run_dir,
     )
+    # This process starts the traced stack's payouts: the root of each trace, beside its spans.
+    tracing.setup("bench-e2e", trace_dir=opts.run_dir / "traces")
     result = asyncio.run(run(opts, lambda s: print(s, flush=True)))
+    tracing.shutdown()
     print(table(result), flush=True)
     print(json.dumps(result), flush=True)
     return 0

@@ -12,6 +12,10 @@ run, interleaved round by round with it so that all three see the same machine l
   doing acquire+release in this process, no HTTP: what the backend's real statements cost
   beyond the minimal floor (history rows, epoch, waiter wake-ups), and its events, written
   to a file as the server writes them.
+- `untraced_*`: the same acquire+release through a second lock server started with
+  OTEL_SDK_DISABLED=true and an untraced client; the main figures (p50/p99) are traced as a
+  payout's are (tracing on is the default): the client's span and `traceparent`, the server's
+  spans of the request and its statements, exported to a file (issue 27 §3).
 
 Owns: starting (and always stopping) its own servers: embedded PostgreSQL unless DATABASE_URL is
 set (then a fresh database on that server, dropped at the end), embedded etcd unless
@@ -40,10 +44,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
 
+from common import tracing
 from common.credentials import issue_tokens, read_token, write_credentials
 from common.logs import configure_logging
 from common.pgutil import create_database, drop_database
+from common.tracefile import read_spans
 from lockservice import api
 from lockservice._http import KeepAliveTransport
 from lockservice.api import Grant, LockBackend
@@ -210,11 +218,25 @@ async def lock_server(env: dict[str, str], log: Path) -> AsyncIterator[tuple[str
             proc.wait(5)
 
 
-async def measure(
-    url: str, token: str, floor: Op, backend: LockBackend, n: int
+async def measure(  # noqa: PLR0917 - the run's servers, floors and provider, in order
+    url: str,
+    token: str,
+    floor: Op,
+    backend: LockBackend,
+    n: int,
+    untraced: tuple[str, str],
+    provider: TracerProvider | None,
 ) -> dict[str, list[float]]:
-    """Through the server, the raw floor, one HTTP round trip, the HTTP floor, and the backend
-    class alone, interleaved."""
+    """Through the server (traced, inside a span as in a payout's activity), through the
+    untraced server, the raw floor, one HTTP round trip, the HTTP floor, and the backend class
+    alone, interleaved."""
+    traced = KeepAliveTransport()
+    tracer: trace.Tracer = trace.NoOpTracer()
+    if provider is not None:
+        from opentelemetry.instrumentation.httpx import AsyncOpenTelemetryTransport
+
+        traced = AsyncOpenTelemetryTransport(traced, tracer_provider=provider)
+        tracer = provider.get_tracer("bench-locks")
     # Nothing keeps this session alive: its lease must outlast the whole interleaved run, which
     # on a loaded machine took longer than 30 s (its acquires then failed: session expired).
     session = await backend.open_session(api.MAX_TTL_S)
@@ -226,14 +248,20 @@ async def measure(
         await backend.release(grant)
 
     async with (
-        LockClient(url, token=token) as locks,
+        LockClient(url, token=token, transport=traced) as locks,
+        LockClient(untraced[0], token=untraced[1], transport=KeepAliveTransport()) as plain,
         httpx.AsyncClient(base_url=url, transport=KeepAliveTransport()) as http,
     ):
         key = f"bench:{uuid.uuid4().hex[:12]}"
 
         async def server() -> None:
-            lease = await locks.acquire(key)
-            await locks.release(lease)
+            with tracer.start_as_current_span("bench.acquire_release"):
+                lease = await locks.acquire(key)
+                await locks.release(lease)
+
+        async def server_untraced() -> None:
+            lease = await plain.acquire(key)
+            await plain.release(lease)
 
         async def rtt() -> None:
             (await http.get("/livez")).raise_for_status()
@@ -243,7 +271,8 @@ async def measure(
             await rtt()  # the release's round trip
             await floor()  # the backend work of both
 
-        ops = {"server": server, "floor": floor, "http_rtt": rtt, "http_floor": http_floor}
+        ops = {"server": server, "untraced": server_untraced, "floor": floor, "http_rtt": rtt}
+        ops["http_floor"] = http_floor
         ops["backend"] = direct
         try:
             return await _interleaved(n, ops)
@@ -307,19 +336,29 @@ async def run(n: int) -> dict[str, Any]:
                     "etcd": lambda: etcd_floor(endpoints),
                     "postgres": lambda: postgres_floor(db),
                 }
+                provider = tracing.tracer_provider("bench-locks", trace_dir=work / "traces")
+                plain_dir = work / "untraced"  # its own keys and tokens
+                plain_dir.mkdir()
                 for kind in ("etcd", "postgres"):
-                    print(f"{kind}: starting lock server", flush=True)
+                    print(f"{kind}: starting lock servers (traced, untraced)", flush=True)
                     server_env = {**env[kind], "LOCK_KEY_PREFIX": prefix}
+                    traced_env = {**server_env, tracing.TRACE_DIR_VAR: str(work / "traces")}
+                    plain_env = {**server_env, "OTEL_SDK_DISABLED": "true"}
                     log = work / f"server-{kind}.log"
                     async with (
-                        lock_server(server_env, log) as (url, token),
+                        lock_server(traced_env, log) as (url, token),
+                        lock_server(plain_env, plain_dir / f"server-{kind}.log") as plain,
                         floors[kind]() as floor,
                         _backend(kind, db, endpoints, f"{prefix}direct/") as backend,
                     ):
                         print(f"{kind}: SDK -> {url} -> backend, and floors", flush=True)
-                        samples = await measure(url, token, floor, backend, n)
+                        samples = await measure(url, token, floor, backend, n, plain, provider)
                     result[kind] = _stats(samples)
                     print(f"{kind}: {result[kind]}", flush=True)
+                if provider is not None:
+                    provider.shutdown()
+                # What the traced side really recorded (client and servers; the untraced: none).
+                result["traced_spans"] = len(read_spans(work / "traces"))
     result["loadavg_after"] = loadavg()
     return result
 
@@ -342,16 +381,18 @@ async def _backend(
 
 def _stats(samples: dict[str, list[float]]) -> dict[str, float]:
     stats = _ms(samples["server"])
-    for name in ("floor", "http_floor", "http_rtt", "backend"):
+    for name in ("untraced", "floor", "http_floor", "http_rtt", "backend"):
         s = _ms(samples[name])
         stats[f"{name}_p50_ms"], stats[f"{name}_p99_ms"] = s["p50_ms"], s["p99_ms"]
     stats["ratio_to_http_floor"] = round(stats["p50_ms"] / stats["http_floor_p50_ms"], 2)
+    stats["tracing_added_p50_ms"] = round(stats["p50_ms"] - stats["untraced_p50_ms"], 3)
     return stats
 
 
 def table(result: dict[str, Any]) -> str:
     """The figures as a readable table (ms)."""
-    cols: tuple[str, ...] = ("p50_ms", "p99_ms", "http_floor_p50_ms", "http_floor_p99_ms")
+    cols: tuple[str, ...] = ("p50_ms", "p99_ms", "untraced_p50_ms", "untraced_p99_ms")
+    cols += ("http_floor_p50_ms", "http_floor_p99_ms")
     cols += ("floor_p50_ms", "floor_p99_ms", "http_rtt_p50_ms", "backend_p50_ms")
     cols += ("ratio_to_http_floor",)
     lines = ["backend   " + " ".join(f"{c.removesuffix('_ms'):>17}" for c in cols)]

@@ -25,6 +25,7 @@ import httpx
 from lab.experiments import isolated_ports, json_events, pause_experiment
 from payouts.batch import generate
 from payouts.follow import settle_payouts, terminal_count
+from payouts.trace_cli import payout_waterfalls
 from payouts.workload import create_payouts, seed_accounts, start_workflows
 from stack.config import StackConfig
 from stack.system import Stack
@@ -212,7 +213,11 @@ async def _pause(
         evidence_dir=options.run_dir / "evidence-pause",
         progress=progress,
     )
-    return {k: pause[k] for k in PAUSE_FIGURES}
+    figures = {k: pause[k] for k in PAUSE_FIGURES}
+    # Its trace: the start (this process), both workers, the fenced-out resume, every hop.
+    # (run_dir holds this process's spans, lab.demo_cli, and the experiment stack's.)
+    figures["trace"] = "\n\n".join(payout_waterfalls(options.run_dir, pause["payout_id"]))
+    return figures
 
 
 async def _workload(
@@ -374,11 +379,19 @@ def render(report: dict[str, Any]) -> str:
             f"{ob['downstream_postings']} postings for {ob['postings']} postings"
         )
     if "pause_experiment" in report:
-        lines.append(f"pause experiment:        {report['pause_experiment']}")
+        figures = {k: v for k, v in report["pause_experiment"].items() if k != "trace"}
+        lines.append(f"pause experiment:        {figures}")
     lines.append(f"elapsed:                 {report['elapsed_s']}s")
     lines.append("-" * 72)
     for c in report["checks"]:
         lines.append(f"[{'PASS' if c['ok'] else 'FAIL'}] {c['name']}: {c['detail']}")
     lines.append("=" * 72)
+    trace = report.get("pause_experiment", {}).get("trace")
+    if trace:
+        lines.append(
+            "the pause experiment's payout, its trace (payouts payout trace; docs/tracing.md):"
+        )
+        lines.append(trace)
+        lines.append("=" * 72)
     lines.append("DEMO PASSED" if report["ok"] else "DEMO FAILED")
     return "\n".join(lines)

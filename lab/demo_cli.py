@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from common import tracing
 from common.logs import configure_logging
 from lab.demo import DemoOptions, render, run_demo
 from lab.stoppable import run_stoppable
@@ -33,6 +34,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     options.run_dir.mkdir(parents=True, exist_ok=True)
     with open(options.run_dir / "demo.log", "a", encoding="utf-8") as events:
         configure_logging("demo", stream=events)
+        # This process starts the payouts: the root of each trace, beside the stacks' spans.
+        tracing.setup("demo", trace_dir=options.run_dir / "traces")
         try:
             report = run_stoppable(run_demo(options, _progress))
         except KeyboardInterrupt:

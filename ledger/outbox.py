@@ -1,7 +1,9 @@
 """Outbox rows, written inside the caller's transaction (STD01-10, STD01-04 event context).
 
 The row commits or rolls back with the business change it reports; the publisher (a later issue)
-delivers unpublished rows at least once and never regenerates `event_id`.
+delivers unpublished rows at least once and never regenerates `event_id`. Each row also carries
+the trace context current when it was staged (W3C `traceparent`/`tracestate`, migration 004):
+the publisher continues that trace when it delivers the row (docs/tracing.md).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Any
 
 import asyncpg
 
+from common import tracing
 from ledger.context import WorkContext
 
 #: Version of the paydb event contract; bump on an incompatible payload change.
@@ -34,15 +37,18 @@ async def write_event(
     if not conn.is_in_transaction():
         raise RuntimeError("outbox rows must be written inside the business transaction")
     event_id = uuid.uuid4()
+    trace_context = tracing.carrier()
     await conn.execute(
-        "INSERT INTO paydb.outbox"
-        " (event_id, event_type, correlation_id, causation_id, contract_version, payload)"
-        " VALUES ($1, $2, $3, $4, $5, $6::jsonb)",
+        "INSERT INTO paydb.outbox (event_id, event_type, correlation_id, causation_id,"
+        " contract_version, payload, traceparent, tracestate)"
+        " VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8)",
         event_id,
         event_type,
         correlation_id or ctx.correlation_id,
         ctx.causation_id,
         CONTRACT_VERSION,
         json.dumps(payload, sort_keys=True, default=str),
+        trace_context.get("traceparent"),
+        trace_context.get("tracestate"),
     )
     return event_id

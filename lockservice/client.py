@@ -49,6 +49,7 @@ from typing import Any
 
 import httpx
 
+from common import tracing
 from common.correlation import httpx_hooks
 from common.credentials import auth_headers
 from common.logs import get_logger
@@ -199,8 +200,9 @@ class LockClient:
         self.clock, self._sleep = clock, sleep
         self._rng = rng or random.Random()
         if transport is None and base_url.startswith("http://"):
-            # The lean keep-alive transport: same httpx API and errors, ~0.5 ms less per request.
-            transport = KeepAliveTransport()
+            # The lean keep-alive transport: same httpx API and errors, ~0.5 ms less per request;
+            # traced (a client span, and `traceparent` to the server) when tracing is on.
+            transport = tracing.traced_transport(KeepAliveTransport())
         # `token`: this component's bearer credential (common.credentials), sent on every call.
         # Every request carries the caller's correlation id (common.correlation, bound by the
         # activity that asks), so the lock server's events for it carry the same id.

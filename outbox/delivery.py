@@ -12,7 +12,7 @@ import json
 import os
 import random
 import socket
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Self
 
@@ -20,6 +20,7 @@ import httpx
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from common import tracing
 from common.credentials import auth_headers
 
 
@@ -137,17 +138,30 @@ class DownstreamClient:
     async def aclose(self) -> None:
         await self._client.aclose()
 
-    async def send(self, delivery_key: str, record: dict[str, Any]) -> Attempt:
+    async def send(
+        self,
+        delivery_key: str,
+        record: dict[str, Any],
+        trace_context: Mapping[str, str | None] | None = None,
+    ) -> Attempt:
+        """One record alone; `trace_context` (its delivery's span) goes as `traceparent`."""
         try:
-            response = await self._client.put(f"/v1/records/{delivery_key}", json=record)
+            with tracing.attached(trace_context or {}):
+                response = await self._client.put(f"/v1/records/{delivery_key}", json=record)
         except httpx.HTTPError as exc:
             return Attempt(Outcome.RETRYABLE_FAILURE, f"{type(exc).__name__}: {exc}"[:500])
         outcome = classify_status(response.status_code)
         error = None if response.is_success else f"HTTP {response.status_code} {response.text}"
         return Attempt(outcome, error[:500] if error else None)
 
-    async def send_batch(self, items: Sequence[tuple[str, dict[str, Any]]]) -> list[Attempt]:
+    async def send_batch(
+        self,
+        items: Sequence[tuple[str, dict[str, Any]]],
+        trace_contexts: Sequence[Mapping[str, str]] | None = None,
+    ) -> list[Attempt]:
         """Send (delivery key, record) pairs in ONE request; one attempt per item, in order.
+        `trace_contexts` (one per item, common.tracing.carrier) travel in the items, beside
+        their keys: one request carries items of several payouts' traces.
 
         A lost reply (timeout, dropped connection, 5xx, 401/403) is a retryable failure of every
         item: the ledger books each key at most once, so resending the whole batch is safe. A
@@ -155,7 +169,13 @@ class DownstreamClient:
         without the batch route) is sent item by item instead, so that only the item at fault
         is classified permanent and nothing else is dead-lettered with it.
         """
-        body = {"records": [{"correlation_id": key, **record} for key, record in items]}
+        contexts = list(trace_contexts) if trace_contexts is not None else [{} for _ in items]
+        body = {
+            "records": [
+                {"correlation_id": key, **record, **ctx}
+                for (key, record), ctx in zip(items, contexts, strict=True)
+            ]
+        }
         try:
             response = await self._client.post("/v1/records:batch", json=body)
         except httpx.HTTPError as exc:
@@ -163,7 +183,8 @@ class DownstreamClient:
             return [Attempt(Outcome.RETRYABLE_FAILURE, error) for _ in items]
         if response.status_code != 200:
             if classify_status(response.status_code) is Outcome.PERMANENT_FAILURE:
-                return list(await asyncio.gather(*(self.send(k, r) for k, r in items)))
+                singles = (self.send(k, r, c) for (k, r), c in zip(items, contexts, strict=True))
+                return list(await asyncio.gather(*singles))
             error = f"HTTP {response.status_code} {response.text}"[:500]
             return [Attempt(Outcome.RETRYABLE_FAILURE, error) for _ in items]
         try:

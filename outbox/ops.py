@@ -20,7 +20,7 @@ from outbox.delivery import OPERABLE, NotActionable, Outcome, Status
 ROW_COLUMNS = (
     "event_id, event_type, correlation_id, delivery_key, occurred_at, contract_version, payload,"
     " status, attempts, next_retry_at, last_outcome, last_error, delivered_at, claimed_by,"
-    " claimed_until"
+    " claimed_until, traceparent, tracestate"
 )
 
 
@@ -33,6 +33,12 @@ class Claimed:
     contract_version: str
     payload: dict[str, Any]
     attempts: int  # including this claim: the fence for writing the outcome back
+    #: The trace context the row was staged in (migration 004); None outside any trace.
+    traceparent: str | None = None
+    tracestate: str | None = None
+
+    def trace_context(self) -> dict[str, str | None]:
+        return {"traceparent": self.traceparent, "tracestate": self.tracestate}
 
     def record(self) -> dict[str, Any]:
         """The body sent downstream; the event id is the original one, never regenerated."""
@@ -81,6 +87,8 @@ async def claim_batch(
             contract_version=r["contract_version"],
             payload=json.loads(r["payload"]),
             attempts=r["attempts"],
+            traceparent=r["traceparent"],
+            tracestate=r["tracestate"],
         )
         for r in rows
     ]

@@ -11,6 +11,10 @@ applies a batch's items concurrently, a failing row backs off while later ones g
 (head-of-line protection), and several publishers run at once. Each record carries its
 `occurred_at` and event id; the ledger deduplicates by correlation id and finance orders by
 `occurred_at`.
+
+Tracing: each row's delivery is a span `outbox.deliver` in the trace the row was staged in (its
+stored `traceparent`, common.tracing), from the send to its outcome written back; the batch
+request carries each item's context so that the ledger's booking of it joins the same trace.
 """
 
 from __future__ import annotations
@@ -21,7 +25,10 @@ import random
 from typing import Any
 
 import asyncpg
+from opentelemetry.trace import Span, SpanKind, StatusCode, use_span
+from opentelemetry.trace import Status as SpanStatus
 
+from common import tracing
 from common.credentials import read_token
 from common.logs import get_logger
 from common.outage import CONNECTION_LOST
@@ -87,20 +94,31 @@ class Publisher:
         )
         if not rows:
             return []
-        # The claim is committed before the HTTP call: no transaction spans the network.
-        # Sending the same record twice cannot book it twice: the ledger keys each item by the
-        # row's delivery key (UNIQUE here too), so a resent batch (lost reply, timeout, crash
-        # and resend) answers "duplicate" for every item it already booked.
-        attempts = await self._client.send_batch([(r.delivery_key, r.record()) for r in rows])
-        verdicts = []
-        for row, attempt in zip(rows, attempts, strict=True):
-            status, retry_in_s, reason = self._next_status(row, attempt.outcome)
-            verdicts.append(
-                Verdict(row, status, attempt.outcome, attempt.error, retry_in_s, reason)
+        spans = [_delivery_span(r) for r in rows]
+        try:
+            # The claim is committed before the HTTP call: no transaction spans the network.
+            # Sending the same record twice cannot book it twice: the ledger keys each item by
+            # the row's delivery key (UNIQUE here too), so a resent batch (lost reply, timeout,
+            # crash and resend) answers "duplicate" for every item it already booked.
+            attempts = await self._client.send_batch(
+                [(r.delivery_key, r.record()) for r in rows],
+                trace_contexts=[tracing.carrier(span) for span in spans],
             )
-        written = await record_outcomes(self._pool, verdicts, publisher_id=s.publisher_id)
-        for v in verdicts:
-            self._report(v, written=v.row.event_id in written)
+            verdicts = []
+            for row, attempt in zip(rows, attempts, strict=True):
+                status, retry_in_s, reason = self._next_status(row, attempt.outcome)
+                verdicts.append(
+                    Verdict(row, status, attempt.outcome, attempt.error, retry_in_s, reason)
+                )
+            written = await record_outcomes(self._pool, verdicts, publisher_id=s.publisher_id)
+        except BaseException:
+            for span in spans:
+                span.end()
+            raise
+        for v, span in zip(verdicts, spans, strict=True):
+            with use_span(span, end_on_exit=True):  # its events carry the payout's trace ids
+                self._report(v, written=v.row.event_id in written)
+                _end_delivery(span, v)
         return [(v.row, v.outcome) for v in verdicts]
 
     async def drain(self) -> int:
@@ -200,6 +218,28 @@ class Publisher:
                 log.warning("outbox.listen_lost", error=f"{type(exc).__name__}: {exc}")
             if not stop.is_set():
                 await _wait_any(stop, stop, within_s=self.settings.poll_interval_s)
+
+
+def _delivery_span(row: Claimed) -> Span:
+    """The span of one row's delivery, in the trace it was staged in (none without one)."""
+    return tracing.start_continued(
+        "outbox.deliver",
+        row.trace_context(),
+        kind=SpanKind.PRODUCER,
+        attributes={
+            "outbox.event_id": str(row.event_id),
+            "outbox.event_type": row.event_type,
+            "outbox.delivery_key": row.delivery_key,
+            "outbox.attempt": row.attempts,
+        },
+    )
+
+
+def _end_delivery(span: Span, v: Verdict) -> None:
+    span.set_attribute("outbox.outcome", str(v.outcome))
+    span.set_attribute("outbox.status", str(v.status))
+    if v.status is not Status.DELIVERED:
+        span.set_status(SpanStatus(StatusCode.ERROR, v.error or str(v.outcome)))
 
 
 async def _wait_any(a: asyncio.Event, b: asyncio.Event, *, within_s: float | None) -> None:

@@ -1,18 +1,18 @@
 """Operator and workload commands: `payouts seed`, `payouts payout create|start-pending|list|
-status|abandon|revoke`, `payouts lock revoke`.
+status|abandon|revoke|trace`, `payouts lock revoke`.
 
-`register` fans out to the command groups: `payouts.seed_cli`, `payouts.payout_cli` and
-`payouts.operator_cli` (the signals and the lock revoke). Their shared parts live in
-`payouts.settings` (connection options), `payouts.errors` (exit codes), `payouts.batch` (input),
-`payouts.workload` (accounts, rows, workflows) and `payouts.follow` (`--wait`); the names below are
-re-exported for callers that import the workload API from here.
+`register` fans out to the command groups: `payouts.seed_cli`, `payouts.payout_cli`,
+`payouts.operator_cli` (the signals and the lock revoke) and `payouts.trace_cli`. Their shared
+parts live in `payouts.settings` (connection options), `payouts.errors` (exit codes),
+`payouts.batch` (input), `payouts.workload` (accounts, rows, workflows) and `payouts.follow`
+(`--wait`); the names below are re-exported for callers that import the workload API from here.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from payouts import operator_cli, payout_cli, seed_cli
+from payouts import operator_cli, payout_cli, seed_cli, trace_cli
 from payouts.batch import MAX_BATCH, PayoutSpec, check_batch, generate, read_batch
 from payouts.errors import (
     EXIT_CONFLICT,
@@ -59,5 +59,7 @@ __all__ = [
 
 def register(sub: Any) -> None:
     seed_cli.register(sub)
-    operator_cli.register_signals(payout_cli.register(sub))
+    payout_sub = payout_cli.register(sub)
+    operator_cli.register_signals(payout_sub)
+    trace_cli.register(payout_sub)
     operator_cli.register(sub)

@@ -22,6 +22,7 @@ from typing import Any
 import asyncpg
 from prometheus_client import start_http_server
 
+from common import tracing
 from common.credentials import (
     CredentialsError,
     authenticate_operator,
@@ -63,6 +64,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     # Before anything starts: the publisher reads its token only after opening its pool.
     refuse_unreadable_token(settings.token_file, "OUTBOX_TOKEN_FILE", "outbox")
     configure_logging("outbox", level=settings.log_level)
+    tracing.setup("outbox")  # each delivery joins the trace of the work that staged its row
     return asyncio.run(_run(database_url(args, "OUTBOX_DATABASE_URL"), settings))
 
 

@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from common import tracing
 from payouts.batch import PayoutSpec, check_batch, generate, parse_spec, read_batch
 from payouts.errors import (
     EXIT_NOT_TERMINAL,
@@ -57,6 +58,7 @@ def _cmd_create(args: argparse.Namespace) -> int:
             )
         ]
     check_batch(specs)
+    tracing.setup("payouts-cli")  # each start is the root of its payout's trace
     asyncio.run(_create_and_start(args, specs))
     verb = "created" if args.no_start else "created and started"
     print(f"{verb} {len(specs)} payout(s); follow them in the Temporal UI as payout-<id>")
@@ -93,6 +95,7 @@ async def _create_and_start(args: argparse.Namespace, specs: list[PayoutSpec]) -
 
 
 def _cmd_start_pending(args: argparse.Namespace) -> int:
+    tracing.setup("payouts-cli")
     specs, started = asyncio.run(_start_stranded(args))
     by_state: dict[str, int] = {}
     for s in specs:

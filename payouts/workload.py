@@ -78,11 +78,14 @@ async def create_payouts(db_url: str, specs: list[PayoutSpec]) -> None:
 
 
 async def connect_temporal(address: str) -> Any:
-    """A Temporal client, or `CommandError(EXIT_UNAVAILABLE)` naming the address."""
+    """A Temporal client (traced when this process set up tracing: common.tracing), or
+    `CommandError(EXIT_UNAVAILABLE)` naming the address."""
     from temporalio.client import Client
 
+    from common import tracing
+
     try:
-        return await Client.connect(address)
+        return await Client.connect(address, interceptors=tracing.temporal_interceptors())
     except RuntimeError as exc:  # the SDK reports a failed connect as RuntimeError
         raise CommandError(
             f"Temporal at {address} is unreachable ({str(exc).splitlines()[0][:120]})",

@@ -52,6 +52,9 @@ def stack_environment(stack: Stack) -> dict[str, str]:
         "RAILPROXY_URL": stack.railproxy_url,
         "WORKER_TASK_QUEUE": stack.config.task_queue,
         "RECONCILE_TASK_QUEUE": stack.config.task_queue,
+        # Where `payouts payout create` writes its spans and `payouts payout trace` reads them
+        # (the stack's processes write theirs there too: docs/tracing.md).
+        "PAYOUTS_TRACE_DIR": str((stack.run_dir / "traces").resolve()),
         "RECONCILE_RAIL_ADMIN_URL": stack.railstub_url,
         "INVARIANTS_RAIL_ADMIN_URL": stack.railstub_url,
         "INVARIANTS_LOCK_URL": stack.lock_url,

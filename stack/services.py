@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common.tracing import TRACE_DIR_VAR
 from lockservice.grants import KeyPairFiles, generate_keypair
 from stack.config import StackConfig
 from stack.credentials import StackCredentials, stack_credentials
@@ -128,6 +129,9 @@ class ServiceFactory:
     def _env(self, name: str, own: Mapping[str, str]) -> dict[str, str]:
         env = dict(self.base_env)
         env["PYTHONUNBUFFERED"] = "1"
+        # Every process's spans, one file each, under the run directory (common.tracing); a
+        # collector (OTEL_EXPORTER_OTLP_ENDPOINT) takes precedence, OTEL_SDK_DISABLED=true: none.
+        env[TRACE_DIR_VAR] = str((self.config.run_dir / "traces").resolve())
         # No child gets the admin DSN: each one connects with its own role (_db below).
         if self.addr.etcd_endpoints:
             env["ETCD_ENDPOINTS"] = ",".join(self.addr.etcd_endpoints)

@@ -84,8 +84,9 @@ COMPONENTS: tuple[Component, ...] = (
     ),
 )
 
-#: Read by the image itself (its HEALTHCHECK, common.healthcheck), valid in every service.
-IMAGE_VARIABLES = frozenset({"HEALTHCHECK_URL"})
+#: Read by the image itself (its HEALTHCHECK, common.healthcheck), or by every process's tracing
+#: (common.tracing: the collector's address and the standard switch), valid in every service.
+IMAGE_VARIABLES = frozenset({"HEALTHCHECK_URL", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_SDK_DISABLED"})
 
 
 def settings_variables(cls: type[BaseSettings]) -> set[str]:

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from common.tracefile import read_spans
 from lab.bench_floor import SHAPES
 
 TERMINAL = {"POSTED", "FAILED", "ABANDONED"}
@@ -23,6 +24,16 @@ def _all_terminal(figures: dict[str, Any], n: int) -> None:
     assert set(figures["states"]) <= TERMINAL, figures["states"]
 
 
+def _assert_only_the_traced_stack_traced(run_dir: Path) -> None:
+    """The traced stack's processes (and the bench, the starter) wrote spans; the untraced
+    stack's (OTEL_SDK_DISABLED=true) wrote none."""
+    stacks = sorted(run_dir.glob("stack-*"), key=lambda d: len(read_spans(d)))
+    assert len(stacks) == 2 and read_spans(stacks[0]) == []
+    services = {s.service for s in read_spans(stacks[1])}
+    assert {"worker", "lock-server", "railproxy", "railstub"} <= services
+    assert any(s.service == "bench-e2e" for s in read_spans(run_dir / "traces"))
+
+
 async def test_bench_e2e_tiny_prints_the_issue_json_last(tmp_path: Path) -> None:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -32,7 +43,7 @@ async def test_bench_e2e_tiny_prints_the_issue_json_last(tmp_path: Path) -> None
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
-    out, err = await asyncio.wait_for(proc.communicate(), 300)
+    out, err = await asyncio.wait_for(proc.communicate(), 600)  # two stacks: traced, untraced
     assert proc.returncode == 0, (out.decode()[-2000:], err.decode()[-2000:])
     result = json.loads(out.decode().strip().splitlines()[-1])
     assert (result["n"], result["workers"], result["rail_latency_ms"]) == (3, 1, 300)
@@ -73,6 +84,13 @@ async def test_bench_e2e_tiny_prints_the_issue_json_last(tmp_path: Path) -> None
     for name in ("system", "steady", "degraded"):  # read from the real histories
         b = result[name]["breakdown_ms"]
         assert b["workflow_s"] > 0 and b["activity_run_s"] > 0 and b["wft_run_s"] > 0
+    # Tracing on (the system above) and off, in the same rounds: each side's payouts all ended.
+    _all_terminal(result["system_untraced"], 3)
+    cost = result["tracing_cost"]
+    assert cost["throughput_per_s"]["off"] == result["system_untraced"]["throughput_per_s"]
+    assert cost["cpu_ms_per_payout"]["on"] == system["cpu_ms_per_payout"]["total"] > 0
+    assert "tracing on/off: burst" in out.decode()  # the table's line
+    _assert_only_the_traced_stack_traced(tmp_path)
     steady = result["steady"]
     assert steady["rate_per_s"] > 0 and steady["n"] >= 2
     _all_terminal(steady, steady["n"])

@@ -11,6 +11,7 @@ import os
 import sys
 
 FIGURES = ("p50_ms", "p99_ms", "floor_p50_ms", "http_floor_p50_ms", "http_rtt_p50_ms")
+FIGURES += ("untraced_p50_ms", "untraced_p99_ms")  # tracing off, beside the traced default
 
 
 async def test_bench_locks_prints_both_floors_as_its_last_line(
@@ -42,4 +43,6 @@ async def test_bench_locks_prints_both_floors_as_its_last_line(
         assert stats["ratio_to_http_floor"] == round(
             stats["p50_ms"] / stats["http_floor_p50_ms"], 2
         )
+    # The traced side was traced: at least the client's and the server's span of each pair.
+    assert result["traced_spans"] >= 2 * 2 * 20
     assert result["loadavg_before"] and result["loadavg_after"]
