@@ -214,7 +214,7 @@ async def test_one_payout_is_one_trace_through_every_process(stack: Stack) -> No
         stack, trace_id
     )
     out = _cli(stack, "payout", "trace", payout_id)  # the waterfall, from the same files
-    assert f"trace {trace_id}" in out and "RunActivity:execute_payout" in out
+    assert f"trace {trace_id}" in out and "RunActivity:acquire_and_execute" in out
     async with httpx.AsyncClient(timeout=10) as http:
         for name, url in _metrics_endpoints(stack).items():
             text = (await http.get(url)).text
