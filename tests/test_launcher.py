@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import httpx
@@ -119,8 +120,14 @@ def test_a_served_app_continues_the_callers_trace_and_exports_it_at_sigterm(
                 break
             except httpx.TransportError:
                 time.sleep(0.1)
-        headers = {"traceparent": f"00-{trace_id}-{parent}-01"}
-        httpx.get(f"http://127.0.0.1:{port}/work", headers=headers, timeout=5).raise_for_status()
+        # urllib, not httpx: once any test in this process set up tracing (an in-process CLI
+        # call does), httpx is instrumented and would replace this traceparent with its own.
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/work",
+            headers={"traceparent": f"00-{trace_id}-{parent}-01"},
+        )
+        with urllib.request.urlopen(request, timeout=5) as response:
+            assert response.status == 200
     finally:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
