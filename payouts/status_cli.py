@@ -16,6 +16,7 @@ import asyncio
 import json
 import os
 from dataclasses import asdict
+from datetime import timedelta
 from typing import Any
 
 import asyncpg
@@ -33,6 +34,8 @@ FAILURE_WORDS = {
 }
 
 _DB_VARS = ("PAYDB_DATABASE_URL", "DATABASE_URL")
+#: How long `status` waits for a worker to answer the workflow's query.
+QUERY_TIMEOUT = timedelta(seconds=10)
 
 
 def failure_words(reason: str | None) -> str:
@@ -74,25 +77,33 @@ async def gather_status(
     """The report `status` prints: the workflow's answer, the payment database's row, why it
     FAILED, and (with `audit`) its audit rows. Neither known: not found (exit 3)."""
     from temporalio.client import WorkflowQueryFailedError
-    from temporalio.service import RPCError
+    from temporalio.service import RPCError, RPCStatusCode
 
     from workflows.payout import PayoutWorkflow
 
     client = await connect_temporal(address)
+    unanswered: str | None = None
     try:
         payout_id = await find_payout(client, given)
     except CommandError as exc:
         if exc.code != EXIT_NOT_FOUND or db_url is None:
             raise
         payout_id, workflow = given, None  # a row nothing started yet (`payout start-pending`)
+        if given.startswith("payout-") and (await _db_part(db_url, given, False))[0] is None:
+            payout_id = given.removeprefix("payout-")  # the workflow id form, as `list` prints
     else:
         handle = client.get_workflow_handle_for(PayoutWorkflow.run, f"payout-{payout_id}")
         try:
-            workflow = asdict(await handle.query(PayoutWorkflow.status))
-        except (RPCError, WorkflowQueryFailedError) as exc:
+            answer = await handle.query(PayoutWorkflow.status, rpc_timeout=QUERY_TIMEOUT)
+            workflow, unanswered = asdict(answer), None
+        except RPCError as exc:
+            if exc.status != RPCStatusCode.DEADLINE_EXCEEDED and "Timeout" not in str(exc):
+                raise workflow_error(exc, payout_id, address) from None
+            workflow, unanswered = None, await _unanswered(handle)
+        except WorkflowQueryFailedError as exc:
             raise workflow_error(exc, payout_id, address) from None
     row, trail = await _db_part(db_url, payout_id, audit) if db_url else (None, [])
-    if workflow is None and row is None:
+    if workflow is None and row is None and not unanswered:
         raise CommandError(f"unknown payout {given} (no workflow, no row)", EXIT_NOT_FOUND)
     report: dict[str, Any] = {
         "payout_id": payout_id,
@@ -100,6 +111,8 @@ async def gather_status(
         "workflow": workflow,
         "database": _row_json(row) if row else None,
     }
+    if unanswered:
+        report["workflow_note"] = unanswered
     if db_url is None:
         report["database_note"] = "not read: set $PAYDB_DATABASE_URL or $DATABASE_URL"
     _fill_recorded_at(workflow, trail)
@@ -107,6 +120,16 @@ async def gather_status(
     if audit:
         report["audit"] = [_audit_json(r) for r in trail]
     return report
+
+
+async def _unanswered(handle: Any) -> str:
+    """Why the workflow gave no answer: its status, and the queue no worker answered on."""
+    desc = await handle.describe()
+    return (
+        f"its workflow is {desc.status.name if desc.status else 'unknown'} but no worker "
+        f"answered the status query within {QUERY_TIMEOUT.seconds} s (is a worker polling task "
+        f"queue {desc.task_queue}?)"
+    )
 
 
 def _row_json(row: Any) -> dict[str, Any]:
@@ -154,7 +177,7 @@ def _failure(workflow: dict[str, Any] | None, row: Any) -> str | None:
 def render(report: dict[str, Any]) -> str:
     """The report as lines a person reads top-down: the answer first, then the detail."""
     wf, row = report["workflow"], report["database"]
-    state = row["state"] if row else wf["state"]
+    state = row["state"] if row else (wf or {}).get("state", "unknown (no answer)")
     lines = [f"payout {report['payout_id']}  (workflow {report['workflow_id']})"]
     head = f"state        {state}"
     if report["failure"]:
@@ -166,7 +189,12 @@ def render(report: dict[str, Any]) -> str:
         lines.append(f"account      {row['account_id']}  amount {row['amount']} (minor units)")
     elif wf:
         lines.append(f"account      {wf['account_id'] or '?'}")
-    lines += _workflow_lines(wf) if wf else ["workflow     none (`payouts payout start-pending`)"]
+    if wf:
+        lines += _workflow_lines(wf)
+    elif report.get("workflow_note"):
+        lines.append(f"workflow     {report['workflow_note']}")
+    else:
+        lines.append("workflow     none (`payouts payout start-pending` starts one)")
     if row:
         lines.append(
             f"database     state {row['state']}, fence {row['fence']}, reason "
