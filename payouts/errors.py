@@ -41,7 +41,12 @@ EXIT_TABLE: tuple[ExitCode, ...] = (
         "missing `DATABASE_URL`), or the Temporal reached is not the database's stack: "
         "nothing was changed",
     ),
-    ExitCode(3, "not_found", "no such payout (no workflow for it), or no lock holder to revoke"),
+    ExitCode(
+        3,
+        "not_found",
+        "no such payout (no workflow, no row; `payout trace`: no trace of it), or no lock "
+        "holder to revoke",
+    ),
     ExitCode(
         4,
         "conflict",
