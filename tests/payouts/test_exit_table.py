@@ -86,6 +86,7 @@ def leaf_commands(
         yield from leaf_commands(child, (*words, name))
 
 
+@pytest.mark.timeout(1200)  # ~40 interpreter starts: minutes on a loaded 2-core machine
 def test_every_command_answers_an_argument_error_in_one_line_with_a_hint() -> None:
     """Each of the CLI's commands, given an option it does not have, exits `usage` with one
     line naming its own --help (not the whole usage), before doing anything."""
