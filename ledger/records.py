@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 
@@ -54,6 +54,26 @@ class AlreadyAdvanced:
     payout_id: str
     state: PayoutState
     fence: int
+
+
+@dataclass(frozen=True, slots=True)
+class AuditRow:
+    """One row of `paydb.audit_log` (append-only); `details` as its JSON text."""
+
+    audit_id: int
+    at: datetime
+    actor: str
+    token: int | None
+    action: str
+    payout_id: str | None
+    account_id: str | None
+    from_state: str | None
+    to_state: str | None
+    details: str
+
+    @classmethod
+    def from_row(cls, row: Any) -> AuditRow:
+        return cls(**{f.name: row[f.name] for f in fields(cls)})
 
 
 PAYOUT_COLUMNS = (

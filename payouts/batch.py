@@ -14,9 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ledger.records import BIGINT_MAX
 from payouts.errors import CommandError
 
 MAX_BATCH = 100_000
+#: The largest amount the payment database holds (`amount bigint`), in minor units.
+MAX_AMOUNT = BIGINT_MAX
 
 
 @dataclass(frozen=True)
@@ -42,9 +45,17 @@ def parse_spec(raw: dict[str, Any], where: str) -> PayoutSpec:
         ) from None
     if not payout_id or not account_id:
         raise CommandError(f"{where}: payout_id and account_id must not be empty")
+    check_amount(amount, where)
+    return PayoutSpec(payout_id, account_id, amount)
+
+
+def check_amount(amount: int, where: str) -> None:
     if amount <= 0:
         raise CommandError(f"{where}: amount must be positive, got {amount}")
-    return PayoutSpec(payout_id, account_id, amount)
+    if amount > MAX_AMOUNT:
+        raise CommandError(
+            f"{where}: amount {amount} exceeds the largest, {MAX_AMOUNT} minor units"
+        )
 
 
 def read_batch(path: Path) -> list[PayoutSpec]:
@@ -78,6 +89,7 @@ def check_batch(specs: list[PayoutSpec]) -> None:
         raise CommandError(f"at most {MAX_BATCH} payouts per batch")
     seen: set[str] = set()
     for s in specs:
+        check_amount(s.amount, f"payout {s.payout_id}")
         if s.payout_id in seen:
             raise CommandError(f"payout id {s.payout_id} appears twice in the batch")
         seen.add(s.payout_id)

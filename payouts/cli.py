@@ -13,7 +13,14 @@ import os
 import sys
 
 from common.exiting import exit_code, exit_now
-from payouts.settings import database_url
+from payouts.errors import (
+    EXIT_CLOSED_OUTPUT,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    CommandError,
+    OneLineParser,
+)
+from payouts.settings import database_url, load_stack_env
 
 #: Modules that define `register(subparsers: argparse._SubParsersAction) -> None`.
 COMMAND_MODULES: tuple[str, ...] = (
@@ -40,7 +47,7 @@ def _cmd_db_migrate(args: argparse.Namespace) -> int:
         passwords = read_passwords(Path(folder)) if folder else None
         applied = asyncio.run(migrate(database_url(args), passwords=passwords))
     except (RoleConfigError, MigrationError) as exc:
-        raise SystemExit(f"error: {exc}") from exc
+        raise CommandError(str(exc), EXIT_USAGE) from exc
     print("\n".join(applied) if applied else "database is up to date")
     return 0
 
@@ -70,7 +77,7 @@ def _use_help_formatter(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(  # its subparsers are OneLineParsers too (argparse's parser_class)
         prog="payouts",
         description="Exactly-once payout execution: run the local stack, create and follow "
         "payouts, operate them, and prove the design (demo, experiments, chaos).",
@@ -113,9 +120,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
     except SystemExit:
         raise
+    except BrokenPipeError:
+        raise  # `run` ends quietly
+    except CommandError as exc:  # e.g. a missing $DATABASE_URL in a command without a guard
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.code
     except Exception as exc:
         # An unexpected error is one line and exit 1; --debug shows the traceback.
         if args.debug:
@@ -126,12 +138,30 @@ def main(argv: list[str] | None = None) -> int:
 
 def run() -> None:
     """Console entry point: `main()`, then `exit_now` with its code, so that the exit code is the
-    command's own and never a crash of the Temporal SDK at interpreter exit (common.exiting)."""
+    command's own and never a crash of the Temporal SDK at interpreter exit (common.exiting).
+
+    A reader that went away (`payouts payout status P | head`) ends the command quietly with
+    EXIT_CLOSED_OUTPUT, the usual convention: no message, which would only go to a pipe nobody
+    reads or clutter the terminal."""
     try:
+        load_stack_env(sys.argv[1:])  # a running stack's addresses, for the unset variables
         code = main()
+    except CommandError as exc:  # the stack's environment file is unreadable
+        print(f"error: {exc}", file=sys.stderr)
+        code = exc.code
     except SystemExit as exc:
         code = exit_code(exc)
+    except BrokenPipeError:
+        _drop_stdout()
+        code = EXIT_CLOSED_OUTPUT
     exit_now(code)
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null, so that flushing what is still buffered cannot fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """Operator and workload commands: `payouts seed`, `payouts payout create|start-pending|list|
-status|abandon|revoke|trace`, `payouts lock revoke`.
+status|show|abandon|revoke|trace`, `payouts audit`, `payouts lock revoke`.
 
 `register` fans out to the command groups: `payouts.seed_cli`, `payouts.payout_cli`,
-`payouts.operator_cli` (the signals and the lock revoke) and `payouts.trace_cli`. Their shared
+`payouts.status_cli` (status, show, audit), `payouts.operator_cli` (the signals and the lock
+revoke) and `payouts.trace_cli`. Their shared
 parts live in `payouts.settings` (connection options), `payouts.errors` (exit codes),
 `payouts.batch` (input), `payouts.workload` (accounts, rows, workflows) and `payouts.follow`
 (`--wait`); the names below are re-exported for callers that import the workload API from here.
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from payouts import operator_cli, payout_cli, seed_cli, trace_cli
+from payouts import operator_cli, payout_cli, seed_cli, status_cli, trace_cli
 from payouts.batch import MAX_BATCH, PayoutSpec, check_batch, generate, read_batch
 from payouts.errors import (
     EXIT_CONFLICT,
@@ -60,6 +61,7 @@ __all__ = [
 def register(sub: Any) -> None:
     seed_cli.register(sub)
     payout_sub = payout_cli.register(sub)
+    status_cli.register(payout_sub, sub)
     operator_cli.register_signals(payout_sub)
     trace_cli.register(payout_sub)
     operator_cli.register(sub)

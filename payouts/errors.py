@@ -1,24 +1,83 @@
-"""How a `payouts payout|seed|lock` command fails: one line on stderr and a documented exit code.
+"""How a `payouts` command fails: one line on stderr and an exit code from the one table.
 
-Owns: the exit codes (README), `CommandError`, the `guard` that turns expected failures into
-them, and what a failed Temporal signal or query means to the operator. Must never: retry, or
-hide an unexpected error (that is `payouts.cli.main`'s one line and exit 1).
+Owns: the exit-code table (`EXIT_TABLE`, rendered into the README), `CommandError`, the `guard`
+that turns expected failures into their codes, `OneLineParser` (an argument error is one line
+and a hint, exit 2), `temporal_unreachable` and what a failed Temporal signal or query means to
+the operator. Must never: retry, or hide an unexpected error (that is `payouts.cli.main`'s one
+line and exit 1).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NoReturn
 
 import asyncpg
 
-#: Exit codes of `payouts payout|seed|lock` commands (documented in the README).
-EXIT_USAGE = 2  # bad arguments or input; nothing was changed
-EXIT_NOT_FOUND = 3  # no such payout (no workflow for it)
-EXIT_CONFLICT = 4  # the payout's workflow has completed: nothing left to signal
-EXIT_UNAVAILABLE = 5  # Temporal, the database or the lock server could not be reached
-EXIT_NOT_TERMINAL = 6  # `payout create --wait`: some payouts were not terminal in time
+
+@dataclass(frozen=True)
+class ExitCode:
+    code: int
+    name: str
+    meaning: str
+
+
+#: Every exit code of `payouts ...`, defined once: the README's table is this list
+#: (tests/payouts/test_exit_table.py checks both the README and each command against it).
+EXIT_TABLE: tuple[ExitCode, ...] = (
+    ExitCode(0, "ok", "done"),
+    ExitCode(
+        1,
+        "failed",
+        "unexpected error (one line; `--debug` shows the traceback), or a check found a problem "
+        "(`reconcile run`, `check-invariants`, `demo`, `experiment`, `chaos`, `gameday`)",
+    ),
+    ExitCode(
+        2,
+        "usage",
+        "bad arguments or input (an unknown option, a blank id, an amount out of range, a "
+        "missing `DATABASE_URL`), or the Temporal reached is not the database's stack: "
+        "nothing was changed",
+    ),
+    ExitCode(
+        3,
+        "not_found",
+        "no such payout (no workflow, no row; `payout trace`: no trace of it), or no lock "
+        "holder to revoke",
+    ),
+    ExitCode(
+        4,
+        "conflict",
+        "refused: the payout's workflow has completed (nothing to signal), or the workflow "
+        "refused the operator command",
+    ),
+    ExitCode(5, "unavailable", "Temporal, the database or the lock server could not be reached"),
+    ExitCode(6, "not_terminal", "`payout create --wait` ended before every payout was terminal"),
+    ExitCode(130, "interrupted", "interrupted (Ctrl-C)"),
+    ExitCode(
+        141,
+        "closed_output",
+        "the reader of the output went away (the output piped into `head`): the rest is "
+        "dropped quietly, as by a process that SIGPIPE ended",
+    ),
+)
+EXIT = {e.name: e.code for e in EXIT_TABLE}
+
+EXIT_USAGE = EXIT["usage"]  # bad arguments or input; nothing was changed
+EXIT_NOT_FOUND = EXIT["not_found"]  # no such payout (no workflow for it), no lock holder
+EXIT_CONFLICT = EXIT["conflict"]  # the payout's workflow has completed, or a command refused
+EXIT_UNAVAILABLE = EXIT["unavailable"]  # Temporal, the database or the lock server unreachable
+EXIT_NOT_TERMINAL = EXIT["not_terminal"]  # `payout create --wait`: some were not terminal in time
+EXIT_INTERRUPTED = EXIT["interrupted"]
+EXIT_CLOSED_OUTPUT = EXIT["closed_output"]
+
+
+def exit_table_markdown() -> str:
+    """The README's table (between its `exit-codes` markers), rendered from EXIT_TABLE."""
+    rows = [f"| `{e.code}` | {e.name} | {e.meaning} |" for e in EXIT_TABLE]
+    return "\n".join(["| code | name | meaning |", "|---|---|---|", *rows])
 
 
 class CommandError(Exception):
@@ -29,13 +88,55 @@ class CommandError(Exception):
         self.code = code
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """An argument error is one line and a hint on stderr, exit 2 (not the whole usage). The
+    hint names the deepest subcommand given (`payouts payout create --help`), also for an
+    unrecognized option, which argparse reports from the top parser."""
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        self._words = [str(w) for w in (sys.argv[1:] if args is None else args)]
+        return super().parse_known_args(args, namespace)
+
+    def error(self, message: str) -> NoReturn:
+        prog = _deepest_prog(self, getattr(self, "_words", []))
+        self.exit(EXIT_USAGE, f"usage error: {message}; see `{prog} --help`\n")
+
+
+def _deepest_prog(parser: argparse.ArgumentParser, argv: list[str]) -> str:
+    """The `prog` of the deepest subcommand that the words of `argv` name, from `parser`."""
+    for word in argv:
+        for action in parser._actions:  # argparse exposes subparsers only through this list
+            if isinstance(action, argparse._SubParsersAction) and word in action.choices:
+                return _deepest_prog(action.choices[word], argv[argv.index(word) + 1 :])
+    return parser.prog
+
+
+def payout_id_arg(value: str) -> str:
+    """A payout id argument: as `payout list` prints it too (the workflow id `payout-<id>`
+    is resolved by `payouts.workload.find_payout`); blank is a usage error."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("the payout id must not be blank")
+    return value.strip()
+
+
+def temporal_unreachable(address: str, detail: str) -> CommandError:
+    """Temporal at `address` could not be reached: where the address came from, and the SDK's
+    own first line, whole."""
+    return CommandError(
+        f"Temporal at {address} is unreachable ({detail}); the address comes from --temporal, "
+        "else $TEMPORAL_ADDRESS, else the stack's environment file "
+        "(`payouts up` writes RUN/stack.env), else 127.0.0.1:7233",
+        EXIT_UNAVAILABLE,
+    )
+
+
 def require(value: str | None, what: str) -> str:
     if not value or not value.strip():
         raise CommandError(f"--{what} is required and must not be blank")
     return value.strip()
 
 
-def workflow_error(exc: Exception, payout_id: str) -> CommandError:
+def workflow_error(exc: Exception, payout_id: str, address: str = "") -> CommandError:
     """What a failed signal or query means to the operator, as a one-line error."""
     from temporalio.service import RPCError, RPCStatusCode
 
@@ -49,8 +150,8 @@ def workflow_error(exc: Exception, payout_id: str) -> CommandError:
             f"unknown payout {payout_id} (no workflow payout-{payout_id})", EXIT_NOT_FOUND
         )
     if isinstance(exc, RPCError) and exc.status == RPCStatusCode.UNAVAILABLE:
-        return CommandError(f"Temporal is unreachable: {text[:120]}", EXIT_UNAVAILABLE)
-    return CommandError(f"payout {payout_id}: {type(exc).__name__}: {text[:160]}", 1)
+        return temporal_unreachable(address or "its address", text.splitlines()[0] if text else "")
+    return CommandError(f"payout {payout_id}: {type(exc).__name__}: {text}", 1)
 
 
 def guard(func: Any) -> Any:
@@ -62,6 +163,8 @@ def guard(func: Any) -> Any:
         except CommandError as exc:
             sys.stderr.write(f"error: {exc}\n")
             return exc.code
+        except BrokenPipeError:
+            raise  # the reader went away: `payouts.cli.run` ends quietly (EXIT_CLOSED_OUTPUT)
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             if getattr(args, "debug", False):
                 raise

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import time
 from datetime import timedelta
 from typing import Any
@@ -30,14 +31,16 @@ from common.credentials import (
 from common.lockkey import lock_key
 from payouts.errors import (
     EXIT_CONFLICT,
+    EXIT_NOT_FOUND,
     EXIT_UNAVAILABLE,
     CommandError,
     guard,
+    payout_id_arg,
     require,
     workflow_error,
 )
 from payouts.settings import DEFAULT_LOCK_URL, connection_options, lock_url, temporal_address
-from payouts.workload import connect_temporal
+from payouts.workload import connect_temporal, find_payout
 
 
 async def _account_of(handle: Any, payout_id: str) -> str:
@@ -101,8 +104,9 @@ async def send_command(args: argparse.Namespace, reason: str) -> int:
 
     from activities.models import CommandRecord, OperatorCommand
 
-    payout_id, action = args.payout_id, args.signal
+    action = args.signal
     client = await connect_temporal(temporal_address(args))
+    payout_id = await find_payout(client, args.payout_id)  # also as `payout list` prints it
     handle = client.get_workflow_handle(f"payout-{payout_id}")
     key = lock_key(await _account_of(handle, payout_id))
     assertion = operator_assertion(lock_url(args), action, payout_id, reason, key=key)
@@ -131,7 +135,7 @@ async def send_command(args: argparse.Namespace, reason: str) -> int:
             f"{action} of payout {payout_id} refused: {why}", EXIT_CONFLICT
         ) from None
     except RPCError as exc:
-        raise workflow_error(exc, payout_id) from None
+        raise workflow_error(exc, payout_id, temporal_address(args)) from None
     record = await _verdict(handle, record, args.wait)
     return _report(payout_id, record)
 
@@ -203,7 +207,17 @@ def _cmd_lock_revoke(args: argparse.Namespace) -> int:
         raise CommandError(f"lock server at {url} unreachable: {exc}", EXIT_UNAVAILABLE) from None
     if r.status_code >= 400:
         raise CommandError(f"revoke refused: HTTP {r.status_code} {r.text}")
-    print(f"revoked {key}: {r.json()}")
+    answer = r.json()
+    if answer.get("revoked_token") is None:
+        # Nothing was granted, so nothing was revoked: an operator must not read "revoked".
+        raise CommandError(f"lock {key} has no holder: nothing was revoked", EXIT_NOT_FOUND)
+    if args.json:
+        print(json.dumps(answer))
+    else:
+        print(
+            f"revoked {key}: token {answer['revoked_token']} ended, as {answer['operator']} "
+            f"at {answer['at']} ({answer['reason']}); the next grant's token is higher"
+        )
     return 0
 
 
@@ -214,7 +228,7 @@ def register_signals(psub: Any) -> None:
         ("revoke", "force-revoke this payout's lock (break-glass)"),
     ):
         p = psub.add_parser(name, help=help_)
-        p.add_argument("payout_id")
+        p.add_argument("payout_id", type=payout_id_arg, help="PAYOUT_ID or payout-PAYOUT_ID")
         p.add_argument(
             "--operator",
             help=f"ignored: the identity of ${OPERATOR_TOKEN_FILE_ENV}, asserted by the lock "
@@ -254,4 +268,5 @@ def register(sub: Any) -> None:
     )
     rev.add_argument("--reason", required=True, help="why (audited; e.g. a ticket number)")
     rev.add_argument("--lock-url", help=f"default $LOCK_URL or {DEFAULT_LOCK_URL}")
+    rev.add_argument("--json", action="store_true", help="the lock server's answer as JSON")
     rev.set_defaults(func=guard(_cmd_lock_revoke))

@@ -1,5 +1,5 @@
-"""`payouts payout create|start-pending|list|status`: create payouts, start their workflows,
-follow them (`--wait`) and query them.
+"""`payouts payout create|start-pending|list`: create payouts, start their workflows, follow
+them (`--wait`) and list them (`payout status|show` are `payouts.status_cli`'s).
 
 Bad input gets a one-line error and a non-zero exit, and creates nothing: a batch is validated
 whole before the first payout is written. The operator signals (`payout abandon|revoke`) are
@@ -22,10 +22,10 @@ from payouts.errors import (
     EXIT_UNAVAILABLE,
     CommandError,
     guard,
-    workflow_error,
 )
 from payouts.follow import follow_payouts, terminal_count
 from payouts.settings import connection_options, database_url, task_queue, temporal_address
+from payouts.stackcheck import refuse_other_stack
 from payouts.workload import connect_temporal, create_payouts, start_workflows, stranded_payouts
 
 
@@ -80,8 +80,13 @@ def _cmd_create(args: argparse.Namespace) -> int:
 async def _create_and_start(args: argparse.Namespace, specs: list[PayoutSpec]) -> None:
     """Rows, then workflows, as one recoverable operation: Temporal is reached before any row is
     written, and if starting still fails half-way, `payout start-pending` starts the rest."""
+    db_url = database_url(args, "PAYDB_DATABASE_URL")  # a missing one: before any connect
     client = None if args.no_start else await connect_temporal(temporal_address(args))
-    await create_payouts(database_url(args, "PAYDB_DATABASE_URL"), specs)
+    if client is not None:
+        # A row in one stack's database and its workflow on another's Temporal would be a
+        # payout nothing drives and a workflow whose store has no such payout: refused first.
+        await refuse_other_stack(client, temporal_address(args), db_url)
+    await create_payouts(db_url, specs)
     if client is None:
         return
     try:
@@ -112,8 +117,10 @@ async def _start_stranded(args: argparse.Namespace) -> tuple[list[PayoutSpec], i
     """Every non-terminal payout nothing drives (never started, or its workflow terminated or
     reset away): a new workflow for each, which goes on by state and evidence (never a second
     submit: activities.redrive)."""
+    db_url = database_url(args, "PAYDB_DATABASE_URL")  # a missing one: before any connect
     client = await connect_temporal(temporal_address(args))
-    specs = await stranded_payouts(database_url(args, "PAYDB_DATABASE_URL"), client, args.payout)
+    await refuse_other_stack(client, temporal_address(args), db_url)
+    specs = await stranded_payouts(db_url, client, args.payout)
     started = await start_workflows(temporal_address(args), task_queue(args), specs, client=client)
     return specs, started
 
@@ -162,28 +169,6 @@ def _cmd_list(args: argparse.Namespace) -> int:
         print(f"{r['workflow_id']}  {r['state']}  account={r['account_id']}  {r['status']}{flag}")
     print(f"{len(rows)} payout(s)")
     return 0
-
-
-def _cmd_status(args: argparse.Namespace) -> int:
-    status = asyncio.run(payout_status(temporal_address(args), args.payout_id))
-    print(json.dumps(status, indent=2, default=str))
-    return 0
-
-
-async def payout_status(address: str, payout_id: str) -> dict[str, Any]:
-    from dataclasses import asdict
-
-    from temporalio.client import WorkflowQueryFailedError
-    from temporalio.service import RPCError
-
-    from workflows.payout import PayoutWorkflow
-
-    client = await connect_temporal(address)
-    handle = client.get_workflow_handle_for(PayoutWorkflow.run, f"payout-{payout_id}")
-    try:
-        return asdict(await handle.query(PayoutWorkflow.status))
-    except (RPCError, WorkflowQueryFailedError) as exc:
-        raise workflow_error(exc, payout_id) from None
 
 
 def register(sub: Any) -> Any:
@@ -240,8 +225,4 @@ def register(sub: Any) -> Any:
     connection_options(lst, temporal=True)
     lst.set_defaults(func=guard(_cmd_list))
 
-    status = psub.add_parser("status", help="query a payout workflow's state, token, attempt")
-    status.add_argument("payout_id")
-    connection_options(status, temporal=True)
-    status.set_defaults(func=guard(_cmd_status))
     return psub

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from common.tracefile import SpanRecord, orphans, payout_trace_ids, read_spans, trace_of
-from payouts.errors import CommandError, guard
+from payouts.errors import EXIT_NOT_FOUND, CommandError, guard, payout_id_arg
 
 BAR_WIDTH = 40
 
@@ -130,10 +130,13 @@ def _cmd_trace(args: argparse.Namespace) -> int:
     if not path.is_dir():
         raise CommandError(f"trace folder {path} does not exist")
     drawn = payout_waterfalls(path, args.payout_id, sql=args.sql)
+    if not drawn and args.payout_id.startswith("payout-"):  # as `payout list` prints it
+        drawn = payout_waterfalls(path, args.payout_id.removeprefix("payout-"), sql=args.sql)
     if not drawn:
         raise CommandError(
             f"no trace of payout {args.payout_id} under {path} (started with tracing off, "
-            "or its spans are still queued: they are written within about a second)"
+            "or its spans are still queued: they are written within about a second)",
+            EXIT_NOT_FOUND,
         )
     print("\n\n".join(drawn))
     return 0
@@ -145,7 +148,7 @@ def register(psub: Any) -> None:
         "trace",
         help="draw a payout's trace as a waterfall (every process, from the local trace files)",
     )
-    p.add_argument("payout_id")
+    p.add_argument("payout_id", type=payout_id_arg, help="PAYOUT_ID or payout-PAYOUT_ID")
     p.add_argument("--trace-dir", help="folder of the trace files (default $PAYOUTS_TRACE_DIR)")
     p.add_argument(
         "--sql", action="store_true", help="one line per SQL statement instead of one per parent"

@@ -16,7 +16,7 @@ from typing import Any
 import asyncpg
 
 from payouts.batch import PayoutSpec
-from payouts.errors import EXIT_UNAVAILABLE, CommandError
+from payouts.errors import EXIT_NOT_FOUND, CommandError, temporal_unreachable, workflow_error
 
 
 async def seed_accounts(db_url: str, count: int, balance: int, prefix: str) -> list[str]:
@@ -87,10 +87,28 @@ async def connect_temporal(address: str) -> Any:
     try:
         return await Client.connect(address, interceptors=tracing.temporal_interceptors())
     except RuntimeError as exc:  # the SDK reports a failed connect as RuntimeError
-        raise CommandError(
-            f"Temporal at {address} is unreachable ({str(exc).splitlines()[0][:120]})",
-            EXIT_UNAVAILABLE,
-        ) from None
+        raise temporal_unreachable(address, str(exc).splitlines()[0]) from None
+
+
+async def find_payout(client: Any, given: str) -> str:
+    """The payout id `given` names: a payout id, or its workflow id `payout-<id>` as `payout
+    list` and the Temporal UI print it. A payout whose own id starts with `payout-` wins (its
+    workflow is `payout-payout-...`). No workflow for either: `workflow_error` (not found)."""
+    from temporalio.service import RPCError, RPCStatusCode
+
+    candidates = [given]
+    if given.startswith("payout-") and len(given) > len("payout-"):
+        candidates.append(given.removeprefix("payout-"))
+    for payout_id in candidates:
+        try:
+            await client.get_workflow_handle(f"payout-{payout_id}").describe()
+        except RPCError as exc:
+            if exc.status != RPCStatusCode.NOT_FOUND:
+                raise workflow_error(exc, given, client.service_client.config.target_host) from None
+            continue
+        return payout_id
+    tried = " or ".join(f"payout-{c}" for c in candidates)
+    raise CommandError(f"unknown payout {given} (no workflow {tried})", EXIT_NOT_FOUND)
 
 
 async def start_workflows(

@@ -110,6 +110,7 @@ class Stack:
         run_dir = cfg.run_dir.resolve()
         self.config = replace(cfg, run_dir=run_dir, ports=cfg.ports.resolved())
         self.run_dir = run_dir
+        self.stack_id = ""  # drawn at start, marked in its database and Temporal (_mark_stack)
         self._progress = progress or (lambda _line: None)
         self._pg: EmbeddedPostgres | None = None
         self._etcd: EmbeddedEtcd | None = None
@@ -279,6 +280,7 @@ class Stack:
 
         await self._launch(f.temporal())
         self._progress(f"Temporal Web UI: {self.ui_url}")
+        await self._mark_stack()
         await self._launch(f.lock_server())
         await self._launch(f.railstub())
         await self._launch(f.railproxy())
@@ -300,6 +302,17 @@ class Stack:
         self._up = True
         self._write_state(stopped=False)
         log.info("stack.up", processes=sorted(self.processes), env_file=str(self.env_file))
+
+    async def _mark_stack(self) -> None:
+        """One new stack id in this stack's payment schema and Temporal namespace, so that a
+        command can tell that the two it reaches belong together (common.stackmark)."""
+        from temporalio.client import Client
+
+        from common.stackmark import mark_database, mark_temporal
+
+        self.stack_id = os.urandom(6).hex()
+        await mark_database(self.database_url, self.stack_id)
+        await mark_temporal(await Client.connect(self.temporal_address), self.stack_id)
 
     async def _ensure_reconcile_schedule(self, every_s: float) -> None:
         """The Temporal Schedule `reconcile-hourly`, as compose's `reconcile-schedule` job makes

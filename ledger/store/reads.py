@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ledger.errors import UnknownAccount, UnknownPayout
-from ledger.records import PAYOUT_COLUMNS, Payout
+from ledger.records import PAYOUT_COLUMNS, AuditRow, Payout
 from ledger.states import PayoutState
 from ledger.store.base import StoreBase
 
@@ -48,3 +48,16 @@ class Reads(StoreBase):
                 limit,
             )
         return [Payout.from_row(r) for r in rows]
+
+    async def audit_trail(self, payout_id: str | None = None, limit: int = 200) -> list[AuditRow]:
+        """The audit log, oldest first: one payout's rows, or the latest `limit` rows of all."""
+        async with self._pool.acquire() as conn:
+            rows = await conn.fetch(
+                "SELECT * FROM (SELECT audit_id, at, actor, token, action, payout_id, account_id,"
+                " from_state, to_state, details::text AS details FROM paydb.audit_log"
+                " WHERE ($1::text IS NULL OR payout_id = $1) ORDER BY audit_id DESC LIMIT $2)"
+                " latest ORDER BY audit_id",
+                payout_id,
+                limit,
+            )
+        return [AuditRow.from_row(r) for r in rows]

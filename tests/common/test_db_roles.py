@@ -11,6 +11,7 @@ a grant through the real mechanism (GRANT), succeeds — the refusal is the role
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -237,7 +238,9 @@ async def test_passwords_come_from_configuration(roles_db: str, tmp_path: Path) 
         await conn.close()
 
 
-def test_db_migrate_command_reads_the_password_directory(roles_db: str, tmp_path: Path) -> None:
+def test_db_migrate_command_reads_the_password_directory(
+    roles_db: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """`payouts db migrate --role-passwords DIR`: a too-open file is one clear error before
     anything is applied; a 0600 file sets that role's password."""
     from payouts.cli import main
@@ -246,8 +249,8 @@ def test_db_migrate_command_reads_the_password_directory(roles_db: str, tmp_path
     secret.write_text("from-the-command\n")
     secret.chmod(0o640)
     argv = ["db", "migrate", "--database-url", roles_db, "--role-passwords", str(tmp_path)]
-    with pytest.raises(SystemExit, match=r"^error: .*readable by others; chmod 600 it$"):
-        main(argv)
+    assert main(argv) == 2  # EXIT_USAGE: a bad input, nothing applied
+    assert re.match(r"^error: .*readable by others; chmod 600 it$", capsys.readouterr().err)
     secret.chmod(0o600)
     assert main(argv) == 0
 

@@ -218,7 +218,8 @@ def test_unknown_and_completed_payouts_have_their_own_exit_codes(
     """status of an unknown payout exits 3; a signal to a payout whose workflow has ended exits 4;
     each with one line on stderr and no traceback."""
     address = temporal_env.client.service_client.config.target_host
-    assert main(["payout", "status", f"nope-{uuid.uuid4().hex[:6]}", "--temporal", address]) == 3
+    status = ["payout", "status", f"nope-{uuid.uuid4().hex[:6]}", "--database-url", db]
+    assert main([*status, "--temporal", address]) == 3
     err = capsys.readouterr().err
     assert err.startswith("error: unknown payout") and "Traceback" not in err
     prefix = f"f{uuid.uuid4().hex[:5]}-"

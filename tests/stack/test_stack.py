@@ -19,6 +19,7 @@ from structlog.testing import capture_logs
 from temporalio.client import Client
 
 from common import db_roles
+from common.stackmark import database_mark, temporal_mark
 from lab.experiments import json_events
 from payouts.batch import PayoutSpec
 from payouts.reconcile_cli import SCHEDULE_ID
@@ -169,12 +170,16 @@ async def test_stack_starts_every_service_and_leaves_nothing_behind(
         conn = await asyncpg.connect(stack.database_url)
         try:
             applied = await conn.fetchval("SELECT count(*) FROM paydb.schema_migrations")
+            in_database = await database_mark(conn)
         finally:
             await conn.close()
         assert applied >= 1
 
         client = await Client.connect(stack.temporal_address)
         assert await client.service_client.check_health()
+        # One stack id in its database and its Temporal: a CLI can tell they belong together.
+        assert len(stack.stack_id) == 12
+        assert in_database == await temporal_mark(client) == stack.stack_id
         async with httpx.AsyncClient(timeout=10) as http:
             assert (await http.get(stack.ui_url)).status_code == 200
             assert (await http.get(f"{stack.railstub_url}/health")).json() == {"status": "ok"}
