@@ -56,6 +56,7 @@ from payouts.commands import (
 )
 from payouts.follow import settle_payouts
 from stack.config import StackConfig
+from stack.pki import trust_stack_ca_in_this_process
 from stack.system import Stack
 
 #: The degraded rail's latency tail (STD01-13, issue 16: "3 s tail"): lognormal p99.
@@ -705,6 +706,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     # This process starts the traced stack's payouts: the root of each trace, beside its spans.
     tracing.setup("bench-e2e", trace_dir=opts.run_dir / "traces")
+    trust_stack_ca_in_this_process()  # its stacks serve https (issue 27): trust their CA
     result = asyncio.run(run(opts, lambda s: print(s, flush=True)))
     tracing.shutdown()
     print(table(result), flush=True)
