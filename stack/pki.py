@@ -156,8 +156,8 @@ class StackPKI:
         return files
 
 
-#: Every component of the stack that serves TLS (a certificate each), and etcd and PostgreSQL.
-SERVERS = ("lock-server", "railstub", "railproxy", "finledger", "etcd", "postgres")
+#: Every HTTP server of the stack: a certificate each (server and client authentication).
+SERVERS = ("lock-server", "railstub", "railproxy", "finledger")
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,8 @@ GENERATED = {
     "compose": ROOT / "deploy" / "compose" / "prometheus.yml",
     "kubernetes": ROOT / "deploy" / "prometheus" / "kubernetes.yml",
 }
-#: The keys of a scrape job that say where its targets are: the only ones a deployment sets.
+#: The keys of a scrape job that say where its targets are and how they are reached (https and
+#: the CA that verifies them: issue 27): the only ones a deployment sets.
 ADDRESS_KEYS = frozenset(
     {
         "static_configs",
@@ -45,6 +46,8 @@ ADDRESS_KEYS = frozenset(
         "file_sd_configs",
         "kubernetes_sd_configs",
         "relabel_configs",
+        "scheme",
+        "tls_config",
     }
 )
 

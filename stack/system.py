@@ -593,6 +593,8 @@ class Stack:
             self._progress("PostgreSQL: using DATABASE_URL")
         else:
             assert cfg.ports.postgres is not None
+            # No TLS here yet: pgserver's build has none ("SSL is not supported by this build";
+            # docs/security.md, "What still depends on network isolation").
             pg = EmbeddedPostgres(data_dir=self.run_dir / "pg", port=cfg.ports.postgres)
             self._progress(f"starting embedded PostgreSQL on 127.0.0.1:{pg.port} (log {pg._log})")
             self._pg = pg
@@ -657,7 +659,8 @@ class Stack:
             cmd = "\0".join(managed.argv) if managed else name
             procs[name] = {"pid": info.pid, "log": str(info.log_path), "cmd": cmd}
         body = {"stopped": stopped, "addresses": addrs, "processes": procs}
-        (self.run_dir / "stack.json").write_text(json.dumps(body, indent=2, sort_keys=True))
+        text = json.dumps(body, indent=2, sort_keys=True, default=str)  # TLS file paths
+        (self.run_dir / "stack.json").write_text(text)
         if self._up and not stopped:
             header = (
                 f"The local stack in {self.run_dir} (`payouts up`), rewritten when its processes "
