@@ -10,9 +10,9 @@ degraded-rail burst (a 3 s latency tail and an outage that opens the proxy's bre
 UC-03 pause experiment's takeover figure. Latencies come from the payment database (created,
 terminal) and the Temporal histories (workflow start, workflow tasks).
 
-Tracing's cost (issue 27 §3): the stack above traces, as every stack does by default (this
-process starts the payouts, the roots of their traces); a second, identical stack runs with
-OTEL_SDK_DISABLED=true and its bursts alternate with the traced ones in the same rounds
+Tracing's and TLS's cost (issue 27 §3): the stack above traces and serves TLS, as every stack
+does by default (this process starts the payouts, the roots of their traces); a second,
+identical stack runs with OTEL_SDK_DISABLED=true and plain HTTP, and its bursts alternate with the traced ones in the same rounds
 (`system_untraced`, `tracing_cost`). `--no-untraced` skips it.
 
 Must never: assert a timing (it reports figures), make the rail decline or answer ambiguously
@@ -418,11 +418,13 @@ async def _system(
 
 
 def _untraced_config(opts: Options) -> StackConfig:
-    """The same stack with OTEL_SDK_DISABLED=true for every process (common.tracing)."""
+    """The same stack with OTEL_SDK_DISABLED=true for every process (common.tracing) and plain
+    HTTP (`tls=False`): the off side of issue 27 §3's "TLS and tracing on (the defaults) and
+    off"."""
     config = _stack_config(opts)
     env = {name: dict(values) for name, values in config.service_env.items()}
     env["*"] = {**env.get("*", {}), "OTEL_SDK_DISABLED": "true"}
-    return replace(config, service_env=env)
+    return replace(config, service_env=env, tls=False)
 
 
 async def _measure(opts: Options, work: Path, progress: Progress) -> dict[str, Any]:
@@ -645,7 +647,7 @@ def table(result: dict[str, Any]) -> str:
     if cost:
         tp, cpu = cost["throughput_per_s"], cost["cpu_ms_per_payout"]
         lines.append(
-            f"tracing on/off: burst {tp['on']} / {tp['off']} payouts/s (ratio "
+            f"TLS and tracing on/off: burst {tp['on']} / {tp['off']} payouts/s (ratio "
             f"{cost['throughput_ratio']}), CPU per payout {cpu['on']} / {cpu['off']} ms (ratio "
             f"{cost['cpu_ratio']}); added ms per payout: "
             + " ".join(f"{k}={v}" for k, v in cost["cpu_added_ms_per_payout"].items())
