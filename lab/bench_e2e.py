@@ -12,8 +12,9 @@ terminal) and the Temporal histories (workflow start, workflow tasks).
 
 Tracing's and TLS's cost (issue 27 §3): the stack above traces and serves TLS, as every stack
 does by default (this process starts the payouts, the roots of their traces); a second,
-identical stack runs with OTEL_SDK_DISABLED=true and plain HTTP, and its bursts alternate with the traced ones in the same rounds
-(`system_untraced`, `tracing_cost`). `--no-untraced` skips it.
+identical stack runs with OTEL_SDK_DISABLED=true and plain HTTP, and its bursts alternate with
+the traced ones in the same rounds (`system_untraced`, `tracing_cost`). `--no-untraced` skips
+it.
 
 Must never: assert a timing (it reports figures), make the rail decline or answer ambiguously
 (except the outage, which records nothing), or leave a process behind. Prints progress, a
