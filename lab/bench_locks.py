@@ -239,11 +239,9 @@ async def measure(  # noqa: PLR0917 - the run's servers, floors and provider, in
     """Through the server (traced, inside a span as in a payout's activity), through the
     untraced server, the raw floor, one HTTP round trip, the HTTP floor, and the backend class
     alone, interleaved."""
-    # The defaults' server speaks https: httpx's own transport (the SDK's lean one is http only).
-    traced: httpx.AsyncBaseTransport = (
-        KeepAliveTransport()
-        if url.startswith("http://")
-        else httpx.AsyncHTTPTransport(verify=verify)
+    # The SDK's own transport, over TLS to the defaults' server (lockservice._http).
+    traced: httpx.AsyncBaseTransport = KeepAliveTransport(
+        verify if isinstance(verify, ssl.SSLContext) and url.startswith("https://") else None
     )
     tracer: trace.Tracer = trace.NoOpTracer()
     if provider is not None:
