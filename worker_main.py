@@ -43,6 +43,7 @@ from common.credentials import CredentialsError, read_token
 from common.exiting import exit_now, load_settings
 from common.logs import configure_logging, get_logger
 from common.pgutil import create_pool
+from common.tls import ClientTLS
 from ledger import PayoutStore
 from lockservice.client import LockClient
 from lockservice.grants import GrantVerifier, verifier_from_settings
@@ -63,7 +64,7 @@ def _reconciler(name: str) -> AliasChoices:
     return AliasChoices(f"RECONCILE_{name.upper()}")
 
 
-class WorkerSettings(BaseSettings):
+class WorkerSettings(ClientTLS, BaseSettings):
     """Everything a worker process reads from the environment, read once (`main`)."""
 
     model_config = SettingsConfigDict(env_prefix="WORKER_", extra="ignore")
@@ -181,7 +182,8 @@ async def check_start(settings: WorkerSettings) -> None:
     if off:
         why += f" (with {' and '.join(f'{n}=false' for n in off)})"
     deadline = time.monotonic() + settings.experiment_verify_s
-    async with RailProxyClient(settings.railproxy_url, read_timeout_s=2.0) as proxy:
+    verify = settings.client_verify()
+    async with RailProxyClient(settings.railproxy_url, read_timeout_s=2.0, verify=verify) as proxy:
         while True:
             try:
                 health = await proxy.health()
@@ -244,6 +246,8 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
         rec_pool = await create_pool(settings.reconcile_database_url, min_size=0, max_size=2)
     try:
         token = read_token(token_file=settings.token_file, what="WORKER_TOKEN_FILE")
+        # Every server this worker calls is checked against WORKER_TLS_CA_FILE (common.tls).
+        verify = settings.client_verify()
         store = PayoutStore(
             pool,
             enforce_fencing=settings.enforce_fencing,
@@ -257,8 +261,9 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
                 heartbeat_s=settings.lock_heartbeat_s,
                 safety_margin=settings.lock_safety_margin,
                 token=token,
+                verify=verify,
             ) as locks,
-            RailProxyClient(settings.railproxy_url, token=token) as proxy,
+            RailProxyClient(settings.railproxy_url, token=token, verify=verify) as proxy,
             PayoutActivities(
                 locks=locks,
                 store=store,
@@ -267,6 +272,7 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
                 worker_id=settings.worker_id,
                 lock_url=settings.lock_url,
                 token=token,
+                verify=verify,
                 pause_before_submit=settings.experiment_pause_before_submit,
                 crash_at=settings.experiment_crash_at,
                 # Hands every acquired grant over itself, and gives back one nobody received.
@@ -277,7 +283,7 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
                 rec_pool,
                 # Its own credential only: never the operator's (least privilege).
                 component_movement_source(
-                    settings.reconcile_rail_admin_url, settings.reconcile_token_file
+                    settings.reconcile_rail_admin_url, settings.reconcile_token_file, verify=verify
                 ),
                 sla=timedelta(seconds=settings.reconcile_ambiguity_sla_s),
             )

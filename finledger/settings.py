@@ -6,10 +6,11 @@ from pathlib import Path
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from common.tls import ServerTLS
 from finledger.faults import Faults
 
 
-class FinledgerSettings(BaseSettings, Faults):
+class FinledgerSettings(ServerTLS, BaseSettings, Faults):
     """Every `Faults` field (e.g. `FINLEDGER_LATENCY_S`, `FINLEDGER_RULES` as JSON), plus:"""
 
     model_config = SettingsConfigDict(env_prefix="FINLEDGER_", extra="ignore")

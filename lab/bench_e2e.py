@@ -10,10 +10,11 @@ degraded-rail burst (a 3 s latency tail and an outage that opens the proxy's bre
 UC-03 pause experiment's takeover figure. Latencies come from the payment database (created,
 terminal) and the Temporal histories (workflow start, workflow tasks).
 
-Tracing's cost (issue 27 §3): the stack above traces, as every stack does by default (this
-process starts the payouts, the roots of their traces); a second, identical stack runs with
-OTEL_SDK_DISABLED=true and its bursts alternate with the traced ones in the same rounds
-(`system_untraced`, `tracing_cost`). `--no-untraced` skips it.
+Tracing's and TLS's cost (issue 27 §3): the stack above traces and serves TLS, as every stack
+does by default (this process starts the payouts, the roots of their traces); a second,
+identical stack runs with OTEL_SDK_DISABLED=true and plain HTTP, and its bursts alternate with
+the traced ones in the same rounds (`system_untraced`, `tracing_cost`). `--no-untraced` skips
+it.
 
 Must never: assert a timing (it reports figures), make the rail decline or answer ambiguously
 (except the outage, which records nothing), or leave a process behind. Prints progress, a
@@ -56,6 +57,7 @@ from payouts.commands import (
 )
 from payouts.follow import settle_payouts
 from stack.config import StackConfig
+from stack.pki import trust_stack_ca_in_this_process
 from stack.system import Stack
 
 #: The degraded rail's latency tail (STD01-13, issue 16: "3 s tail"): lognormal p99.
@@ -417,11 +419,13 @@ async def _system(
 
 
 def _untraced_config(opts: Options) -> StackConfig:
-    """The same stack with OTEL_SDK_DISABLED=true for every process (common.tracing)."""
+    """The same stack with OTEL_SDK_DISABLED=true for every process (common.tracing) and plain
+    HTTP (`tls=False`): the off side of issue 27 §3's "TLS and tracing on (the defaults) and
+    off"."""
     config = _stack_config(opts)
     env = {name: dict(values) for name, values in config.service_env.items()}
     env["*"] = {**env.get("*", {}), "OTEL_SDK_DISABLED": "true"}
-    return replace(config, service_env=env)
+    return replace(config, service_env=env, tls=False)
 
 
 async def _measure(opts: Options, work: Path, progress: Progress) -> dict[str, Any]:
@@ -644,7 +648,7 @@ def table(result: dict[str, Any]) -> str:
     if cost:
         tp, cpu = cost["throughput_per_s"], cost["cpu_ms_per_payout"]
         lines.append(
-            f"tracing on/off: burst {tp['on']} / {tp['off']} payouts/s (ratio "
+            f"TLS and tracing on/off: burst {tp['on']} / {tp['off']} payouts/s (ratio "
             f"{cost['throughput_ratio']}), CPU per payout {cpu['on']} / {cpu['off']} ms (ratio "
             f"{cost['cpu_ratio']}); added ms per payout: "
             + " ".join(f"{k}={v}" for k, v in cost["cpu_added_ms_per_payout"].items())
@@ -705,6 +709,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     # This process starts the traced stack's payouts: the root of each trace, beside its spans.
     tracing.setup("bench-e2e", trace_dir=opts.run_dir / "traces")
+    trust_stack_ca_in_this_process()  # its stacks serve https (issue 27): trust their CA
     result = asyncio.run(run(opts, lambda s: print(s, flush=True)))
     tracing.shutdown()
     print(table(result), flush=True)

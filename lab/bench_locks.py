@@ -13,9 +13,11 @@ run, interleaved round by round with it so that all three see the same machine l
   beyond the minimal floor (history rows, epoch, waiter wake-ups), and its events, written
   to a file as the server writes them.
 - `untraced_*`: the same acquire+release through a second lock server started with
-  OTEL_SDK_DISABLED=true and an untraced client; the main figures (p50/p99) are traced as a
-  payout's are (tracing on is the default): the client's span and `traceparent`, the server's
-  spans of the request and its statements, exported to a file (issue 27 §3).
+  OTEL_SDK_DISABLED=true, on plain HTTP, and an untraced client; the main figures (p50/p99)
+  are traced as a payout's are and over TLS (both on are the defaults): the client's span and
+  `traceparent`, the server's spans of the request and its statements, exported to a file,
+  and https verified against a CA of the benchmark's own (issue 27 §3). The HTTP floors are
+  measured against the plain server.
 
 Owns: starting (and always stopping) its own servers: embedded PostgreSQL unless DATABASE_URL is
 set (then a fresh database on that server, dropped at the end), embedded etcd unless
@@ -33,6 +35,7 @@ import asyncio
 import contextlib
 import json
 import os
+import ssl
 import statistics
 import subprocess
 import sys
@@ -59,6 +62,7 @@ from lockservice.backends import create_backend
 from lockservice.client import LockClient
 from lockservice.grants import generate_keypair
 from stack.embedded import EmbeddedEtcd, EmbeddedPostgres, free_port
+from stack.pki import StackTLS, issue_stack_tls
 
 WARMUP = 100
 
@@ -173,9 +177,11 @@ async def postgres_floor(database_url: str) -> AsyncIterator[Op]:
 
 
 @contextlib.asynccontextmanager
-async def lock_server(env: dict[str, str], log: Path) -> AsyncIterator[tuple[str, str]]:
-    """A `python -m lockservice serve` subprocess on a free port, and the worker token it
-    accepts; terminated on exit."""
+async def lock_server(
+    env: dict[str, str], log: Path, tls: StackTLS | None = None
+) -> AsyncIterator[tuple[str, str]]:
+    """A `python -m lockservice serve` subprocess on a free port (https with `tls`, as every
+    local stack serves it: issue 27), and the worker token it accepts; terminated on exit."""
     port = free_port()
     keys = generate_keypair(log.parent / "keys", "bench-k1")  # every grant is signed
     # The benchmark calls as the worker does: with the worker's bearer credential.
@@ -189,14 +195,16 @@ async def lock_server(env: dict[str, str], log: Path) -> AsyncIterator[tuple[str
         **env,
         "LOCK_PORT": str(port),
         "LOCK_HOST": "127.0.0.1",
+        **(tls.server_env("LOCK_", "lock-server") if tls else {}),
     }
     with log.open("ab") as out:
         proc = subprocess.Popen(  # noqa: ASYNC220 - start-up, outside the measured loop
             [sys.executable, "-m", "lockservice", "serve"], env=full_env, stdout=out, stderr=out
         )
-    url = f"http://127.0.0.1:{port}"
+    url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
+    verify = tls.client_context() if tls else True
     try:
-        async with httpx.AsyncClient(base_url=url) as http:
+        async with httpx.AsyncClient(base_url=url, verify=verify) as http:
             for _ in range(300):
                 if proc.poll() is not None:
                     raise RuntimeError(f"lock server exited early; see {log}")
@@ -226,11 +234,15 @@ async def measure(  # noqa: PLR0917 - the run's servers, floors and provider, in
     n: int,
     untraced: tuple[str, str],
     provider: TracerProvider | None,
+    verify: ssl.SSLContext | bool = True,
 ) -> dict[str, list[float]]:
     """Through the server (traced, inside a span as in a payout's activity), through the
     untraced server, the raw floor, one HTTP round trip, the HTTP floor, and the backend class
     alone, interleaved."""
-    traced = KeepAliveTransport()
+    # The SDK's own transport, over TLS to the defaults' server (lockservice._http).
+    traced: httpx.AsyncBaseTransport = KeepAliveTransport(
+        verify if isinstance(verify, ssl.SSLContext) and url.startswith("https://") else None
+    )
     tracer: trace.Tracer = trace.NoOpTracer()
     if provider is not None:
         from opentelemetry.instrumentation.httpx import AsyncOpenTelemetryTransport
@@ -250,7 +262,7 @@ async def measure(  # noqa: PLR0917 - the run's servers, floors and provider, in
     async with (
         LockClient(url, token=token, transport=traced) as locks,
         LockClient(untraced[0], token=untraced[1], transport=KeepAliveTransport()) as plain,
-        httpx.AsyncClient(base_url=url, transport=KeepAliveTransport()) as http,
+        httpx.AsyncClient(base_url=untraced[0], transport=KeepAliveTransport()) as http,
     ):
         key = f"bench:{uuid.uuid4().hex[:12]}"
 
@@ -338,21 +350,25 @@ async def run(n: int) -> dict[str, Any]:
                 }
                 provider = tracing.tracer_provider("bench-locks", trace_dir=work / "traces")
                 plain_dir = work / "untraced"  # its own keys and tokens
+                # The defaults' side serves TLS with a certificate of a CA of its own (stack.pki).
+                tls = issue_stack_tls(work / "tls")
                 plain_dir.mkdir()
                 for kind in ("etcd", "postgres"):
-                    print(f"{kind}: starting lock servers (traced, untraced)", flush=True)
+                    print(f"{kind}: starting lock servers (TLS+traced, plain+untraced)", flush=True)
                     server_env = {**env[kind], "LOCK_KEY_PREFIX": prefix}
                     traced_env = {**server_env, tracing.TRACE_DIR_VAR: str(work / "traces")}
                     plain_env = {**server_env, "OTEL_SDK_DISABLED": "true"}
                     log = work / f"server-{kind}.log"
                     async with (
-                        lock_server(traced_env, log) as (url, token),
+                        lock_server(traced_env, log, tls) as (url, token),
                         lock_server(plain_env, plain_dir / f"server-{kind}.log") as plain,
                         floors[kind]() as floor,
                         _backend(kind, db, endpoints, f"{prefix}direct/") as backend,
                     ):
                         print(f"{kind}: SDK -> {url} -> backend, and floors", flush=True)
-                        samples = await measure(url, token, floor, backend, n, plain, provider)
+                        samples = await measure(
+                            url, token, floor, backend, n, plain, provider, tls.client_context()
+                        )
                     result[kind] = _stats(samples)
                     print(f"{kind}: {result[kind]}", flush=True)
                 if provider is not None:

@@ -21,6 +21,7 @@ from lab.chaos_faults import ChaosError
 from lab.chaos_schedule import ScheduleError
 from lab.stoppable import run_stoppable
 from stack.config import StackError
+from stack.pki import trust_stack_ca_in_this_process
 
 
 def _progress(line: str) -> None:
@@ -75,6 +76,7 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
     with open(run_dir / "chaos.log", "a") as events:
         configure_logging("chaos", stream=events)
         try:
+            trust_stack_ca_in_this_process()  # its stacks serve https only
             summary = run_stoppable(run_chaos(opts, progress=_progress))
         except (ChaosError, ScheduleError, StackError) as exc:
             print(f"error: {exc} (logs under {run_dir})", file=sys.stderr)

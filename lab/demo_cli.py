@@ -12,6 +12,7 @@ from common import tracing
 from common.logs import configure_logging
 from lab.demo import DemoOptions, render, run_demo
 from lab.stoppable import run_stoppable
+from stack.pki import trust_stack_ca_in_this_process
 
 
 def _progress(line: str) -> None:
@@ -37,6 +38,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         # This process starts the payouts: the root of each trace, beside the stacks' spans.
         tracing.setup("demo", trace_dir=options.run_dir / "traces")
         try:
+            trust_stack_ca_in_this_process()  # its stacks serve https only
             report = run_stoppable(run_demo(options, _progress))
         except KeyboardInterrupt:
             print("interrupted; every process was stopped", file=sys.stderr)

@@ -16,6 +16,7 @@ from lab.experiments import (
     pause_experiment,
 )
 from lab.stoppable import run_stoppable
+from stack.pki import trust_stack_ca_in_this_process
 
 
 def _progress(line: str) -> None:
@@ -59,6 +60,7 @@ def _cmd_pause(args: argparse.Namespace) -> int:
     config = default_config(args.backend)
     evidence = _evidence_dir(args, f"pause-fencing-{args.fencing}-{args.backend}")
     try:
+        trust_stack_ca_in_this_process()  # its stacks serve https only
         result = run_stoppable(
             pause_experiment(config, fencing=fencing, evidence_dir=evidence, progress=_progress)
         )
@@ -76,6 +78,7 @@ def _cmd_crash(args: argparse.Namespace) -> int:
     config = default_config(args.backend)
     evidence = _evidence_dir(args, f"crash-{args.at.lower()}-{args.backend}")
     try:
+        trust_stack_ca_in_this_process()  # its stacks serve https only
         result = run_stoppable(
             crash_experiment(config, at=args.at, evidence_dir=evidence, progress=_progress)
         )

@@ -18,6 +18,7 @@ from lab.gameday import (
 )
 from lab.gameday_prom import PrometheusMissingError, binary
 from lab.stoppable import run_stoppable
+from stack.pki import trust_stack_ca_in_this_process
 
 
 def _progress(line: str) -> None:
@@ -48,6 +49,7 @@ def _cmd_gameday(args: argparse.Namespace) -> int:
     with open(options.run_dir / "gameday.log", "a", encoding="utf-8") as events:
         configure_logging("gameday", stream=events)
         try:
+            trust_stack_ca_in_this_process()  # its stacks serve https only
             rows = run_stoppable(run_gameday(options, _progress))
         except KeyboardInterrupt:
             print("interrupted; every process was stopped", file=sys.stderr)

@@ -1,4 +1,5 @@
-"""A lean keep-alive HTTP/1.1 transport for the SDK (plain `http://` only), under httpx's API.
+"""A lean keep-alive HTTP/1.1 transport for the SDK (`http://`, and `https://` given an
+`ssl.SSLContext`), under httpx's API.
 
 Why: httpcore + h11 + anyio cost ~0.5 ms of pure Python per request, most of an acquire+release.
 This transport keeps a few idle connections and frames requests by hand; responses are parsed by
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from typing import Any
 
 import httptools
@@ -45,12 +47,17 @@ _Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 class KeepAliveTransport(httpx.AsyncBaseTransport):
     """HTTP/1.1 with keep-alive over asyncio streams; one request per connection at a time."""
 
-    def __init__(self) -> None:
+    def __init__(self, ssl_context: ssl.SSLContext | None = None) -> None:
         self._idle: list[_Conn] = []
+        #: https: every connection's TLS (the server verified by the context, host name checked).
+        self._ssl = ssl_context
+        self._scheme = "https" if ssl_context is not None else "http"
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        if request.url.scheme != "http":
-            raise httpx.UnsupportedProtocol("KeepAliveTransport serves http:// only")
+        if request.url.scheme != self._scheme:
+            raise httpx.UnsupportedProtocol(
+                f"this KeepAliveTransport serves {self._scheme}:// only (https: give it a context)"
+            )
         timeouts: dict[str, float | None] = request.extensions.get("timeout", {})
         body = await request.aread()
         head = [f"{request.method} ".encode() + request.url.raw_path + b" HTTP/1.1\r\n"]
@@ -110,9 +117,11 @@ class KeepAliveTransport(httpx.AsyncBaseTransport):
             if not reader.at_eof() and not writer.is_closing():
                 return reader, writer
             _close(writer)
-        host, port = request.url.host, request.url.port or 80
+        host = request.url.host
+        port = request.url.port or (443 if self._ssl else 80)
+        tls: dict[str, Any] = {"ssl": self._ssl, "server_hostname": host} if self._ssl else {}
         try:
-            return await asyncio.wait_for(asyncio.open_connection(host, port), connect_s)
+            return await asyncio.wait_for(asyncio.open_connection(host, port, **tls), connect_s)
         except TimeoutError as exc:
             raise httpx.ConnectTimeout("connect timed out", request=request) from exc
         except OSError as exc:

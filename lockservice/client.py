@@ -39,6 +39,7 @@ import asyncio
 import contextlib
 import importlib.util
 import random
+import ssl
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -181,6 +182,7 @@ class LockClient:
         rng: random.Random | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         token: str | None = None,
+        verify: ssl.SSLContext | bool = True,
     ) -> None:
         api.validate_ttl(ttl_s)
         if not 0 < heartbeat_s < ttl_s * (1 - safety_margin):
@@ -203,6 +205,13 @@ class LockClient:
             # The lean keep-alive transport: same httpx API and errors, ~0.5 ms less per request;
             # traced (a client span, and `traceparent` to the server) when tracing is on.
             transport = tracing.traced_transport(KeepAliveTransport())
+        elif transport is None and base_url.startswith("https://") and not isinstance(verify, bool):
+            # https, the same lean transport over TLS: the server verified against `verify` (an
+            # `ssl.SSLContext` trusting the deployment's CA: common.tls.client_context).
+            transport = tracing.traced_transport(KeepAliveTransport(verify))
+        elif transport is None:
+            # https with the system's trust store (verify=True): httpx's own transport.
+            transport = httpx.AsyncHTTPTransport(verify=verify)  # traced as every httpx transport
         # `token`: this component's bearer credential (common.credentials), sent on every call.
         # Every request carries the caller's correlation id (common.correlation, bound by the
         # activity that asks), so the lock server's events for it carry the same id.

@@ -12,8 +12,10 @@ from typing import Literal
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from common.tls import ServerTLS
 
-class LockSettings(BaseSettings):
+
+class LockSettings(ServerTLS, BaseSettings):
     model_config = SettingsConfigDict(env_prefix="LOCK_", extra="ignore")
 
     backend: Literal["postgres", "etcd"] = "postgres"

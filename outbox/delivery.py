@@ -12,6 +12,7 @@ import json
 import os
 import random
 import socket
+import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Self
@@ -22,6 +23,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from common import tracing
 from common.credentials import auth_headers
+from common.tls import ClientTLS
 
 
 class OutboxError(Exception):
@@ -63,7 +65,7 @@ def _default_publisher_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-class OutboxSettings(BaseSettings):
+class OutboxSettings(ClientTLS, BaseSettings):
     """Publisher settings, env prefix `OUTBOX_` (e.g. `OUTBOX_BASE_DELAY_S`)."""
 
     model_config = SettingsConfigDict(env_prefix="OUTBOX_", extra="ignore")
@@ -130,9 +132,16 @@ class DownstreamClient:
     """HTTP client of the finance ledger. Every transport error is a retryable failure: the
     ledger deduplicates by correlation id, so sending the same record again is safe."""
 
-    def __init__(self, base_url: str, *, timeout_s: float, token: str | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        timeout_s: float,
+        token: str | None = None,
+        verify: ssl.SSLContext | bool = True,
+    ) -> None:
         self._client = httpx.AsyncClient(
-            base_url=base_url, timeout=timeout_s, headers=auth_headers(token)
+            base_url=base_url, timeout=timeout_s, headers=auth_headers(token), verify=verify
         )
 
     async def aclose(self) -> None:

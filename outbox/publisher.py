@@ -79,6 +79,7 @@ class Publisher:
             settings.finledger_url,
             timeout_s=settings.http_timeout_s,
             token=read_token(token_file=settings.token_file, what="OUTBOX_TOKEN_FILE"),
+            verify=settings.client_verify(),  # the ledger's certificate vs OUTBOX_TLS_CA_FILE
         )
 
     async def aclose(self) -> None:

@@ -149,7 +149,11 @@ async def _run(
     try:
         return await reconcile(
             conn,
-            stub_movement_source(args.rail_admin_url or settings.rail_admin_url, token=token),
+            stub_movement_source(
+                args.rail_admin_url or settings.rail_admin_url,
+                token=token,
+                verify=settings.client_verify(),  # against RECONCILE_TLS_CA_FILE when set
+            ),
             window,
             ambiguity_sla=timedelta(seconds=settings.ambiguity_sla_s),
             sample_size=settings.sample_size,

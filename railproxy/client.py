@@ -10,6 +10,7 @@ after the deadline) and `lookup`, never by submitting again.
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
@@ -60,7 +61,9 @@ class RailProxyClient:
         read_timeout_s: float = 10.0,
         transport: httpx.AsyncBaseTransport | None = None,
         token: str | None = None,
+        verify: ssl.SSLContext | bool = True,
     ) -> None:
+        # `verify`: the proxy's certificate is checked against it (common.tls.client_context).
         # `token`: the worker's bearer credential (common.credentials), sent on every call.
         headers = auth_headers(token)
         # No retries and no keep-alive for submits: a retried POST could be a second payment, and
@@ -72,7 +75,7 @@ class RailProxyClient:
             event_hooks=httpx_hooks(),  # X-Correlation-Id of the bound context
             transport=transport
             or httpx.AsyncHTTPTransport(
-                retries=0, limits=httpx.Limits(max_keepalive_connections=0)
+                retries=0, limits=httpx.Limits(max_keepalive_connections=0), verify=verify
             ),
         )
         self._read = httpx.AsyncClient(
@@ -80,7 +83,7 @@ class RailProxyClient:
             headers=headers,
             timeout=read_timeout_s,
             event_hooks=httpx_hooks(),
-            transport=transport or httpx.AsyncHTTPTransport(retries=0),
+            transport=transport or httpx.AsyncHTTPTransport(retries=0, verify=verify),
         )
 
     async def __aenter__(self) -> Self:

@@ -63,7 +63,9 @@ def submit_client(settings: ProxySettings) -> httpx.AsyncClient:
         base_url=settings.rail_url,
         headers=rail_auth_headers(settings),
         transport=httpx.AsyncHTTPTransport(
-            retries=0, limits=httpx.Limits(max_keepalive_connections=0)
+            retries=0,
+            limits=httpx.Limits(max_keepalive_connections=0),
+            verify=settings.client_verify(),  # the rail's certificate vs RAILPROXY_TLS_CA_FILE
         ),
         follow_redirects=False,  # a redirect would resend the instruction somewhere else
         event_hooks=httpx_hooks(),  # the submission's X-Correlation-Id (railproxy.app binds it)
@@ -76,7 +78,7 @@ def lookup_client(settings: ProxySettings) -> httpx.AsyncClient:
         base_url=settings.rail_url,
         headers=rail_auth_headers(settings),
         timeout=settings.lookup_timeout_s,
-        transport=httpx.AsyncHTTPTransport(retries=0),
+        transport=httpx.AsyncHTTPTransport(retries=0, verify=settings.client_verify()),
         event_hooks=httpx_hooks(),
     )
 

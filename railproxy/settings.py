@@ -9,12 +9,14 @@ from typing import Self
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from common.tls import ClientTLS, ServerTLS
+
 
 def _default_replica_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-class ProxySettings(BaseSettings):
+class ProxySettings(ServerTLS, ClientTLS, BaseSettings):
     model_config = SettingsConfigDict(env_prefix="RAILPROXY_", extra="ignore")
 
     database_url: str = "postgresql://localhost/payouts"

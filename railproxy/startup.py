@@ -76,6 +76,7 @@ async def verify_rail_is_stub(
         timeout=min(2.0, settings.experiment_verify_s),
         follow_redirects=False,
         transport=transport,
+        verify=settings.client_verify(),
         headers=rail_auth_headers(settings),
     ) as http:
         while True:

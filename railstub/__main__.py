@@ -18,6 +18,7 @@ def main() -> None:
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
+        tls=settings.uvicorn_ssl(),
     )
 
 

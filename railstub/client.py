@@ -8,6 +8,7 @@ Must never: write to the stub, or read anything but the movement log.
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -58,7 +59,11 @@ class MovementLogUnavailable(RailstubClientError):
 
 
 def stub_movement_source(
-    base_url: str, *, timeout_s: float = 10.0, token: str | None = None
+    base_url: str,
+    *,
+    timeout_s: float = 10.0,
+    token: str | None = None,
+    verify: ssl.SSLContext | bool = True,
 ) -> MovementSource:
     """The rail stub's movement log (`GET /admin/movements`), read-only, presenting `token` (the
     reader's own credential: component `reconciler` or `invariants`, or an operator's)."""
@@ -66,7 +71,7 @@ def stub_movement_source(
     async def fetch() -> Sequence[RailMovement]:
         try:
             async with httpx.AsyncClient(
-                base_url=base_url, timeout=timeout_s, headers=auth_headers(token)
+                base_url=base_url, timeout=timeout_s, headers=auth_headers(token), verify=verify
             ) as client:
                 response = await client.get("/admin/movements")
                 response.raise_for_status()

@@ -6,10 +6,11 @@ from pathlib import Path
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from common.tls import ServerTLS
 from railstub.behaviour import Behaviour
 
 
-class StubSettings(BaseSettings, Behaviour):
+class StubSettings(ServerTLS, BaseSettings, Behaviour):
     """Every `Behaviour` field (e.g. `RAILSTUB_AMBIGUITY_RATE`, `RAILSTUB_RULES` as JSON), plus:"""
 
     model_config = SettingsConfigDict(env_prefix="RAILSTUB_", extra="ignore")

@@ -16,6 +16,7 @@ has its attempt committed, and our later snapshot sees it: no false movement_wit
 
 from __future__ import annotations
 
+import ssl
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from common.credentials import operator_token, read_token
 from common.logs import get_logger
+from common.tls import ClientTLS
 from ledger.queries import RAIL_CLEARING, ledger_discrepancies
 from railstub.client import (
     MovementLogUnavailable,
@@ -92,7 +94,9 @@ def reconciler_token(token_file: str | None) -> str | None:
     return own or operator_token()
 
 
-def component_movement_source(rail_admin_url: str, token_file: str | None) -> MovementSource:
+def component_movement_source(
+    rail_admin_url: str, token_file: str | None, *, verify: ssl.SSLContext | bool = True
+) -> MovementSource:
     """The movement log as the worker's reconcile activity reads it: with the `reconciler`
     component's own token (`RECONCILE_TOKEN_FILE`) only, never the operator's (least privilege:
     an operator's token would attribute the worker's reads to a person). Unset, every read fails
@@ -100,7 +104,7 @@ def component_movement_source(rail_admin_url: str, token_file: str | None) -> Mo
     variable, and the rail is not called."""
     token = read_token(token_file=token_file, what="RECONCILE_TOKEN_FILE")
     if token is not None:
-        return stub_movement_source(rail_admin_url, token=token)
+        return stub_movement_source(rail_admin_url, token=token, verify=verify)
 
     async def refuse() -> Sequence[RailMovement]:
         raise MovementLogUnavailable(
@@ -111,7 +115,7 @@ def component_movement_source(rail_admin_url: str, token_file: str | None) -> Mo
     return refuse
 
 
-class ReconcileSettings(BaseSettings):
+class ReconcileSettings(ClientTLS, BaseSettings):
     """The reconciler's settings (env prefix RECONCILE_), for the CLI and the worker."""
 
     model_config = SettingsConfigDict(env_prefix="RECONCILE_")

@@ -143,6 +143,15 @@ def _transfer_rps(env: Mapping[str, str]) -> int:
     return value
 
 
+def _tls_flag(env: Mapping[str, str]) -> bool:
+    raw = env.get("PAYOUTS_TLS", "").strip().lower()
+    if raw in ("", "true", "on", "1"):
+        return True
+    if raw in ("false", "off", "0"):
+        return False
+    raise StackError(f"PAYOUTS_TLS={raw!r} is neither true nor false")
+
+
 @dataclass(frozen=True, kw_only=True)
 class StackConfig:
     """What `payouts up` starts. Build it with `StackConfig.from_env(...)` or directly."""
@@ -170,6 +179,13 @@ class StackConfig:
     #: The Temporal Schedule `reconcile-hourly` that compose's `reconcile-schedule` job creates:
     #: ReconcileWorkflow every this many seconds in the workers (None: no Schedule).
     reconcile_every_s: float | None = 3600.0
+    #: Issue 27 §1: every HTTP server of the stack serves TLS only, with a certificate from the
+    #: stack's private CA, and every client verifies it (stack.pki, common.tls). False
+    #: (PAYOUTS_TLS=false) is plain HTTP, for the cost comparison of the benches only.
+    tls: bool = True
+    #: Where the stack's CA lives (None: `<run dir>/tls`); several stacks of one test session
+    #: or lab run share one (PAYOUTS_TLS_CA_DIR), so their drivers trust a single CA file.
+    tls_ca_dir: Path | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> StackConfig:
@@ -185,6 +201,8 @@ class StackConfig:
             etcd_endpoints=tuple(endpoints) or None,
             ports=Ports.from_env(env),
             temporal_transfer_rps=_transfer_rps(env),
+            tls=_tls_flag(env),
+            tls_ca_dir=Path(env["PAYOUTS_TLS_CA_DIR"]) if env.get("PAYOUTS_TLS_CA_DIR") else None,
         )
         return replace(base, **overrides)  # type: ignore[arg-type]  # keyword overrides of fields
 

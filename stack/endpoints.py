@@ -29,7 +29,7 @@ class Endpoint:
     @property
     def host(self) -> str:
         """host:port, as a Prometheus target."""
-        return self.url.removeprefix("http://").rstrip("/")
+        return self.url.split("://", 1)[-1].rstrip("/")
 
 
 #: Stack service -> (job, serves /health as well as /metrics).

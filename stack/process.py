@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import ssl
 import subprocess
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -53,12 +54,15 @@ def log_tail(path: Path, lines: int = 15) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def http_check(url: str, *, json_status: str | None = None) -> HealthCheck:
-    """Healthy when GET url answers 2xx (and, if given, its JSON `status` field equals it)."""
+def http_check(
+    url: str, *, json_status: str | None = None, verify: ssl.SSLContext | bool = True
+) -> HealthCheck:
+    """Healthy when GET url answers 2xx (and, if given, its JSON `status` field equals it);
+    an https url's server is verified against `verify`."""
 
     async def check() -> bool:
         try:
-            async with httpx.AsyncClient(timeout=2.0) as http:
+            async with httpx.AsyncClient(timeout=2.0, verify=verify) as http:
                 resp = await http.get(url)
         except httpx.HTTPError:
             return False

@@ -37,7 +37,8 @@ GENERATED = {
     "compose": ROOT / "deploy" / "compose" / "prometheus.yml",
     "kubernetes": ROOT / "deploy" / "prometheus" / "kubernetes.yml",
 }
-#: The keys of a scrape job that say where its targets are: the only ones a deployment sets.
+#: The keys of a scrape job that say where its targets are and how they are reached (https and
+#: the CA that verifies them: issue 27): the only ones a deployment sets.
 ADDRESS_KEYS = frozenset(
     {
         "static_configs",
@@ -45,6 +46,8 @@ ADDRESS_KEYS = frozenset(
         "file_sd_configs",
         "kubernetes_sd_configs",
         "relabel_configs",
+        "scheme",
+        "tls_config",
     }
 )
 
@@ -130,9 +133,28 @@ def local_targets(
     return by_job
 
 
-def local_jobs(targets_dir: Path, jobs: Iterable[str]) -> dict[str, dict[str, Any]]:
-    """Each job discovers its targets from `targets_dir/<job>.json` (`write_local_targets`)."""
-    return {j: {"file_sd_configs": [{"files": [str(targets_dir / f"{j}.json")]}]} for j in jobs}
+def local_jobs(
+    targets_dir: Path, jobs: Iterable[str], *, https: Mapping[str, Path] | None = None
+) -> dict[str, dict[str, Any]]:
+    """Each job discovers its targets from `targets_dir/<job>.json` (`write_local_targets`); a
+    job of `https` (job -> CA file) scrapes over TLS, verifying against that CA."""
+    out: dict[str, dict[str, Any]] = {}
+    for j in jobs:
+        job: dict[str, Any] = {"file_sd_configs": [{"files": [str(targets_dir / f"{j}.json")]}]}
+        if https and j in https:
+            job["scheme"] = "https"
+            job["tls_config"] = {"ca_file": str(https[j])}
+        out[j] = job
+    return out
+
+
+def https_jobs(stack: Stack) -> dict[str, Path]:
+    """The jobs whose endpoints answer https only (the stack's CA file each)."""
+    return {
+        e.job: stack.tls_ca_file
+        for e in endpoints(stack)
+        if e.url.startswith("https://") and stack.tls_ca_file is not None
+    }
 
 
 def write_local_targets(targets_dir: Path, by_job: Mapping[str, Sequence[str]]) -> None:
@@ -158,7 +180,7 @@ def write_local_config(stack: Stack, folder: Path) -> Path:
     config = render(
         shipped,
         rule_files=[str(OPS_DIR / f) for f in shipped["rule_files"]],
-        jobs=local_jobs(targets_dir, job_names(shipped)),
+        jobs=local_jobs(targets_dir, job_names(shipped), https=https_jobs(stack)),
     )
     path = folder / "prometheus.yml"
     text = yaml.safe_dump(config, sort_keys=False)

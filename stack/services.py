@@ -19,6 +19,7 @@ from lockservice.grants import KeyPairFiles, generate_keypair
 from stack.config import StackConfig
 from stack.credentials import StackCredentials, stack_credentials
 from stack.embedded import temporal_binary
+from stack.pki import StackTLS
 from stack.process import (
     HealthCheck,
     ManagedProcess,
@@ -58,6 +59,8 @@ class Addresses:
     #: files each process gets as PGPASSFILE (common/db_roles.py).
     role_urls: Mapping[str, str] = field(default_factory=dict)
     pgpass_dir: str = ""
+    #: The stack's CA and certificates (None: plain HTTP, `PAYOUTS_TLS=false`).
+    tls: StackTLS | None = None
 
 
 def _flag(value: bool) -> str:
@@ -139,6 +142,20 @@ class ServiceFactory:
         env.update(self.config.service_env.get("*", {}))
         env.update(self.config.service_env.get(name, {}))
         return env
+
+    def _server_tls(self, prefix: str, name: str) -> dict[str, str]:
+        tls = self.addr.tls
+        return tls.server_env(prefix, name) if tls else {}
+
+    def _client_tls(self, prefix: str) -> dict[str, str]:
+        tls = self.addr.tls
+        return tls.client_env(prefix) if tls else {}
+
+    def _check(self, url: str, *, json_status: str | None = None) -> HealthCheck:
+        """GET url, verifying the server against the stack's CA when TLS is on."""
+        tls = self.addr.tls
+        verify = tls.client_context() if tls else True
+        return http_check(url, json_status=json_status, verify=verify)
 
     def _db(self, process: str, *variables: str) -> dict[str, str]:
         """The process's own role DSN(s) and a password file holding only its roles."""
@@ -230,6 +247,7 @@ class ServiceFactory:
             # INV-04: the issuance watermark, outside the backend's data (as compose and the
             # manifests give it a volume): a backend restored beneath this stack is refused.
             "LOCK_STATE_DIR": str(self.lock_state_dir),
+            **self._server_tls("LOCK_", "lock-server"),
         }
         if self.addr.etcd_endpoints:
             own["LOCK_ETCD_ENDPOINTS"] = ",".join(self.addr.etcd_endpoints)
@@ -238,7 +256,7 @@ class ServiceFactory:
             "lock-server",
             ["-m", "lockservice", "serve"],
             own,
-            http_check(url, json_status="ok"),
+            self._check(url, json_status="ok"),
             f"GET {url}",
             url=self.addr.lock_url,
             port=port,
@@ -257,8 +275,9 @@ class ServiceFactory:
                 # a chaos restart) still knows every movement, as a real rail keeps its records.
                 "RAILSTUB_MOVEMENTS_PATH": str(self.config.run_dir / "railstub-movements.sqlite"),
                 "RAILSTUB_CREDENTIALS_PATH": str(self.credentials.servers["railstub"]),
+                **self._server_tls("RAILSTUB_", "railstub"),
             },
-            http_check(url),
+            self._check(url),
             f"GET {url}",
             url=self.addr.railstub_url,
             port=port,
@@ -285,13 +304,15 @@ class ServiceFactory:
             # With them off the proxy starts only in experiment mode, which it verifies by asking
             # its rail (the local stub) to identify itself (railproxy.startup).
             "RAILPROXY_EXPERIMENT_MODE": _flag(not self.config.fencing),
+            **self._server_tls("RAILPROXY_", "railproxy"),
+            **self._client_tls("RAILPROXY_"),  # the rail's certificate
         }
         url = f"{self.addr.railproxy_url}/health"
         return self._python(
             "railproxy",
             ["-m", "railproxy"],
             own,
-            http_check(url),
+            self._check(url),
             f"GET {url}",
             url=self.addr.railproxy_url,
             port=port,
@@ -306,12 +327,13 @@ class ServiceFactory:
             # Durable beside the stub's log: a restarted ledger (`payouts up` again, a chaos
             # restart) still knows every posting it booked and answers a redelivery duplicate.
             "FINLEDGER_BOOK_PATH": str(self.config.run_dir / "finledger-book.sqlite"),
+            **self._server_tls("FINLEDGER_", "finledger"),
         }
         return self._python(
             "finledger",
             ["-m", "finledger"],
             own,
-            http_check(f"{self.addr.finledger_url}/health"),
+            self._check(f"{self.addr.finledger_url}/health"),
             f"GET {self.addr.finledger_url}/health",
             url=self.addr.finledger_url,
             port=port,
@@ -326,6 +348,7 @@ class ServiceFactory:
             "FINLEDGER_URL": self.addr.finledger_url,
             "OUTBOX_METRICS_PORT": str(port),
             "OUTBOX_TOKEN_FILE": str(self.credentials.tokens["outbox"]),
+            **self._client_tls("OUTBOX_"),  # the finance ledger's certificate
         }
         return self._python(
             "outbox",
@@ -368,6 +391,8 @@ class ServiceFactory:
             # The hourly reconcile Schedule runs in the workers: it reads this stack's rail log,
             # on whatever port the stack gave the stub.
             "RECONCILE_RAIL_ADMIN_URL": self.addr.railstub_url,
+            # The lock server's, the proxy's and (for the reconcile activity) the rail's.
+            **self._client_tls("WORKER_"),
         }
         url = f"http://127.0.0.1:{metrics_port}"
         proc = self._python(

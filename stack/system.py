@@ -19,6 +19,7 @@ import contextlib
 import json
 import os
 import signal
+import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass, replace
@@ -50,6 +51,7 @@ from stack.embedded import (
     free_port,
 )
 from stack.envfile import ENV_FILE_NAME, stack_environment, write_env_file
+from stack.pki import StackTLS, issue_stack_tls
 from stack.preflight import check_ports, refuse_leftovers, safe_url
 from stack.process import ManagedProcess, tcp_check
 from stack.promconfig import write_local_config
@@ -124,6 +126,7 @@ class Stack:
         self._sdk_ports: dict[str, int] = {}
         self.addresses: Addresses | None = None
         self._roles: RoleFiles | None = None
+        self._tls: StackTLS | None = None
 
     # ------------------------------------------------------------------ credentials
 
@@ -143,6 +146,18 @@ class Stack:
     def operator_headers(self) -> dict[str, str]:
         """What the stack's own operator calls (admin endpoints of stub and ledger) present."""
         return auth_headers(self.token(STACK_OPERATOR))
+
+    # ------------------------------------------------------------------ TLS
+
+    @property
+    def tls_ca_file(self) -> Path | None:
+        """The CA every server's certificate chains to (None: TLS off or not started)."""
+        return self._tls.ca_file if self._tls else None
+
+    def client_verify(self) -> ssl.SSLContext | bool:
+        """httpx's `verify=` for a client of this stack's servers: a context trusting only
+        the stack's CA, host name checked (True with TLS off: plain http needs none)."""
+        return self._tls.client_context() if self._tls else True
 
     # ------------------------------------------------------------------ addresses
 
@@ -259,23 +274,31 @@ class Stack:
             log.warning("stack.fencing_disabled", flags=["railproxy", "worker"])
             self._progress(FENCING_OFF_WARNING)
 
+        # The stack's CA (kept) and a fresh certificate per server, before any server starts.
+        tls = issue_stack_tls(self.run_dir / "tls", cfg.tls_ca_dir) if cfg.tls else None
+        self._tls = tls
         database_url, roles = await self._start_postgres()
         etcd = await self._start_etcd() if cfg.backend == "etcd" else ()
         p = cfg.ports
+        web = "https" if tls else "http"
         self.addresses = Addresses(
             database_url=database_url,
             etcd_endpoints=etcd,
             temporal_address=f"127.0.0.1:{p.temporal}",
             ui_url=f"http://127.0.0.1:{p.temporal_ui}",
-            lock_url=f"http://127.0.0.1:{p.lock}",
-            railstub_url=f"http://127.0.0.1:{p.railstub}",
-            railproxy_url=f"http://127.0.0.1:{p.railproxy}",
-            finledger_url=f"http://127.0.0.1:{p.finledger}",
+            lock_url=f"{web}://127.0.0.1:{p.lock}",
+            railstub_url=f"{web}://127.0.0.1:{p.railstub}",
+            railproxy_url=f"{web}://127.0.0.1:{p.railproxy}",
+            finledger_url=f"{web}://127.0.0.1:{p.finledger}",
             role_urls={v: role_url(database_url, r) for v, r in DSN_VARS.items()},
             pgpass_dir=str(roles.folder),
+            tls=tls,
         )
         self._roles = roles
-        base_env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL",)}
+        # No child inherits SSL_CERT_FILE: each gets the stack's CA by its own variable
+        # (stack.services), so a client left unconfigured fails instead of trusting by accident.
+        inherited_out = ("DATABASE_URL", "SSL_CERT_FILE")
+        base_env = {k: v for k, v in os.environ.items() if k not in inherited_out}
         self._factory = f = ServiceFactory(self.config, self.addresses, base_env)
 
         await self._launch(f.temporal())
@@ -352,7 +375,10 @@ class Stack:
             or ProxySettings.model_fields["absence_clock_skew_margin_s"].default
         )
         async with httpx.AsyncClient(
-            base_url=self.railstub_url, timeout=5.0, headers=self.operator_headers()
+            base_url=self.railstub_url,
+            timeout=5.0,
+            headers=self.operator_headers(),
+            verify=self.client_verify(),
         ) as http:
             response = await http.get("/admin/movements", params={"client_reference": "-"})
             response.raise_for_status()
@@ -580,6 +606,8 @@ class Stack:
             self._progress("PostgreSQL: using DATABASE_URL")
         else:
             assert cfg.ports.postgres is not None
+            # No TLS here yet: pgserver's build has none ("SSL is not supported by this build";
+            # docs/security.md, "What still depends on network isolation").
             pg = EmbeddedPostgres(data_dir=self.run_dir / "pg", port=cfg.ports.postgres)
             self._progress(f"starting embedded PostgreSQL on 127.0.0.1:{pg.port} (log {pg._log})")
             self._pg = pg
@@ -644,7 +672,8 @@ class Stack:
             cmd = "\0".join(managed.argv) if managed else name
             procs[name] = {"pid": info.pid, "log": str(info.log_path), "cmd": cmd}
         body = {"stopped": stopped, "addresses": addrs, "processes": procs}
-        (self.run_dir / "stack.json").write_text(json.dumps(body, indent=2, sort_keys=True))
+        text = json.dumps(body, indent=2, sort_keys=True, default=str)  # TLS file paths
+        (self.run_dir / "stack.json").write_text(text)
         if self._up and not stopped:
             header = (
                 f"The local stack in {self.run_dir} (`payouts up`), rewritten when its processes "

@@ -51,6 +51,29 @@ def last_json_line(capsys: pytest.CaptureFixture[str]) -> dict[str, object]:
     return out
 
 
+@pytest.fixture(scope="session", autouse=True)
+def stack_ca() -> Iterator[Path]:
+    """One CA for every local stack of the session (PAYOUTS_TLS_CA_DIR, stack.pki), trusted by
+    the test process's own httpx clients through SSL_CERT_FILE: a test talks to a stack's https
+    servers as an operator's shell does after sourcing its env file. Stack children never see
+    SSL_CERT_FILE (stack.system): each gets the CA by its own variable."""
+    from stack.pki import StackPKI
+
+    with tempfile.TemporaryDirectory(prefix="payouts-test-ca-") as d:
+        ca = StackPKI(Path(d)).ensure_ca()
+        saved = {k: os.environ.get(k) for k in ("PAYOUTS_TLS_CA_DIR", "SSL_CERT_FILE")}
+        os.environ["PAYOUTS_TLS_CA_DIR"] = d
+        os.environ["SSL_CERT_FILE"] = str(ca)
+        try:
+            yield ca
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
 @pytest.fixture(scope="session")
 def run_dir() -> Iterator[Path]:
     """A private scratch directory for the session's servers and logs."""

@@ -9,6 +9,7 @@ import contextlib
 import functools
 import os
 import signal
+import ssl
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime
@@ -74,6 +75,7 @@ class PayoutActivitiesBase:
         worker_id: str,
         lock_url: str,
         token: str | None = None,
+        verify: ssl.SSLContext | bool = True,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
         pause_before_submit: bool = False,
         crash_at: str = "",
@@ -87,7 +89,7 @@ class PayoutActivitiesBase:
         # Break-glass revokes go to the lock server's HTTP API with the worker's bearer credential
         # (common.credentials): one client for this instance's lifetime (`aclose`), not one a call.
         self._lock_http = httpx.AsyncClient(
-            base_url=lock_url, timeout=10.0, headers=auth_headers(token)
+            base_url=lock_url, timeout=10.0, headers=auth_headers(token), verify=verify
         )
         self._now = now
         # Tokens are unique per key, not globally: one process holds many accounts' grants.

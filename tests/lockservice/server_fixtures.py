@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import pytest
@@ -69,11 +69,18 @@ async def eventually(pred: Callable[[], bool], rounds: int = 2000) -> None:
 
 
 @contextlib.asynccontextmanager
-async def serve_app(app: FastAPI) -> AsyncIterator[str]:
-    """Serve `app` with uvicorn on a free loopback port in this event loop; yields its URL."""
+async def serve_app(app: FastAPI, tls: Mapping[str, Any] | None = None) -> AsyncIterator[str]:
+    """Serve `app` with uvicorn on a free loopback port in this event loop; yields its URL
+    (https with `tls`: uvicorn's ssl_certfile/ssl_keyfile, common.tls.uvicorn_ssl)."""
     port = free_port()
     config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, log_level="warning", access_log=False, lifespan="off"
+        app,
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        **dict(tls or {}),
     )
     server = uvicorn.Server(config)
     # uvicorn would take over SIGINT/SIGTERM of the whole pytest process; the test owns signals.
@@ -86,7 +93,7 @@ async def serve_app(app: FastAPI) -> AsyncIterator[str]:
             await asyncio.sleep(0.01)
         if not server.started:
             raise RuntimeError(f"uvicorn did not start on port {port}")
-        yield f"http://127.0.0.1:{port}"
+        yield f"{'https' if tls else 'http'}://127.0.0.1:{port}"
     finally:
         server.should_exit = True
         await asyncio.wait_for(task, 10)

@@ -5,15 +5,18 @@ reports an unreachable server as an httpx transport error (so the SDK fails clos
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import httpx
 import pytest
 
+from common.tls import client_context, uvicorn_ssl
 from lockservice import api
 from lockservice._http import KeepAliveTransport
 from lockservice.client import LockClient
 from lockservice.server import create_app
 from stack.embedded import free_port
+from stack.pki import StackPKI
 from tests.lockservice import server_fixtures as _fx
 from tests.lockservice.fake_backend import FakeBackend
 
@@ -50,3 +53,33 @@ async def test_unreachable_server_fails_closed() -> None:
     with pytest.raises(api.BackendUnavailable):
         await locks.open()
     await locks.close()
+
+
+async def test_https_keeps_the_lean_transport_and_verifies_the_server(
+    fake_backend: FakeBackend, tmp_path: Path
+) -> None:
+    """Over TLS (issue 27) the SDK keeps its keep-alive transport: one verified connection
+    reused across requests; a server whose certificate another CA issued is a ConnectError
+    (the SDK fails closed), and a plaintext transport is refused the https URL outright."""
+    pki = StackPKI(tmp_path / "ca")
+    cert = pki.issue("lock-server")
+    tls = uvicorn_ssl(str(cert.cert), str(cert.key))
+    async with _fx.serve_app(create_app(fake_backend), tls) as url:
+        assert url.startswith("https://")
+        transport = KeepAliveTransport(client_context(str(pki.ca_file)))
+        async with httpx.AsyncClient(base_url=url, transport=transport) as http:
+            for _ in range(3):
+                assert (await http.get("/livez")).json() == {"status": "ok"}
+            assert len(transport._idle) == 1
+        other = StackPKI(tmp_path / "other").ensure_ca()
+        wrong = KeepAliveTransport(client_context(str(other)))
+        async with httpx.AsyncClient(base_url=url, transport=wrong) as http:
+            with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+                await http.get("/livez")
+        async with httpx.AsyncClient(base_url=url, transport=KeepAliveTransport()) as http:
+            with pytest.raises(httpx.UnsupportedProtocol):
+                await http.get("/livez")
+        async with LockClient(url, verify=client_context(str(pki.ca_file))) as locks:
+            lease = await locks.acquire("tls-key")
+            assert lease.token >= 1
+            await locks.release(lease)

@@ -58,10 +58,12 @@ def test_up_runs_until_sigint_then_stops_every_child(
     assert f"http://127.0.0.1:{env['PAYOUTS_TEMPORAL_UI_PORT']}" in output
     # Ready-to-paste exports for every address a command needs, on the moved ports.
     assert f"export TEMPORAL_ADDRESS=127.0.0.1:{env['PAYOUTS_TEMPORAL_PORT']}" in output
-    stub = f"http://127.0.0.1:{env['PAYOUTS_RAILSTUB_PORT']}"
+    # TLS is on by default (issue 27): https addresses, and the CA every command verifies with.
+    stub = f"https://127.0.0.1:{env['PAYOUTS_RAILSTUB_PORT']}"
     assert f"export RECONCILE_RAIL_ADMIN_URL={stub}" in output
     assert f"export INVARIANTS_RAIL_ADMIN_URL={stub}" in output
-    assert f"export LOCK_URL=http://127.0.0.1:{env['PAYOUTS_LOCK_PORT']}" in output
+    assert f"export LOCK_URL=https://127.0.0.1:{env['PAYOUTS_LOCK_PORT']}" in output
+    assert f"export SSL_CERT_FILE={env['PAYOUTS_TLS_CA_DIR']}/ca.pem" in output
     assert "export DATABASE_URL=" in output
     pids = _pids(output)
     assert {"temporal", "lock-server", "railstub", "railproxy"} <= set(pids)

@@ -1,0 +1,207 @@
+"""The local stack's private CA and one certificate per component (issue 27 §1).
+
+Owns: issuing, with the `cryptography` package, a CA (`ca.pem`, its key `ca.key` 0600) kept
+across runs like the grant-signing key, and a server certificate per component
+(`<name>.pem`/`<name>.key`) for 127.0.0.1, localhost and the component's name, also usable as a
+client certificate (etcd's mutual TLS). Must never: be imported by a component (production
+certificates come from the deployment's CA), hand a CA key to any process, or issue a
+certificate without the SANs its clients check.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from common.tls import client_context
+
+#: A local stack's certificates outlive any run; a CA a year longer than what it signs.
+_CERT_DAYS = 365
+_CA_DAYS = 2 * 365
+
+
+@dataclass(frozen=True)
+class CertFiles:
+    """One issued certificate: `cert` (PEM) and its private key `key` (PEM, 0600)."""
+
+    cert: Path
+    key: Path
+
+
+def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
+    pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(pem)
+    tmp.replace(path)  # atomic: a reader sees the old key or the new one, never half of one
+
+
+def _write_cert(path: Path, cert: x509.Certificate) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    tmp.replace(path)
+
+
+def _name(common_name: str) -> x509.Name:
+    return x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "fenced-payouts local stack"),
+            x509.NameAttribute(NameOID.COMMON_NAME, common_name),
+        ]
+    )
+
+
+class StackPKI:
+    """A CA under `directory`, created on first use and reused after, and the certificates it
+    issues there. `StackPKI(d).issue("lock-server")` -> CertFiles under d."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.ca_file = directory / "ca.pem"
+        self._ca_key_file = directory / "ca.key"
+
+    def ensure_ca(self) -> Path:
+        """The CA certificate's path, creating the CA if there is none yet."""
+        if self.ca_file.exists() and self._ca_key_file.exists():
+            return self.ca_file
+        self.directory.mkdir(parents=True, exist_ok=True)
+        key = ec.generate_private_key(ec.SECP256R1())
+        now = datetime.datetime.now(datetime.UTC)
+        name = _name(f"fenced-payouts local CA {self.directory.resolve()}"[:64])
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(name)
+            .issuer_name(name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=_CA_DAYS))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False)
+            .sign(key, hashes.SHA256())
+        )
+        _write_key(self._ca_key_file, key)
+        _write_cert(self.ca_file, cert)
+        return self.ca_file
+
+    def issue(self, name: str, *, extra_hosts: tuple[str, ...] = ()) -> CertFiles:
+        """`issue_to` this CA's own directory."""
+        return self.issue_to(self.directory, name, extra_hosts=extra_hosts)
+
+    def issue_to(
+        self, directory: Path, name: str, *, extra_hosts: tuple[str, ...] = ()
+    ) -> CertFiles:
+        """A fresh certificate for component `name` valid for 127.0.0.1, localhost, `name` and
+        `extra_hosts`, for server and client authentication, signed by the CA."""
+        self.ensure_ca()
+        ca_key = serialization.load_pem_private_key(self._ca_key_file.read_bytes(), None)
+        assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+        ca_cert = x509.load_pem_x509_certificate(self.ca_file.read_bytes())
+        key = ec.generate_private_key(ec.SECP256R1())
+        now = datetime.datetime.now(datetime.UTC)
+        sans: list[x509.GeneralName] = [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+        sans += [x509.DNSName(h) for h in dict.fromkeys(("localhost", name, *extra_hosts))]
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(_name(name))
+            .issuer_name(ca_cert.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=_CERT_DAYS))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+            .add_extension(
+                x509.ExtendedKeyUsage(
+                    [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+                ),
+                critical=False,
+            )
+            .add_extension(
+                x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False
+            )
+            .sign(ca_key, hashes.SHA256())
+        )
+        files = CertFiles(directory / f"{name}.pem", directory / f"{name}.key")
+        _write_key(files.key, key)
+        _write_cert(files.cert, cert)
+        return files
+
+
+#: Every HTTP server of the stack: a certificate each (server and client authentication).
+SERVERS = ("lock-server", "railstub", "railproxy", "finledger")
+
+
+@dataclass(frozen=True)
+class StackTLS:
+    """The CA and the certificates of one stack, and the variables that hand them out."""
+
+    ca_file: Path
+    certs: dict[str, CertFiles]
+
+    def server_env(self, prefix: str, name: str) -> dict[str, str]:
+        """`<prefix>TLS_CERT_FILE`/`<prefix>TLS_KEY_FILE` of component `name` (common.tls)."""
+        files = self.certs[name]
+        return {f"{prefix}TLS_CERT_FILE": str(files.cert), f"{prefix}TLS_KEY_FILE": str(files.key)}
+
+    def client_env(self, prefix: str) -> dict[str, str]:
+        """`<prefix>TLS_CA_FILE`: the client verifies every server against the stack's CA."""
+        return {f"{prefix}TLS_CA_FILE": str(self.ca_file)}
+
+    def client_context(self) -> ssl.SSLContext:
+        return client_context(str(self.ca_file))
+
+
+def issue_stack_tls(directory: Path, ca_dir: Path | None = None) -> StackTLS:
+    """The CA under `ca_dir` (default `directory`; kept across runs) and a fresh certificate
+    per entry of SERVERS under `directory`."""
+    pki = StackPKI(ca_dir or directory)
+    pki.ensure_ca()
+    directory.mkdir(parents=True, exist_ok=True)
+    certs = {name: pki.issue_to(directory, name) for name in SERVERS}
+    return StackTLS(pki.ca_file, certs)
+
+
+#: A driver's CA folder (lab commands, benches) when PAYOUTS_TLS_CA_DIR does not name one.
+DRIVER_CA_DIR = Path(".run/tls-ca")
+
+
+def trust_stack_ca_in_this_process(default_dir: Path = DRIVER_CA_DIR) -> Path:
+    """For a process that drives local stacks and talks to them (the demo, chaos, the benches):
+    every stack it starts takes its CA from one folder (PAYOUTS_TLS_CA_DIR, set here to
+    `default_dir` when unset) and this process's own httpx clients trust that CA through
+    SSL_CERT_FILE, as an operator's shell does after sourcing a stack's env file. Stack
+    children never inherit SSL_CERT_FILE (stack.system). Returns the CA file."""
+    ca_dir = Path(os.environ.get("PAYOUTS_TLS_CA_DIR") or default_dir).resolve()
+    ca = StackPKI(ca_dir).ensure_ca()
+    os.environ["PAYOUTS_TLS_CA_DIR"] = str(ca_dir)
+    os.environ["SSL_CERT_FILE"] = str(ca)
+    return ca
