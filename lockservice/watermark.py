@@ -71,7 +71,9 @@ def location_identity(
     """The backend's address, without credentials: the watermark file is per location."""
     if kind == "postgres":
         u = urlsplit(database_url or "")
-        where = f"{u.hostname}:{u.port}{u.path}"
+        hosts = u.netloc.rpartition("@")[2]
+        # every host:port of a multi-host DSN (a primary and its standby), as written
+        where = hosts + u.path if "," in hosts else f"{u.hostname}:{u.port}{u.path}"
     else:
         where = ",".join(sorted(endpoints))
     return f"{kind}|{where}|prefix={prefix}"
