@@ -131,6 +131,10 @@ class ReplicatedPostgres:
             time.sleep(0.1)
         raise EmbeddedServerError(f"standby {name} did not reach state {want!r}")
 
+    def standby_pid(self) -> int | None:
+        """The standby's postmaster pid while it runs (None once it died in a failover)."""
+        return _postmaster_pid(self.standby) if self.standby.is_running() else None
+
     def kill_primary(self, timeout: float = 30) -> None:
         """SIGKILL the primary's postmaster and every backend (its process group: pg_ctl starts
         it in its own session), as a machine dying would, and wait until the port is closed."""
