@@ -169,6 +169,18 @@ class ReplicatedPostgres:
         self.kill_primary(timeout)
         self.promote(timeout)
 
+    def wait_caught_up(self, timeout: float = 30) -> None:
+        """Wait until the standby has replayed everything the primary has written so far."""
+        sql = (
+            "SELECT coalesce(bool_and(replay_lsn >= pg_current_wal_lsn()), false)"
+            " FROM pg_stat_replication"
+        )
+        deadline = time.monotonic() + timeout
+        while _psql(self.primary, sql) != "t":
+            if time.monotonic() > deadline:
+                raise EmbeddedServerError("the standby did not catch up with the primary")
+            time.sleep(0.05)
+
     def detach_standby(self, timeout: float = 30) -> None:
         """Stop the standby's WAL receiver (primary_conninfo emptied and reloaded) and wait until
         the primary has no WAL sender left: from then on, nothing the primary commits reaches the
