@@ -98,8 +98,18 @@ def chaos_runs(run_dir: Path) -> Iterator[dict[str, Any]]:
         started = asyncio.Event()
         cli = asyncio.create_task(_cli_run(argv, started))
         await started.wait()
+        # The PostgreSQL run is on a primary with a synchronous standby, so it fails over too.
+        standby = {"postgres": "sync", "etcd": "none"}
         runs = [
-            run_chaos(ChaosOptions(**SMALL, seed=11, backend=backend, run_dir=where(backend)))
+            run_chaos(
+                ChaosOptions(
+                    **SMALL,
+                    seed=11,
+                    backend=backend,
+                    run_dir=where(backend),
+                    postgres_standby=standby[backend],  # type: ignore[arg-type]
+                )
+            )
             for backend in ("postgres", "etcd")
         ]
         postgres, etcd = await asyncio.gather(*runs)
@@ -112,9 +122,14 @@ def test_postgres_run_with_fencing_on_keeps_every_invariant(
     chaos_runs: dict[str, Any],
 ) -> None:
     """Under every fault kind on the PostgreSQL backend (Temporal and rail stub crashes, a rail
-    slower than the submit deadline and rail clock skew included), INV-01..INV-10 count zero."""
+    slower than the submit deadline and rail clock skew included) and a failover of PostgreSQL
+    to its synchronous standby mid-run (db_failover: nothing committed is lost, NFR-05),
+    INV-01..INV-10 count zero and every payout ends terminal."""
     summary = chaos_runs["postgres"]
     _assert_ran_every_fault(summary)
+    failovers = [f for f in summary["faults_fired"] if f["kind"] == "db_failover"]
+    assert len(failovers) == 1, summary["faults"]
+    assert failovers[0]["new_primary_port"] != failovers[0]["old_primary_port"]
     assert summary["violations"] == {f"INV-{i:02d}": 0 for i in range(1, 11)}, summary[
         "violation_samples"
     ]
