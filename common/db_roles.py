@@ -162,11 +162,9 @@ def role_url(admin_url: str, role: str, password: str | None = None) -> str:
     handed to a process) the password comes from a PGPASSFILE or the server's trust rules;
     with it, the URL is for in-process use only and must never be logged."""
     parts = urlsplit(admin_url)
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
+    hosts = parts.netloc.rpartition("@")[2]  # as written: [v6]:port, or a multi-host list
     user = quote(role) + (f":{quote(password, safe='')}" if password else "")
-    netloc = f"{user}@{host}" + (f":{parts.port}" if parts.port else "")
+    netloc = f"{user}@{hosts}"
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 

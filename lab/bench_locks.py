@@ -23,6 +23,10 @@ Owns: starting (and always stopping) its own servers: embedded PostgreSQL unless
 set (then a fresh database on that server, dropped at the end), embedded etcd unless
 ETCD_ENDPOINTS is set, and one `python -m lockservice serve` subprocess per backend.
 Must never: assert anything (it reports), or leave a process behind.
+`postgres_sync` is the PostgreSQL backend again, on an embedded primary whose every commit waits
+for a synchronous standby's flush (stack.replication, NFR-05), beside its own floors on that pair;
+`sync_standby_added_p50_ms` is its p50 minus the plain PostgreSQL one. The pair is always
+embedded and private, DATABASE_URL or not.
 Prints progress, a table, then as its LAST line exactly one JSON object with p50/p99 and the
 floors per backend, and /proc/loadavg before and after (the machine is shared: read the figures
 beside it).
@@ -63,6 +67,7 @@ from lockservice.client import LockClient
 from lockservice.grants import generate_keypair
 from stack.embedded import EmbeddedEtcd, EmbeddedPostgres, free_port
 from stack.pki import StackTLS, issue_stack_tls
+from stack.replication import ReplicatedPostgres
 
 WARMUP = 100
 
@@ -349,34 +354,83 @@ async def run(n: int) -> dict[str, Any]:
                     "postgres": lambda: postgres_floor(db),
                 }
                 provider = tracing.tracer_provider("bench-locks", trace_dir=work / "traces")
-                plain_dir = work / "untraced"  # its own keys and tokens
+                (work / "untraced").mkdir()  # the untraced servers' own keys and tokens
                 # The defaults' side serves TLS with a certificate of a CA of its own (stack.pki).
-                tls = issue_stack_tls(work / "tls")
-                plain_dir.mkdir()
+                shape = work, provider, issue_stack_tls(work / "tls")
                 for kind in ("etcd", "postgres"):
-                    print(f"{kind}: starting lock servers (TLS+traced, plain+untraced)", flush=True)
-                    server_env = {**env[kind], "LOCK_KEY_PREFIX": prefix}
-                    traced_env = {**server_env, tracing.TRACE_DIR_VAR: str(work / "traces")}
-                    plain_env = {**server_env, "OTEL_SDK_DISABLED": "true"}
-                    log = work / f"server-{kind}.log"
-                    async with (
-                        lock_server(traced_env, log, tls) as (url, token),
-                        lock_server(plain_env, plain_dir / f"server-{kind}.log") as plain,
-                        floors[kind]() as floor,
-                        _backend(kind, db, endpoints, f"{prefix}direct/") as backend,
-                    ):
-                        print(f"{kind}: SDK -> {url} -> backend, and floors", flush=True)
-                        samples = await measure(
-                            url, token, floor, backend, n, plain, provider, tls.client_context()
-                        )
-                    result[kind] = _stats(samples)
-                    print(f"{kind}: {result[kind]}", flush=True)
+                    where = db, endpoints
+                    result[kind] = await _one_kind(
+                        kind, env[kind], floors[kind], where, n, prefix, shape
+                    )
+                async with _sync_pair(work) as sync_db:
+                    pg_env = {"LOCK_BACKEND": "postgres", "DATABASE_URL": sync_db}
+                    where = sync_db, []
+                    sync = await _one_kind(
+                        SYNC, pg_env, lambda: postgres_floor(sync_db), where, n, prefix, shape
+                    )
+                result[SYNC] = sync
+                result["sync_standby_added_p50_ms"] = round(
+                    sync["p50_ms"] - result["postgres"]["p50_ms"], 3
+                )
                 if provider is not None:
                     provider.shutdown()
                 # What the traced side really recorded (client and servers; the untraced: none).
                 result["traced_spans"] = len(read_spans(work / "traces"))
     result["loadavg_after"] = loadavg()
     return result
+
+
+#: The PostgreSQL backend on a primary whose every commit waits for a synchronous standby's
+#: flush (stack.replication), reached through the multi-host DSN: what NFR-05 costs.
+SYNC = "postgres_sync"
+
+
+async def _one_kind(  # noqa: PLR0917 - one backend's servers, floor, and the run's shape
+    kind: str,
+    env: dict[str, str],
+    floor_cm: Callable[[], contextlib.AbstractAsyncContextManager[Op]],
+    where: tuple[str, list[str]],
+    n: int,
+    prefix: str,
+    run: tuple[Path, TracerProvider | None, StackTLS],
+) -> dict[str, float]:
+    """One backend kind: a TLS+traced and a plain+untraced lock server on it, its floor and the
+    backend class in process, measured interleaved."""
+    work, provider, tls = run
+    print(f"{kind}: starting lock servers (TLS+traced, plain+untraced)", flush=True)
+    server_env = {**env, "LOCK_KEY_PREFIX": prefix}
+    traced_env = {**server_env, tracing.TRACE_DIR_VAR: str(work / "traces")}
+    plain_env = {**server_env, "OTEL_SDK_DISABLED": "true"}
+    db, endpoints = where
+    async with (
+        lock_server(traced_env, work / f"server-{kind}.log", tls) as (url, token),
+        lock_server(plain_env, work / "untraced" / f"server-{kind}.log") as plain,
+        floor_cm() as floor,
+        _backend(kind, db, endpoints, f"{prefix}direct/") as backend,
+    ):
+        print(f"{kind}: SDK -> {url} -> backend, and floors", flush=True)
+        samples = await measure(
+            url, token, floor, backend, n, plain, provider, tls.client_context()
+        )
+    stats = _stats(samples)
+    print(f"{kind}: {stats}", flush=True)
+    return stats
+
+
+@contextlib.asynccontextmanager
+async def _sync_pair(work: Path) -> AsyncIterator[str]:
+    """A database on a private embedded primary with a synchronous standby (always embedded,
+    DATABASE_URL or not: the benchmark arranges the replication itself)."""
+    pair = ReplicatedPostgres(base_dir=work / "pg-sync", synchronous=True)
+    await asyncio.to_thread(pair.start)
+    try:
+        db = await create_database(pair.url, prefix="lockbench")
+        try:
+            yield db
+        finally:
+            await drop_database(pair.url, db)
+    finally:
+        await asyncio.to_thread(pair.stop)
 
 
 @contextlib.asynccontextmanager
@@ -412,9 +466,11 @@ def table(result: dict[str, Any]) -> str:
     cols += ("floor_p50_ms", "floor_p99_ms", "http_rtt_p50_ms", "backend_p50_ms")
     cols += ("ratio_to_http_floor",)
     lines = ["backend   " + " ".join(f"{c.removesuffix('_ms'):>17}" for c in cols)]
-    for kind in ("etcd", "postgres"):
+    for kind in ("etcd", "postgres", SYNC):
         if kind in result:
             lines.append(f"{kind:<9} " + " ".join(f"{result[kind][c]:>17}" for c in cols))
+    if "sync_standby_added_p50_ms" in result:
+        lines.append(f"synchronous standby adds {result['sync_standby_added_p50_ms']} ms (p50)")
     lines.append(f"loadavg before {result['loadavg_before']}  after {result['loadavg_after']}")
     return "\n".join(lines)
 

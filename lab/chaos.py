@@ -4,7 +4,8 @@ Starts a private stack on free ports, seeds accounts, creates and starts payouts
 faults on a schedule derived only from the seed (lab.chaos_schedule): worker pauses longer
 than the lease (some armed with the UC-03 hook, to hit the check-then-act gap for sure), worker
 kills, lock-server restarts, backend restarts (PostgreSQL, or the etcd leader of a 3-member
-cluster), Temporal and rail stub crashes (SIGKILL, restart on the same files), rail outages,
+cluster), a PostgreSQL failover to its synchronous standby (`--postgres-standby sync`), Temporal
+and rail stub crashes (SIGKILL, restart on the same files), rail outages,
 ambiguity, slow lookups, rail latency beyond the submit deadline and rail clock skew. Then it
 restores normal behaviour, lets the system settle, and runs the reconciler and the invariant
 checker (INV-01..INV-10, with Temporal's record of the payout workflows) over the run.
@@ -82,6 +83,9 @@ class ChaosOptions:
     #: Escalated ambiguous payouts count as settled once no payout changed state for this long.
     quiet_s: float = 10.0
     service_env: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: "sync": PostgreSQL on a primary with a synchronous standby (stack.replication), and the
+    #: schedule gets a db_failover.
+    postgres_standby: Literal["none", "sync"] = "none"
 
 
 def stack_config(opts: ChaosOptions) -> StackConfig:
@@ -103,6 +107,7 @@ def stack_config(opts: ChaosOptions) -> StackConfig:
         fencing=opts.fencing,
         ports=isolated_ports(),
         etcd_members=3 if opts.backend == "etcd" else 1,
+        postgres_standby=opts.postgres_standby,
         service_env=env,
     )
 
@@ -271,6 +276,7 @@ async def run_chaos(
         payouts=opts.payouts,
         lock_outage_s=outage_window,
         lease_s=CHAOS_LOCK_TTL_S,
+        db_failover=opts.postgres_standby == "sync",
     )
     progress(
         f"seed {opts.seed}: {len(schedule)} faults scheduled (lock-server outages inside"

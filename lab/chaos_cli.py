@@ -72,6 +72,7 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
         backend=args.backend,
         fencing=args.fencing == "on",
         run_dir=run_dir,
+        postgres_standby=args.postgres_standby,
     )
     with open(run_dir / "chaos.log", "a") as events:
         configure_logging("chaos", stream=events)
@@ -104,6 +105,13 @@ def register(sub: Any) -> None:
         choices=["on", "off"],
         default="on",
         help="off is the negative control (FR-29): the run must show violations",
+    )
+    p.add_argument(
+        "--postgres-standby",
+        choices=["none", "sync"],
+        default="none",
+        help="sync: PostgreSQL on a primary with a synchronous standby; the run then schedules "
+        "a db_failover (SIGKILL of the primary, promotion of the standby)",
     )
     p.add_argument("--json", action="store_true", help="print the summary as a last JSON line")
     p.add_argument("--run-dir", help="where the stack keeps its files (default .run/chaos-*)")

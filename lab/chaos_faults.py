@@ -5,7 +5,8 @@ pause runs its own extra worker, so it never takes a slot's worker away), every 
 (SIGSTOP/SIGCONT, SIGKILL, service restarts, a lock-server outage inside the window a release
 fails in while sessions survive (lab.chaos_locks), an etcd leader kill with its unavailability
 window measured by lock acquires, a SIGKILL of the Temporal dev server or of the rail stub
-followed by a restart on the same files and ports, rail stub behaviour windows: outage,
+followed by a restart on the same files and ports, a PostgreSQL failover (SIGKILL of the primary,
+promotion of its synchronous standby), rail stub behaviour windows: outage,
 ambiguity, slow lookups, latency beyond the submit deadline, clock skew) and restoring normal
 behaviour at the end. Must never: touch a process the stack did not start, or leave a worker
 stopped or the rail in a fault mode once `restore()` returned.
@@ -188,6 +189,7 @@ class FaultInjector:
             "rail_slow": self._rail_slow,
             "clock_skew": self._clock_skew,
             "hostile_signals": self._hostile_signals.fire,
+            "db_failover": self._db_failover,
         }[fault.kind]
         if fault.kind == "pause" and fault.armed:
             record.update(await self._armed_pause(fault, armed))
@@ -339,6 +341,12 @@ class FaultInjector:
             await self.stack.restart("postgres")
             return {"restarted": "postgres"}
         return await self._etcd_leader_kill()
+
+    async def _db_failover(self, fault: Fault) -> dict[str, Any]:
+        """SIGKILL the PostgreSQL primary (lock tables and payment database) mid-run and promote
+        its synchronous standby; every client reconnects through the multi-host DSN. Nothing a
+        client saw committed is lost (stack.replication); the run's checks prove it."""
+        return await self.stack.db_failover()
 
     async def _etcd_leader_kill(self) -> dict[str, Any]:
         leader = await self._leader(within_s=10.0)

@@ -10,7 +10,7 @@ randomness, or perform I/O.
 from __future__ import annotations
 
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal, get_args
 
 FaultKind = Literal[
@@ -27,10 +27,18 @@ FaultKind = Literal[
     "rail_slow",
     "clock_skew",
     "hostile_signals",
+    "db_failover",
 ]
 
-#: Every kind, in report order. Both backends support all of them (etcd: a leader kill).
-FAULT_KINDS: tuple[FaultKind, ...] = get_args(FaultKind)
+#: Kinds only a run of a particular topology schedules (once each, drawn after every other
+#: fault so that the rest of a seed's schedule stays what it was): db_failover needs the
+#: PostgreSQL primary/standby pair (`--postgres-standby sync`, stack.replication).
+TOPOLOGY_KINDS: tuple[FaultKind, ...] = ("db_failover",)
+#: Every kind every run schedules, in report order. Both backends support all of them (etcd: a
+#: leader kill).
+FAULT_KINDS: tuple[FaultKind, ...] = tuple(
+    k for k in get_args(FaultKind) if k not in TOPOLOGY_KINDS
+)
 
 #: Relative weights of the faults drawn after each kind has appeared once: worker faults are the
 #: ones that exercise fencing, so they come up most often.
@@ -113,6 +121,7 @@ class Fault:
             "rail_slow": f"latency deadline+{self.level:.1f}s for {self.duration_s:.1f}s",
             "clock_skew": f"rail clock {self.level:+.1f}s for {self.duration_s:.1f}s",
             "hostile_signals": "malformed, forged and replayed signals to running payouts",
+            "db_failover": "SIGKILL the PostgreSQL primary, promote its synchronous standby",
         }.get(self.kind, "")
         return f"#{self.index} t+{self.at_s:.1f}s {self.kind} {extra}".rstrip()
 
@@ -134,6 +143,7 @@ def make_schedule(
     payouts: int,
     lock_outage_s: tuple[float, float],
     lease_s: float = 3.0,
+    db_failover: bool = False,
 ) -> list[Fault]:
     """The faults of one run, from `random.Random(seed)` only.
 
@@ -146,7 +156,9 @@ def make_schedule(
     the workload), so every schedule hits the check-then-act gap at least once: with fencing off
     that guarantees a duplicate movement (the negative control). Every other kind appears at
     least once; the rest are drawn by weight. The first rail_slow and clock_skew come next
-    (EARLY_KINDS), while the workload is still submitting.
+    (EARLY_KINDS), while the workload is still submitting. `db_failover` (a primary/standby
+    run) adds one db_failover, drawn last, in the first half of the span (while payouts are
+    still moving money, so that the promoted node has to carry in-flight work).
     """
     if workers < 1:
         raise ScheduleError("a chaos run needs at least one worker")
@@ -171,6 +183,10 @@ def make_schedule(
             outage = (low, high)
             continue
         faults.append(_draw(rng, i, kind, at, workers=workers, lease_s=lease_s))
+    if db_failover:
+        faults.append(Fault(0, "db_failover", round(rng.uniform(1.0, max(span / 2, 2.0)), 2)))
+        faults.sort(key=lambda f: f.at_s)  # stable: #0 stays first
+        faults = [replace(f, index=i) for i, f in enumerate(faults)]
     return faults
 
 
@@ -212,8 +228,8 @@ def _window(rng: random.Random, index: int, kind: FaultKind, at_s: float) -> Fau
 
 
 def kind_counts(faults: list[Fault]) -> dict[str, int]:
-    """Faults per kind, every kind present (zeros included)."""
+    """Faults per kind, every kind present (zeros included), plus any topology kind scheduled."""
     counts: dict[str, int] = dict.fromkeys(FAULT_KINDS, 0)
     for f in faults:
-        counts[f.kind] += 1
+        counts[f.kind] = counts.get(f.kind, 0) + 1
     return counts

@@ -110,6 +110,14 @@ class IssuancePosition:
 
     epoch: int
     counter: int
+    #: A record the backend's data holds of its latest grant, for a counter that can run ahead
+    #: of the data: PostgreSQL's sequence is WAL-logged 32 values ahead, so a standby promoted
+    #: after losing grants continues ABOVE the lost ids (stack.replication). PostgreSQL: the
+    #: highest committed grant_history id; 0 where the counter cannot run ahead (etcd).
+    anchor: int = 0
+    #: The anchor the caller asked about (`issuance_position(since=...)`) is not in the data:
+    #: a grant it saw was lost (a failover to a standby that lacked it, or a restore).
+    lost: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,8 +293,9 @@ class LockBackend(Protocol):
         evidence goes into the audit record."""
         ...
 
-    async def issuance_position(self) -> IssuancePosition:
-        """The current epoch and backend-wide issuance counter (cheap; read after every grant)."""
+    async def issuance_position(self, since: int = 0) -> IssuancePosition:
+        """The current epoch and backend-wide issuance counter (cheap; read after every grant);
+        `since`: an anchor read before (0: none), reported `lost` if the data no longer has it."""
         ...
 
     async def highest_token_issued(self) -> int:

@@ -17,6 +17,13 @@ was read, so the position read after it must be strictly above that watermark; e
 means the data went back (even by a single grant). A bump to a higher epoch puts the position
 above the watermark again (positions compare by epoch first), which clears the refusal.
 
+A failover to a standby that lacked committed grants (asynchronous replication) loses grants
+the same way, but PostgreSQL's sequence is WAL-logged up to 32 values ahead, so the promoted
+node's counter can stand ABOVE the watermark. The mark therefore also keeps an anchor (the
+highest committed grant_history id when it was read) and every check asks whether that row is
+still there (`issuance_position(since=anchor)`): the table is never pruned, so a missing row
+means lost data (tests/lockservice/test_failover_async.py).
+
 Limits (docs/locks-backends.md, "Restore procedure"):
 * a brand-new server (no file for this location) has nothing to compare with: it records a
   baseline and detects only restores to a point before its own later grants;
@@ -53,16 +60,28 @@ class Mark:
     epoch: int
     counter: int
     highest_token: int
+    #: The backend's anchor (api.IssuancePosition.anchor) read with the position: a record of a
+    #: grant that was committed then, whose absence later means lost data. 0: none (etcd, or a
+    #: file written before anchors existed).
+    anchor: int = 0
 
     def position(self) -> tuple[int, int]:
         return (self.epoch, self.counter)
 
     def covers(self, other: Mark) -> bool:
-        return self.position() >= other.position() and self.highest_token >= other.highest_token
+        return (
+            self.position() >= other.position()
+            and self.highest_token >= other.highest_token
+            and (self.epoch, self.anchor) >= (other.epoch, other.anchor)
+        )
 
     def merge(self, other: Mark) -> Mark:
         ahead = self if self.position() >= other.position() else other
-        return Mark(ahead.epoch, ahead.counter, max(self.highest_token, other.highest_token))
+        # Within one epoch the higher anchor (both were committed rows when read); across
+        # epochs the newer epoch's (an older epoch's rows may be the ones a bump left behind).
+        anchored = max(self, other, key=lambda m: (m.epoch, m.anchor))
+        top = max(self.highest_token, other.highest_token)
+        return Mark(ahead.epoch, ahead.counter, top, anchored.anchor)
 
 
 def location_identity(
@@ -71,20 +90,31 @@ def location_identity(
     """The backend's address, without credentials: the watermark file is per location."""
     if kind == "postgres":
         u = urlsplit(database_url or "")
-        where = f"{u.hostname}:{u.port}{u.path}"
+        hosts = u.netloc.rpartition("@")[2]
+        # every host:port of a multi-host DSN (a primary and its standby), as written
+        where = hosts + u.path if "," in hosts else f"{u.hostname}:{u.port}{u.path}"
     else:
         where = ",".join(sorted(endpoints))
     return f"{kind}|{where}|prefix={prefix}"
 
 
+def lost(pos: IssuancePosition, mark: Mark) -> bool:
+    """True if the data lacks the grant anchored in `mark` (read with `since=mark.anchor`) and
+    no epoch bump since puts every new token above the old ones: grants lost in a failover to
+    a standby that never received them, even when the counter stands above the mark."""
+    return pos.lost and pos.epoch <= mark.epoch
+
+
 def behind(pos: IssuancePosition, mark: Mark) -> bool:
-    """True if the backend's position is older than one recorded before: restored data."""
-    return (pos.epoch, pos.counter) < mark.position()
+    """True if the backend's position is older than one recorded before, or lost its anchor:
+    restored data, or a standby promoted without grants the old primary committed."""
+    return (pos.epoch, pos.counter) < mark.position() or lost(pos, mark)
 
 
 def above(pos: IssuancePosition, mark: Mark) -> bool:
-    """True if the backend moved past `mark` (what a grant made after `mark` was read must do)."""
-    return (pos.epoch, pos.counter) > mark.position()
+    """True if the backend moved past `mark` (what a grant made after `mark` was read must do)
+    and still holds the grant anchored in it."""
+    return (pos.epoch, pos.counter) > mark.position() and not lost(pos, mark)
 
 
 class Watermark:
@@ -108,7 +138,8 @@ class Watermark:
             raw = json.loads(path.read_text())
             if raw.get("identity") != identity:
                 raise RuntimeError(f"{path} belongs to {raw.get('identity')!r}, not {identity!r}")
-            mark = Mark(int(raw["epoch"]), int(raw["counter"]), int(raw["highest_token"]))
+            anchor = int(raw.get("anchor", 0))  # files written before anchors existed: none
+            mark = Mark(int(raw["epoch"]), int(raw["counter"]), int(raw["highest_token"]), anchor)
         return cls(path, identity, mark)
 
     @property
@@ -152,11 +183,16 @@ class Watermark:
                 watermark_epoch=mark.epoch,
                 watermark_counter=mark.counter,
                 highest_token_issued=mark.highest_token,
+                anchor_lost=lost(pos, mark),
             )
+        if lost(pos, mark):
+            what = f"grant record {mark.anchor} is gone: a failover lost grants, or a restore"
+        else:
+            what = f"position {pos.epoch}/{pos.counter} < {mark.epoch}/{mark.counter}: a restore"
         return RestoreDetected(
-            f"the lock backend's data is older than what this server issued (position"
-            f" {pos.epoch}/{pos.counter} < {mark.epoch}/{mark.counter}): restored without the"
-            " epoch bump; run `python -m lockservice bump-epoch --offline` (docs/locks-backends.md)"
+            f"the lock backend's data is older than what this server issued ({what} without"
+            " the epoch bump); run `python -m lockservice bump-epoch --offline`"
+            " (docs/locks-backends.md)"
         )
 
     async def check(self, backend: LockBackend) -> None:
@@ -164,7 +200,7 @@ class Watermark:
         behind (or, while refusing, until its epoch is above the watermark's); otherwise record
         its position (a baseline for a brand-new watermark)."""
         floor = self._durable  # read BEFORE the position: a later read is never lower
-        pos = await backend.issuance_position()
+        pos = await backend.issuance_position(since=floor.anchor if floor else 0)
         # Once refusing, only an epoch bump clears it: the refused grants themselves moved the
         # counter, so "no longer behind" proves nothing; a higher epoch puts every next token
         # above every token issued before (floor.highest_token is in an epoch <= floor.epoch).
@@ -178,7 +214,7 @@ class Watermark:
         if floor is None:
             _log.info(LOCK_WATERMARK_BASELINE, backend_epoch=pos.epoch, backend_counter=pos.counter)
         highest = 0 if floor is None else floor.highest_token
-        await self._advance(Mark(pos.epoch, pos.counter, highest))
+        await self._advance(Mark(pos.epoch, pos.counter, highest, pos.anchor))
 
     async def after_grant(self, backend: LockBackend, token: int, floor: Mark | None) -> None:
         """Before a grant is answered: refuse it if the backend went back, else make the position
@@ -187,7 +223,7 @@ class Watermark:
         `floor` is `self.mark` taken BEFORE the grant was requested. The grant itself raised the
         counter after that mark was read, so without a restore the position is strictly above
         it; equal means the restored data reissued the increment we saw (one grant lost)."""
-        pos = await backend.issuance_position()
+        pos = await backend.issuance_position(since=floor.anchor if floor else 0)
         if floor is not None and not above(pos, floor):
             raise self._refuse(pos, floor)
-        await self._advance(Mark(pos.epoch, pos.counter, token))
+        await self._advance(Mark(pos.epoch, pos.counter, token, pos.anchor))

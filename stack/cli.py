@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from common.logs import configure_logging
-from stack.config import DEFAULT_RUN_DIR, StackConfig, StackError
+from stack.config import DEFAULT_RUN_DIR, STANDBY_MODES, StackConfig, StackError
 from stack.endpoints import endpoints
 from stack.envfile import stack_environment
 from stack.preflight import safe_url
@@ -120,6 +120,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
         "backend": args.backend,
         "run_dir": Path(args.run_dir),
         "fencing": args.fencing == "on",
+        "postgres_standby": args.postgres_standby,
     }
     if args.health_timeout is not None:
         overrides["health_timeout_s"] = args.health_timeout
@@ -159,6 +160,13 @@ def register(subparsers: Any) -> None:
         choices=["on", "off"],
         default="on",
         help="off disables fencing at the rail proxy and in workers: experiment only (FR-29)",
+    )
+    up.add_argument(
+        "--postgres-standby",
+        choices=list(STANDBY_MODES),
+        default="none",
+        help="embedded PostgreSQL only: a streaming standby that a failover promotes; sync "
+        "commits wait for it (nothing committed is lost), async is a negative control",
     )
     up.add_argument(
         "--check", action="store_true", help="start, verify health, print addresses, stop, exit 0"

@@ -17,6 +17,8 @@ from typing import Literal
 from stack.embedded import free_port
 
 Backend = Literal["postgres", "etcd"]
+Standby = Literal["none", "sync", "async"]
+STANDBY_MODES: tuple[Standby, ...] = ("none", "sync", "async")
 
 DEFAULT_RUN_DIR = Path(".run/stack")
 
@@ -166,6 +168,9 @@ class StackConfig:
     etcd_endpoints: tuple[str, ...] | None = None
     #: Members of the embedded etcd cluster on loopback (3 for the chaos runner's leader kills).
     etcd_members: int = 1
+    #: The embedded PostgreSQL's standby (stack.replication): "sync" (commits wait for it, what
+    #: NFR-05 needs), "async" (negative control only: a failover may lose commits) or "none".
+    postgres_standby: Standby = "none"
     ports: Ports = field(default_factory=Ports)
     task_queue: str = "payouts"
     health_timeout_s: float = 60.0

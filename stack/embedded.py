@@ -181,6 +181,8 @@ class EmbeddedPostgres:
     data_dir: Path
     port: int = field(default_factory=free_port)
     fast: bool = False  # tests only: fsync off; a clean stop still loses nothing
+    #: more `-c name=value` settings, after the others (the last one wins): stack.replication
+    extra_options: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         self.data_dir = pg_data_dir(self.data_dir)
@@ -245,6 +247,7 @@ class EmbeddedPostgres:
         opts = f"-h 127.0.0.1 -p {self.port} -k {self.data_dir} -c max_connections=400"
         if self.fast:
             opts += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+        opts += "".join(f" -c {o}" for o in self.extra_options)
         self._run(
             [
                 _pg_bin("pg_ctl"),

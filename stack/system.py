@@ -55,6 +55,7 @@ from stack.pki import StackTLS, issue_stack_tls
 from stack.preflight import check_ports, refuse_leftovers, safe_url
 from stack.process import ManagedProcess, tcp_check
 from stack.promconfig import write_local_config
+from stack.replication import ReplicatedPostgres
 from stack.services import (
     Addresses,
     ServiceFactory,
@@ -115,6 +116,8 @@ class Stack:
         self.stack_id = ""  # drawn at start, marked in its database and Temporal (_mark_stack)
         self._progress = progress or (lambda _line: None)
         self._pg: EmbeddedPostgres | None = None
+        #: The primary/standby pair when config.postgres_standby is set; _pg is its primary.
+        self._ha: ReplicatedPostgres | None = None
         self._etcd: EmbeddedEtcd | None = None
         self._procs: dict[str, ManagedProcess] = {}
         self._factory: ServiceFactory | None = None
@@ -223,6 +226,12 @@ class Stack:
         pg_pid = self._postgres_pid()
         if self._pg is not None and pg_pid is not None:
             out["postgres"] = ProcessInfo("postgres", pg_pid, self._pg.log_path, self._pg.url)
+        standby_pid = self._ha.standby_pid() if self._ha is not None else None
+        if self._ha is not None and standby_pid is not None:
+            sb = self._ha.standby
+            out["postgres-standby"] = ProcessInfo(
+                "postgres-standby", standby_pid, sb.log_path, sb.url
+            )
         if self._etcd is not None:
             for i, m in enumerate(self._etcd.members):
                 if m.proc is not None and m.proc.poll() is None:
@@ -420,6 +429,9 @@ class Stack:
         if self._etcd is not None:
             etcd, self._etcd = self._etcd, None
             await _in_thread(etcd.stop)
+        if self._ha is not None:
+            ha, self._ha, self._pg = self._ha, None, None
+            await _in_thread(ha.stop)
         if self._pg is not None:
             pg, self._pg = self._pg, None
             try:
@@ -604,6 +616,8 @@ class Stack:
         cfg = self.config
         if cfg.database_url:
             self._progress("PostgreSQL: using DATABASE_URL")
+        elif cfg.postgres_standby != "none":
+            await self._start_replicated()
         else:
             assert cfg.ports.postgres is not None
             # No TLS here yet: pgserver's build has none ("SSL is not supported by this build";
@@ -615,7 +629,7 @@ class Stack:
                 await _in_thread(lambda: pg.start(timeout=cfg.health_timeout_s))
             except EmbeddedServerError as exc:
                 raise StackError(f"embedded PostgreSQL failed: {exc}") from exc
-        url = cfg.database_url or (self._pg.url if self._pg else "")
+        url = cfg.database_url or (self._ha.url if self._ha else self._pg.url if self._pg else "")
         roles = generate_role_files(self.run_dir / "db-roles")
         try:
             applied = await migrate(url, passwords=roles.passwords)
@@ -624,6 +638,43 @@ class Stack:
         log.info("stack.migrated", applied=applied)
         self._write_state(stopped=False)
         return url, roles
+
+    async def _start_replicated(self) -> None:
+        cfg = self.config
+        assert cfg.ports.postgres is not None
+        ha = ReplicatedPostgres(
+            base_dir=self.run_dir / "pg-ha", synchronous=cfg.postgres_standby == "sync"
+        )
+        ha.primary.port = cfg.ports.postgres  # the standby takes a free port
+        self._progress(
+            f"starting embedded PostgreSQL on 127.0.0.1:{ha.primary.port} with a"
+            f" {cfg.postgres_standby} standby on 127.0.0.1:{ha.standby.port}"
+        )
+        self._ha, self._pg = ha, ha.primary
+        try:
+            await _in_thread(lambda: ha.start(timeout=cfg.health_timeout_s))
+        except EmbeddedServerError as exc:
+            raise StackError(f"embedded PostgreSQL pair failed: {exc}") from exc
+
+    async def db_failover(self) -> dict[str, Any]:
+        """SIGKILL the PostgreSQL primary and promote its standby (chaos fault db_failover).
+        Clients keep the multi-host DSN and reconnect to the promoted node."""
+        ha = self._ha
+        if ha is None:
+            raise UnknownProcessError("no PostgreSQL standby in this stack (postgres_standby)")
+        old = ha.primary.port
+        started = time.monotonic()
+        await _in_thread(ha.failover)
+        self._pg = ha.primary
+        took = round(time.monotonic() - started, 3)
+        log.warning(
+            "stack.db_failover",
+            old_primary_port=old,
+            new_primary_port=ha.primary.port,
+            seconds=took,
+        )
+        self._write_state(stopped=False)
+        return {"old_primary_port": old, "new_primary_port": ha.primary.port, "took_s": took}
 
     async def _start_etcd(self) -> tuple[str, ...]:
         cfg = self.config

@@ -658,9 +658,10 @@ class EtcdBackend:
                 return new
         raise BackendUnavailable("the epoch kept changing while bumping; retry")
 
-    async def issuance_position(self) -> IssuancePosition:
+    async def issuance_position(self, since: int = 0) -> IssuancePosition:
         """The cluster revision: every grant txn raises it (the token base IS a revision), and a
-        snapshot restore without --bump-revision sets it back to the snapshot's."""
+        snapshot restore without --bump-revision sets it back to the snapshot's. It never runs
+        ahead of the data (raft commits the revision with the write): no anchor, `since` unused."""
         with _unavailable_on_error():
             got = await self._c.get(self._epoch_key)
         if got is None:  # start() created it; only a restore of a pre-start snapshot lacks it

@@ -474,17 +474,29 @@ class PostgresBackend:
         )
         return new
 
-    async def issuance_position(self) -> IssuancePosition:
+    async def issuance_position(self, since: int = 0) -> IssuancePosition:
         """Every grant inserts a grant_history row, so the row id sequence only rises, across
-        every prefix; a pg_dump/restore (or a restored data dir) sets it back."""
+        every prefix; a pg_dump/restore (or a restored data dir) sets it back.
+
+        The sequence alone misses grants lost in a failover: it is WAL-logged up to 32 values
+        ahead, so the promoted standby's sequence can stand above the ids it never received.
+        The anchor is a committed row (the highest grant_history id; the table is never
+        pruned), and `lost` says whether the row `since` is gone: that row was committed
+        when the caller read it, so only lost data can lack it."""
         with _unavailable_on_connection_error():
             row = await self._pool.fetchrow(
                 "SELECT coalesce((SELECT epoch FROM lockservice.epochs WHERE prefix = $1), 0)"
                 " AS epoch, (SELECT CASE WHEN is_called THEN last_value ELSE 0 END"
-                " FROM lockservice.grant_history_id_seq) AS counter",
+                " FROM lockservice.grant_history_id_seq) AS counter,"
+                " (SELECT coalesce(max(id), 0) FROM lockservice.grant_history) AS anchor,"
+                " ($2::bigint > 0 AND NOT EXISTS"
+                "  (SELECT 1 FROM lockservice.grant_history WHERE id = $2::bigint)) AS lost",
                 self._prefix,
+                since,
             )
-        return IssuancePosition(epoch=row["epoch"], counter=row["counter"])
+        return IssuancePosition(
+            epoch=row["epoch"], counter=row["counter"], anchor=row["anchor"], lost=row["lost"]
+        )
 
     async def highest_token_issued(self) -> int:
         """Over every key of every prefix (the fences do not say which prefix issued them)."""

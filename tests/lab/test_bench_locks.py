@@ -28,13 +28,13 @@ async def test_bench_locks_prints_both_floors_as_its_last_line(
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
-    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    out, err = await asyncio.wait_for(proc.communicate(), 240)
     assert proc.returncode == 0, err.decode()[-2000:]
     lines = out.decode().strip().splitlines()
     result = json.loads(lines[-1])
     assert result["n"] == 20
     assert "http_floor_p50" in out.decode()  # the table precedes the JSON line
-    for kind in ("etcd", "postgres"):
+    for kind in ("etcd", "postgres", "postgres_sync"):  # the last: with a synchronous standby
         stats = result[kind]
         for name in FIGURES:
             assert stats[name] > 0, (kind, name, stats)
@@ -46,3 +46,5 @@ async def test_bench_locks_prints_both_floors_as_its_last_line(
     # The traced side was traced: at least the client's and the server's span of each pair.
     assert result["traced_spans"] >= 2 * 2 * 20
     assert result["loadavg_before"] and result["loadavg_after"]
+    added = result["postgres_sync"]["p50_ms"] - result["postgres"]["p50_ms"]
+    assert result["sync_standby_added_p50_ms"] == round(added, 3)

@@ -12,6 +12,7 @@ from lab.chaos_schedule import (
     FAULT_KINDS,
     Fault,
     ScheduleError,
+    horizon_s,
     kind_counts,
 )
 from lab.chaos_schedule import make_schedule as _make_schedule
@@ -145,3 +146,18 @@ def test_the_outage_window_follows_the_sdk_retries_and_the_runs_lease() -> None:
     assert outage_window(ttl_s=15, heartbeat_s=5, budget_s=0.7) == (1.2, 9.5)
     with pytest.raises(ValueError, match="no lock-server outage window"):
         outage_window(ttl_s=3, heartbeat_s=0.75, budget_s=2.0)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_primary_standby_run_adds_one_db_failover_and_keeps_the_rest(seed: int) -> None:
+    """`db_failover=True` adds exactly one db_failover, in the first half of the span, and the
+    other faults are those of the same seed without it (same kinds, offsets and parameters)."""
+    plain = make_schedule(seed, workers=2, payouts=25)
+    ha = make_schedule(seed, workers=2, payouts=25, db_failover=True)
+    failovers = [f for f in ha if f.kind == "db_failover"]
+    assert len(failovers) == 1 and 1.0 <= failovers[0].at_s <= horizon_s(25) / 2
+    strip = [{**f.as_dict(), "index": 0} for f in ha if f.kind != "db_failover"]
+    assert strip == [{**f.as_dict(), "index": 0} for f in plain]
+    assert [f.index for f in ha] == list(range(len(ha))) and ha[0].armed
+    assert [f.at_s for f in ha] == sorted(f.at_s for f in ha)
+    assert kind_counts(ha)["db_failover"] == 1 and "db_failover" not in kind_counts(plain)

@@ -132,7 +132,7 @@ class FakeBackend:
         self.epoch = api.next_epoch(self.epoch, min_epoch, highest_fence_seen)
         return self.epoch
 
-    async def issuance_position(self) -> api.IssuancePosition:
+    async def issuance_position(self, since: int = 0) -> api.IssuancePosition:
         self._check("issuance_position")
         return api.IssuancePosition(self.epoch, len(self.issued))
 

@@ -145,3 +145,28 @@ async def test_live_processes_of_an_earlier_run_are_refused(
         await survivor.wait()
     # Negative control: the same record with the process gone does not block (checked up to ports).
     Stack(StackConfig.from_env(stack_env, run_dir=stack_dir))._refuse_leftovers()
+
+
+@pytest.mark.slow
+def test_up_check_with_a_synchronous_standby(stack_env: dict[str, str], stack_dir: Path) -> None:
+    """`payouts up --postgres-standby sync --check`: the embedded PostgreSQL starts as a primary
+    with a synchronous standby, every process gets the multi-host DSN, and both servers (like
+    every other child) are gone after the check."""
+    args = ["up", "--workers", "0", "--postgres-standby", "sync", "--check"]
+    proc = subprocess.run(
+        [*PAYOUTS, *args, "--run-dir", str(stack_dir)],
+        check=False,
+        env=stack_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-3000:]
+    assert f"127.0.0.1:{stack_env['PAYOUTS_PG_PORT']} with a sync standby" in output, output
+    exports = [ln for ln in output.splitlines() if ln.startswith("export DATABASE_URL=")]
+    assert exports and "target_session_attrs=read-write" in exports[0], exports
+    assert exports[0].count("127.0.0.1:") == 2, exports
+    pids = _pids(output)
+    assert {"postgres", "postgres-standby"} <= set(pids), pids
+    assert_all_gone(pids)
