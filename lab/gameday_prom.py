@@ -131,7 +131,12 @@ class GamedayPrometheus:
         rendered = promconfig.render(
             shipped,
             rule_files=[str(self.dir / "rules.yml"), str(GAMEDAY_THRESHOLDS)],
-            jobs=promconfig.local_jobs(self.targets_dir, promconfig.job_names(shipped)),
+            # The stack's HTTP services answer https only (stack.pki): scraped with its CA.
+            jobs=promconfig.local_jobs(
+                self.targets_dir,
+                promconfig.job_names(shipped),
+                https=promconfig.https_jobs(self.stack),
+            ),
         )
         return compress(rendered, self.interval_s)
 
