@@ -31,7 +31,7 @@ def serve(
     start-up fails."""
     import uvicorn
 
-    configure_logging(service, level=log_level)
+    configure_logging(service, level=log_level, service=True)
     tracing.setup(service)
     uvicorn.run(
         _FlushSpansAtShutdown(tracing.instrument_app(app_factory())),
