@@ -8,7 +8,7 @@ CHECKOV_VENV := $(VENV)/checkov
 CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
 
 
-.PHONY: venv deploy-lint compose-env test lint fmt typecheck bench-locks bench-floor bench-e2e bench-outbox demo chaos clean prometheus gameday compose-smoke containers
+.PHONY: venv deploy-lint screenshots chromium compose-env test lint fmt typecheck bench-locks bench-floor bench-e2e bench-outbox demo chaos clean prometheus gameday compose-smoke containers
 
 venv: $(STAMP)
 
@@ -128,6 +128,19 @@ containers:
 		apt-get update -q >/dev/null && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -q podman runc debootstrap >/dev/null; \
 	else echo "podman, runc and debootstrap are needed (Debian: apt-get install podman runc debootstrap)"; exit 2; fi
+
+# The Temporal Web UI's list and a POSTED, a FAILED and a RAIL_AMBIGUOUS payout's pages, taken by
+# headless chromium on a private stack, into docs/screenshots/ (issue 28; docs/runbooks/temporal-ui.md).
+screenshots: venv chromium
+	$(BIN)/python -m lab.screenshots_cli
+
+# Debian's chromium (the screenshots and the UI test), installed when absent and we are root on a
+# Debian machine; otherwise one line says what to install, and the target fails.
+chromium:
+	@if command -v chromium >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; \
+	else echo "chromium is needed (Debian: apt-get install chromium)"; exit 2; fi
 
 clean:
 	rm -rf $(VENV) .run .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,167 @@
+"""The Temporal Web UI as a person sees it, through a real headless browser (Debian's chromium).
+
+Owns: staging payouts that end POSTED, FAILED (declined by the rail) and RAIL_AMBIGUOUS (the
+rail recorded it, then answered 500, and its lookups see nothing yet) on a running stack, the
+UI's addresses of the list and of a payout's page, and driving chromium (`--screenshot`,
+`--dump-dom`) against them. Must never: act on a stack it was not given, or start a payout
+outside its own fresh account.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import subprocess
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from html import unescape
+from pathlib import Path
+
+import asyncpg
+import httpx
+from temporalio.client import Client
+
+from payouts.batch import PayoutSpec
+from payouts.workload import create_payouts, seed_accounts, start_workflows
+from stack.system import Stack
+
+#: Debian's chromium; CHROMIUM names another build of it.
+CHROMIUM = Path(os.environ.get("CHROMIUM", "/usr/bin/chromium"))
+#: The browser's window: wide enough for the UI's list columns.
+WINDOW = "1440,1000"
+#: Each staged payout's amount (minor units), by the state it is staged into.
+AMOUNTS = {"POSTED": 2500, "FAILED": 1800, "RAIL_AMBIGUOUS": 4200}
+#: What the rail stub does with its submission (railstub.behaviour.Action).
+_RAIL_ACTIONS = {"FAILED": "decline", "RAIL_AMBIGUOUS": "ambiguous"}
+
+
+@dataclass(frozen=True)
+class StagedPayout:
+    payout_id: str
+    amount: int
+    state: str  # what the payment database says at the end of staging
+    workflow_id: str
+    run_id: str
+
+
+def chromium_available() -> bool:
+    return CHROMIUM.exists() and os.access(CHROMIUM, os.X_OK)
+
+
+def list_url(ui_url: str) -> str:
+    return f"{ui_url}/namespaces/default/workflows"
+
+
+def payout_url(ui_url: str, payout: StagedPayout, tab: str = "metadata") -> str:
+    """The payout's page on `tab`: `metadata` (User Metadata: its summary, its details and the
+    current details the workflow keeps), `history`, `timeline`, ..."""
+    workflow = f"{payout.workflow_id}/{payout.run_id}"
+    return f"{ui_url}/namespaces/default/workflows/{workflow}/{tab}"
+
+
+def _chromium(url: str, *extra: str, budget_ms: int) -> subprocess.CompletedProcess[str]:
+    """A headless chromium run on `url`, retried once if it hangs (a loaded machine)."""
+    try:
+        return _chromium_once(url, *extra, budget_ms=budget_ms)
+    except subprocess.TimeoutExpired:
+        return _chromium_once(url, *extra, budget_ms=budget_ms)
+
+
+def _chromium_once(url: str, *extra: str, budget_ms: int) -> subprocess.CompletedProcess[str]:
+    """One headless chromium run on `url` with a fresh profile. `--virtual-time-budget` lets the
+    page's scripts run (the UI fetches from its API) before the capture; `--timeout` ends the
+    page's load at the latest that long after it began (the UI keeps polling)."""
+    with tempfile.TemporaryDirectory(prefix="payouts-chromium-") as profile:
+        argv = [
+            str(CHROMIUM),
+            "--headless",
+            "--no-sandbox",  # root in a container has no user namespace for the sandbox
+            "--disable-gpu",
+            "--hide-scrollbars",
+            "--no-first-run",
+            f"--user-data-dir={profile}",
+            f"--window-size={WINDOW}",
+            f"--virtual-time-budget={budget_ms}",
+            f"--timeout={budget_ms * 2}",
+            *extra,
+            url,
+        ]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"chromium exited {done.returncode} on {url}: {done.stderr[-800:]}")
+    return done
+
+
+def screenshot(url: str, out: Path, budget_ms: int = 15_000) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _chromium(url, f"--screenshot={out.resolve()}", budget_ms=budget_ms)
+    if not out.exists() or out.stat().st_size == 0:
+        raise RuntimeError(f"chromium wrote no screenshot of {url}")
+
+
+def page_text(url: str, budget_ms: int = 15_000) -> str:
+    """The page's text once its scripts have rendered it (tags dropped, whitespace collapsed)."""
+    html = _chromium(url, "--dump-dom", budget_ms=budget_ms).stdout
+    html = re.sub(r"<(script|style)\b.*?</\1>", " ", html, flags=re.DOTALL | re.IGNORECASE)
+    return re.sub(r"\s+", " ", unescape(re.sub(r"<[^>]+>", " ", html))).strip()
+
+
+async def _db_state(database_url: str, payout_id: str) -> str | None:
+    conn = await asyncpg.connect(database_url)
+    try:
+        state = await conn.fetchval(
+            "SELECT state FROM paydb.payouts WHERE payout_id = $1", payout_id
+        )
+    finally:
+        await conn.close()
+    return None if state is None else str(state)
+
+
+async def _until_state(database_url: str, payout_id: str, state: str, within_s: float) -> None:
+    deadline = time.monotonic() + within_s
+    seen = None
+    while time.monotonic() < deadline:
+        seen = await _db_state(database_url, payout_id)
+        if seen == state:
+            return
+        await asyncio.sleep(0.5)
+    raise RuntimeError(f"{payout_id} is {seen}, not {state}, after {within_s:.0f}s")
+
+
+async def stage(
+    stack: Stack, states: tuple[str, ...], within_s: float = 240.0
+) -> list[StagedPayout]:
+    """One payout per state in `states` (POSTED, FAILED, RAIL_AMBIGUOUS), on a fresh account,
+    each waited for until the payment database says it is in that state. The rail stub is told
+    to decline the FAILED one and to answer 500 after recording the RAIL_AMBIGUOUS one, whose
+    movement it then keeps invisible to lookups for an hour: the payout stays ambiguous, its
+    30 s lookup timers running (the stub's behaviour is this stack's: other payouts' lookups
+    would see the same delay)."""
+    prefix = f"ui{uuid.uuid4().hex[:6]}-"
+    ids = {s: f"{prefix}{s.lower().replace('_', '-')}" for s in states}
+    rules = [
+        {"reference_prefix": ids[s], "action": _RAIL_ACTIONS[s]}
+        for s in states
+        if s in _RAIL_ACTIONS
+    ]
+    behaviour = {"rules": rules, "visibility_delay_s": 3600.0}
+    async with httpx.AsyncClient(
+        base_url=stack.railstub_url, timeout=10, headers=stack.operator_headers()
+    ) as http:
+        (await http.post("/admin/behaviour", json=behaviour)).raise_for_status()
+    paydb = stack.role_dsn("PAYDB_DATABASE_URL")
+    [account] = await seed_accounts(paydb, 1, 1_000_000, prefix)
+    specs = [PayoutSpec(ids[s], account, AMOUNTS[s]) for s in states]
+    await create_payouts(paydb, specs)
+    await start_workflows(stack.temporal_address, stack.config.task_queue, specs)
+    client = await Client.connect(stack.temporal_address)
+    staged = []
+    for state, spec in zip(states, specs, strict=True):
+        await _until_state(stack.database_url, spec.payout_id, state, within_s)
+        workflow_id = f"payout-{spec.payout_id}"
+        run_id = (await client.get_workflow_handle(workflow_id).describe()).run_id
+        staged.append(StagedPayout(spec.payout_id, spec.amount, state, workflow_id, run_id))
+    return staged
