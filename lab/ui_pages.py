@@ -55,8 +55,8 @@ def list_url(ui_url: str) -> str:
     return f"{ui_url}/namespaces/default/workflows"
 
 
-def payout_url(ui_url: str, payout: StagedPayout, tab: str = "metadata") -> str:
-    """The payout's page on `tab`: `metadata` (User Metadata: its summary, its details and the
+def payout_url(ui_url: str, payout: StagedPayout, tab: str = "user-metadata") -> str:
+    """The payout's page on `tab`: `user-metadata` (its summary, its details and the
     current details the workflow keeps), `history`, `timeline`, ..."""
     workflow = f"{payout.workflow_id}/{payout.run_id}"
     return f"{ui_url}/namespaces/default/workflows/{workflow}/{tab}"
