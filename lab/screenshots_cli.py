@@ -14,7 +14,7 @@ import sys
 import uuid
 from pathlib import Path
 
-from lab.ui_pages import chromium_available, list_url, payout_url, screenshot, stage
+from lab.ui_pages import chromium_available, headline, list_url, open_page, payout_url, stage
 from stack.config import Ports, StackConfig
 from stack.system import Stack
 
@@ -33,10 +33,12 @@ async def capture_all(out: Path, run_dir: Path) -> list[Path]:
         staged = await stage(stack, STATES)
         for payout in staged:
             path = out / file_name(payout.state)
-            await asyncio.to_thread(screenshot, payout_url(stack.ui_url, payout), path)
+            expect = [headline(payout), f"amount {payout.amount}"]
+            await asyncio.to_thread(open_page, payout_url(stack.ui_url, payout), expect, shot=path)
             written.append(path)
         path = out / "workflow-list.png"
-        await asyncio.to_thread(screenshot, list_url(stack.ui_url), path)
+        ids = [p.workflow_id for p in staged]
+        await asyncio.to_thread(open_page, list_url(stack.ui_url), ids, shot=path)
         written.append(path)
     return written
 

@@ -2,26 +2,25 @@
 
 Owns: staging payouts that end POSTED, FAILED (declined by the rail) and RAIL_AMBIGUOUS (the
 rail recorded it, then answered 500, and its lookups see nothing yet) on a running stack, the
-UI's addresses of the list and of a payout's page, and driving chromium (`--screenshot`,
-`--dump-dom`) against them. Must never: act on a stack it was not given, or start a payout
-outside its own fresh account.
+UI's addresses of the list and of a payout's page, and reading them through chromium (driven by
+Playwright): the text a person sees, and a screenshot. Must never: act on a stack it was not
+given, start a payout outside its own fresh account, or download a browser (Debian's only).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import re
-import subprocess
-import tempfile
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
-from html import unescape
 from pathlib import Path
 
 import asyncpg
 import httpx
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
+from playwright.sync_api import sync_playwright
 from temporalio.client import Client
 
 from payouts.batch import PayoutSpec
@@ -31,7 +30,9 @@ from stack.system import Stack
 #: Debian's chromium; CHROMIUM names another build of it.
 CHROMIUM = Path(os.environ.get("CHROMIUM", "/usr/bin/chromium"))
 #: The browser's window: wide enough for the UI's list columns.
-WINDOW = "1440,1000"
+WIDTH, HEIGHT = 1440, 1000
+#: How long a page may take to show what is expected (a loaded 2-core machine is slow).
+_DEADLINE_MS = 120_000
 #: Each staged payout's amount (minor units), by the state it is staged into.
 AMOUNTS = {"POSTED": 2500, "FAILED": 1800, "RAIL_AMBIGUOUS": 4200}
 #: What the rail stub does with its submission (railstub.behaviour.Action).
@@ -51,6 +52,12 @@ def chromium_available() -> bool:
     return CHROMIUM.exists() and os.access(CHROMIUM, os.X_OK)
 
 
+def headline(payout: StagedPayout) -> str:
+    """The first line of the payout's current details (workflows/details.py) as the page shows
+    it: its state, then its id."""
+    return f"{payout.state} · payout {payout.payout_id}"
+
+
 def list_url(ui_url: str) -> str:
     return f"{ui_url}/namespaces/default/workflows"
 
@@ -62,51 +69,35 @@ def payout_url(ui_url: str, payout: StagedPayout, tab: str = "user-metadata") ->
     return f"{ui_url}/namespaces/default/workflows/{workflow}/{tab}"
 
 
-def _chromium(url: str, *extra: str, budget_ms: int) -> subprocess.CompletedProcess[str]:
-    """A headless chromium run on `url`, retried once if it hangs (a loaded machine)."""
-    try:
-        return _chromium_once(url, *extra, budget_ms=budget_ms)
-    except subprocess.TimeoutExpired:
-        return _chromium_once(url, *extra, budget_ms=budget_ms)
-
-
-def _chromium_once(url: str, *extra: str, budget_ms: int) -> subprocess.CompletedProcess[str]:
-    """One headless chromium run on `url` with a fresh profile. `--virtual-time-budget` lets the
-    page's scripts run (the UI fetches from its API) before the capture; `--timeout` ends the
-    page's load at the latest that long after it began (the UI keeps polling)."""
-    with tempfile.TemporaryDirectory(prefix="payouts-chromium-") as profile:
-        argv = [
-            str(CHROMIUM),
-            "--headless",
-            "--no-sandbox",  # root in a container has no user namespace for the sandbox
-            "--disable-gpu",
-            "--hide-scrollbars",
-            "--no-first-run",
-            f"--user-data-dir={profile}",
-            f"--window-size={WINDOW}",
-            f"--virtual-time-budget={budget_ms}",
-            f"--timeout={budget_ms * 2}",
-            *extra,
-            url,
-        ]
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"chromium exited {done.returncode} on {url}: {done.stderr[-800:]}")
-    return done
-
-
-def screenshot(url: str, out: Path, budget_ms: int = 15_000) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    _chromium(url, f"--screenshot={out.resolve()}", budget_ms=budget_ms)
-    if not out.exists() or out.stat().st_size == 0:
-        raise RuntimeError(f"chromium wrote no screenshot of {url}")
-
-
-def page_text(url: str, budget_ms: int = 15_000) -> str:
-    """The page's text once its scripts have rendered it (tags dropped, whitespace collapsed)."""
-    html = _chromium(url, "--dump-dom", budget_ms=budget_ms).stdout
-    html = re.sub(r"<(script|style)\b.*?</\1>", " ", html, flags=re.DOTALL | re.IGNORECASE)
-    return re.sub(r"\s+", " ", unescape(re.sub(r"<[^>]+>", " ", html))).strip()
+def open_page(url: str, expect: Sequence[str], *, shot: Path | None = None) -> str:
+    """The page's visible text once it holds every text in `expect` (the UI renders from its
+    API after the page loads), screenshotted to `shot` if given. Chromium is Debian's, driven by
+    Playwright (`executable_path`: nothing is downloaded). Raises with what the page showed
+    when `expect` is not all there within the deadline."""
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(
+            executable_path=str(CHROMIUM),
+            # Root in a container has no user namespace for chromium's sandbox.
+            args=["--no-sandbox", "--disable-gpu"],
+        )
+        try:
+            page = browser.new_page(viewport={"width": WIDTH, "height": HEIGHT})
+            page.goto(url, wait_until="domcontentloaded", timeout=_DEADLINE_MS)
+            try:
+                page.wait_for_function(
+                    "needles => needles.every(n => document.body.innerText.includes(n))",
+                    arg=list(expect),
+                    timeout=_DEADLINE_MS,
+                )
+            except PlaywrightTimeoutError:
+                text = page.inner_text("body")
+                raise AssertionError(f"{url} never showed {list(expect)}: {text[:1500]}") from None
+            if shot is not None:
+                shot.parent.mkdir(parents=True, exist_ok=True)
+                page.screenshot(path=str(shot))
+            return page.inner_text("body")
+        finally:
+            browser.close()
 
 
 async def _db_state(database_url: str, payout_id: str) -> str | None:

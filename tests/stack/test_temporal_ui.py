@@ -5,12 +5,11 @@ FAILED one each say their state and amount, and the FAILED one why."""
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import pytest
 
-from lab.ui_pages import StagedPayout, chromium_available, list_url, page_text, payout_url, stage
+from lab.ui_pages import chromium_available, headline, list_url, open_page, payout_url, stage
 from stack.config import StackConfig
 from stack.system import Stack
 
@@ -22,25 +21,13 @@ pytestmark = pytest.mark.skipif(
 
 
 async def _page_saying(url: str, *needles: str) -> str:
-    """The page's rendered text once it holds every needle (the UI polls its API, and a
+    """The page's visible text once it holds every needle (the UI polls its API, and a
     workflow's current details follow its last workflow task), within a generous deadline."""
-    deadline = time.monotonic() + 120
-    text = ""
-    while time.monotonic() < deadline:
-        text = await asyncio.to_thread(page_text, url)
-        if all(n in text for n in needles):
-            return text
-        await asyncio.sleep(1.0)
-    missing = [n for n in needles if n not in text]
-    raise AssertionError(f"{url} never showed {missing}; it showed: {text[:1500]}")
-
-
-def _headline(p: StagedPayout) -> str:
-    """The first line of the payout's current details (workflows/details.py), as rendered."""
-    return f"{p.state} · payout {p.payout_id}"
+    return await asyncio.to_thread(open_page, url, needles)
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # a stack's start alone takes minutes on a loaded 2-core machine
 async def test_the_ui_shows_each_payouts_state_and_amount(
     stack_env: dict[str, str], stack_dir: Path, external_database_url: str | None
 ) -> None:
@@ -50,13 +37,13 @@ async def test_the_ui_shows_each_payouts_state_and_amount(
     async with Stack(config) as stack:
         posted, failed = await stage(stack, ("POSTED", "FAILED"))
         page = await _page_saying(
-            payout_url(stack.ui_url, posted), _headline(posted), f"amount {posted.amount}"
+            payout_url(stack.ui_url, posted), headline(posted), f"amount {posted.amount}"
         )
         # Negative control: one payout's page does not carry another's state or amount.
         assert "FAILED" not in page and f"amount {failed.amount}" not in page
         page = await _page_saying(
             payout_url(stack.ui_url, failed),
-            _headline(failed),
+            headline(failed),
             f"amount {failed.amount}",
             "failed: declined by the rail",
         )
