@@ -10,6 +10,7 @@ given, start a payout outside its own fresh account, or download a browser (Debi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 import uuid
@@ -19,8 +20,8 @@ from pathlib import Path
 
 import asyncpg
 import httpx
-from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
-from playwright.sync_api import sync_playwright
+from playwright.sync_api import Error as PlaywrightError
+from playwright.sync_api import Page, sync_playwright
 from temporalio.client import Client
 
 from payouts.batch import PayoutSpec
@@ -32,7 +33,7 @@ CHROMIUM = Path(os.environ.get("CHROMIUM", "/usr/bin/chromium"))
 #: The browser's window: wide enough for the UI's list columns.
 WIDTH, HEIGHT = 1440, 1000
 #: How long a page may take to show what is expected (a loaded 2-core machine is slow).
-_DEADLINE_MS = 120_000
+_DEADLINE_S = 120.0
 #: Each staged payout's amount (minor units), by the state it is staged into.
 AMOUNTS = {"POSTED": 2500, "FAILED": 1800, "RAIL_AMBIGUOUS": 4200}
 #: What the rail stub does with its submission (railstub.behaviour.Action).
@@ -69,11 +70,37 @@ def payout_url(ui_url: str, payout: StagedPayout, tab: str = "user-metadata") ->
     return f"{ui_url}/namespaces/default/workflows/{workflow}/{tab}"
 
 
+def _page_words(page: Page) -> str:
+    """The text of the page and of every frame in it (the UI renders a workflow's Markdown
+    summary and details in sandboxed frames), whitespace collapsed."""
+    texts = []
+    for frame in page.frames:
+        with contextlib.suppress(PlaywrightError):  # a frame replaced while being read
+            texts.append(frame.inner_text("body"))
+    return _words(" ".join(texts))
+
+
+def _until_shown(page: Page, needles: list[str], url: str) -> str:
+    deadline = time.monotonic() + _DEADLINE_S
+    text = ""
+    while time.monotonic() < deadline:
+        text = _page_words(page)
+        if all(n in text for n in needles):
+            return text
+        page.wait_for_timeout(500)  # the UI renders as its API calls answer
+    raise AssertionError(f"{url} never showed {needles}: {text[-1500:]}")
+
+
+def _words(text: str) -> str:
+    """Whitespace collapsed to single spaces, as `_SHOWS_ALL` compares."""
+    return " ".join(text.split())
+
+
 def open_page(url: str, expect: Sequence[str], *, shot: Path | None = None) -> str:
-    """The page's visible text once it holds every text in `expect` (the UI renders from its
-    API after the page loads), screenshotted to `shot` if given. Chromium is Debian's, driven by
-    Playwright (`executable_path`: nothing is downloaded). Raises with what the page showed
-    when `expect` is not all there within the deadline."""
+    """The page's visible text (whitespace collapsed) once it holds every text in `expect` (the
+    UI renders from its API after the page loads), screenshotted to `shot` if given. Chromium
+    is Debian's, driven by Playwright (`executable_path`: nothing is downloaded). Raises with
+    what the page showed when `expect` is not all there within the deadline."""
     with sync_playwright() as pw:
         browser = pw.chromium.launch(
             executable_path=str(CHROMIUM),
@@ -82,20 +109,12 @@ def open_page(url: str, expect: Sequence[str], *, shot: Path | None = None) -> s
         )
         try:
             page = browser.new_page(viewport={"width": WIDTH, "height": HEIGHT})
-            page.goto(url, wait_until="domcontentloaded", timeout=_DEADLINE_MS)
-            try:
-                page.wait_for_function(
-                    "needles => needles.every(n => document.body.innerText.includes(n))",
-                    arg=list(expect),
-                    timeout=_DEADLINE_MS,
-                )
-            except PlaywrightTimeoutError:
-                text = page.inner_text("body")
-                raise AssertionError(f"{url} never showed {list(expect)}: {text[:1500]}") from None
+            page.goto(url, wait_until="domcontentloaded", timeout=_DEADLINE_S * 1000)
+            text = _until_shown(page, [_words(e) for e in expect], url)
             if shot is not None:
                 shot.parent.mkdir(parents=True, exist_ok=True)
                 page.screenshot(path=str(shot))
-            return page.inner_text("body")
+            return text
         finally:
             browser.close()
 
