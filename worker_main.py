@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import signal
 import socket
 import sys
@@ -31,7 +32,14 @@ import httpx
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from temporalio.client import Client
-from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
+from temporalio.runtime import (
+    LogForwardingConfig,
+    LoggingConfig,
+    PrometheusConfig,
+    Runtime,
+    TelemetryConfig,
+    TelemetryFilter,
+)
 from temporalio.worker import Worker
 
 from activities import backlog_metrics, worker_http
@@ -376,15 +384,32 @@ async def _workers(
         yield
 
 
-def _runtime(settings: WorkerSettings) -> Runtime | None:
-    """A Temporal runtime that serves the SDK's own metrics (poll latencies, task slots, sticky
-    cache hits) on WORKER_SDK_METRICS_PORT; None keeps the SDK's default runtime."""
-    if not settings.sdk_metrics_port:
-        return None
-    prometheus = PrometheusConfig(
-        bind_address=f"{settings.metrics_host}:{settings.sdk_metrics_port}"
+#: The SDK core's (Rust) log lines come through this logger, so they are JSON events like every
+#: other line of the worker's log (`log.temporalio.core`, the core's target in `message`).
+CORE_LOGGER = "temporalio.core"
+
+
+def _telemetry(settings: WorkerSettings) -> TelemetryConfig:
+    """The worker's Temporal telemetry: the SDK core's log lines forwarded to the standard library
+    (common.logs renders them as JSON; otherwise the core prints coloured text on stderr), and
+    the SDK's own metrics (poll latencies, task slots, sticky cache hits) served on
+    WORKER_SDK_METRICS_PORT when it is set."""
+    forwarding = LogForwardingConfig(
+        logger=logging.getLogger(CORE_LOGGER), append_target_to_name=False
     )
-    return Runtime(telemetry=TelemetryConfig(metrics=prometheus))
+    core_logs = LoggingConfig(
+        filter=TelemetryFilter(core_level="WARN", other_level="ERROR"), forwarding=forwarding
+    )
+    prometheus = None
+    if settings.sdk_metrics_port:
+        prometheus = PrometheusConfig(
+            bind_address=f"{settings.metrics_host}:{settings.sdk_metrics_port}"
+        )
+    return TelemetryConfig(logging=core_logs, metrics=prometheus)
+
+
+def _runtime(settings: WorkerSettings) -> Runtime:
+    return Runtime(telemetry=_telemetry(settings))
 
 
 def _settings_help() -> str:
@@ -420,7 +445,7 @@ def main(argv: list[str] | None = None) -> None:
     except StartupRefused as exc:
         sys.stderr.write(f"worker: {exc}\n")
         raise SystemExit(2) from None
-    configure_logging("worker")
+    configure_logging("worker", service=True)
     tracing.setup("worker", instance=settings.worker_id)
 
     async def _main() -> None:

@@ -40,7 +40,7 @@ def serve(
     empty, plain HTTP."""
     import uvicorn
 
-    configure_logging(service, level=log_level)
+    configure_logging(service, level=log_level, service=True)
     tracing.setup(service)
     uvicorn.run(
         _FlushSpansAtShutdown(tracing.instrument_app(app_factory())),

@@ -51,13 +51,24 @@ def add_trace_ids(
     return event_dict
 
 
-def configure_logging(component: str, *, level: str = "INFO", stream: Any = None) -> None:
+def _log_uncaught(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
+    """sys.excepthook of a service: its crash is a JSON event too (`process.crashed`)."""
+    get_logger("crash").critical("process.crashed", exc_info=(exc_type, exc, tb))
+
+
+def configure_logging(
+    component: str, *, level: str = "INFO", stream: Any = None, service: bool = False
+) -> None:
     """One JSON object per line on stderr (or `stream`), each with `event`, `component`, `ts`.
 
     Our own events go through structlog; every other line (uvicorn, httpx, the Temporal SDK and
     its workflow logger) goes through the standard library's root logger, whose handler renders
     it as the same kind of JSON object. HTTP servers must be started with `log_config=None` so
-    that uvicorn does not install a plain-text handler of its own."""
+    that uvicorn does not install a plain-text handler of its own.
+
+    `service`: a long-running service whose whole log must be JSON (the stack's logs are read
+    with jq): Python's warnings and an uncaught exception's traceback become events as well,
+    where they would otherwise be printed as text. Not for a command whose user reads stderr."""
     shared: list[Any] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
@@ -91,6 +102,9 @@ def configure_logging(component: str, *, level: str = "INFO", stream: Any = None
         cache_logger_on_first_use=False,
     )
     structlog.contextvars.bind_contextvars(component=component)
+    if service:
+        logging.captureWarnings(True)
+        sys.excepthook = _log_uncaught
 
 
 def get_logger(name: str) -> Any:

@@ -10,7 +10,8 @@ from typing import Any
 
 from common import tracing
 from common.logs import configure_logging
-from lab.demo import DemoOptions, render, run_demo
+from lab.demo import DemoOptions, run_demo
+from lab.demo_report import render
 from lab.stoppable import run_stoppable
 from stack.pki import trust_stack_ca_in_this_process
 

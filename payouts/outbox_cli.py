@@ -63,7 +63,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     settings = load_settings("outbox", OutboxSettings)
     # Before anything starts: the publisher reads its token only after opening its pool.
     refuse_unreadable_token(settings.token_file, "OUTBOX_TOKEN_FILE", "outbox")
-    configure_logging("outbox", level=settings.log_level)
+    configure_logging("outbox", level=settings.log_level, service=True)
     tracing.setup("outbox")  # each delivery joins the trace of the work that staged its row
     return asyncio.run(_run(database_url(args, "OUTBOX_DATABASE_URL"), settings))
 

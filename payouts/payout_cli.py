@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import uuid
 from pathlib import Path
 from typing import Any
 
 from common import tracing
+from payouts import list_cli
 from payouts.batch import PayoutSpec, check_batch, generate, parse_spec, read_batch
 from payouts.errors import (
     EXIT_NOT_TERMINAL,
@@ -125,52 +125,6 @@ async def _start_stranded(args: argparse.Namespace) -> tuple[list[PayoutSpec], i
     return specs, started
 
 
-async def list_payouts(
-    address: str, state: str | None, account_id: str | None
-) -> list[dict[str, Any]]:
-    """Payout workflows by their search attributes (the query the Temporal UI and CLI take)."""
-    from workflows.search_attributes import (
-        PAYOUT_ACCOUNT,
-        PAYOUT_ESCALATED,
-        PAYOUT_STATE,
-        query,
-    )
-
-    client = await connect_temporal(address)
-    rows = []
-    async for wf in client.list_workflows(query(state, account_id)):
-        attrs = wf.typed_search_attributes
-        rows.append(
-            {
-                "workflow_id": wf.id,
-                "state": attrs.get(PAYOUT_STATE),
-                "account_id": attrs.get(PAYOUT_ACCOUNT),
-                "escalated": attrs.get(PAYOUT_ESCALATED),
-                "status": wf.status.name if wf.status else None,
-            }
-        )
-    return rows
-
-
-def _cmd_list(args: argparse.Namespace) -> int:
-    from ledger.states import PayoutState
-
-    states = [s.value for s in PayoutState]
-    if args.state and args.state not in states:
-        raise CommandError(f"--state must be one of {', '.join(states)}")
-    if args.account and any(c in args.account for c in '"\\'):
-        raise CommandError("--account must not contain quotes or backslashes")
-    rows = asyncio.run(list_payouts(temporal_address(args), args.state, args.account))
-    if args.json:
-        print(json.dumps(rows))
-        return 0
-    for r in rows:
-        flag = "  escalated" if r["escalated"] else ""
-        print(f"{r['workflow_id']}  {r['state']}  account={r['account_id']}  {r['status']}{flag}")
-    print(f"{len(rows)} payout(s)")
-    return 0
-
-
 def register(sub: Any) -> Any:
     """`payouts payout` and its subcommands; returns its subparsers for the operator signals."""
     payout = sub.add_parser("payout", help="create payouts, query them, send operator signals")
@@ -216,13 +170,6 @@ def register(sub: Any) -> Any:
     connection_options(pending, db=True, temporal=True)
     pending.set_defaults(func=guard(_cmd_start_pending))
 
-    lst = psub.add_parser(
-        "list", help="payouts by state (and account), from Temporal's search attributes"
-    )
-    lst.add_argument("--state", help="PENDING, CLAIMED, ..., RAIL_AMBIGUOUS, POSTED, ...")
-    lst.add_argument("--account", help="only this account's payouts")
-    lst.add_argument("--json", action="store_true", help="one JSON list instead of lines")
-    connection_options(lst, temporal=True)
-    lst.set_defaults(func=guard(_cmd_list))
+    list_cli.register(psub)  # from the payment database
 
     return psub

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import ssl
@@ -16,6 +17,7 @@ import subprocess
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -109,6 +111,24 @@ def command_check(argv: Sequence[str]) -> HealthCheck:
     return check
 
 
+#: The event a child's log begins with, each time the stack starts it (restarts included).
+STARTED_EVENT = "stack.process.started"
+
+
+def start_marker(name: str, argv: Sequence[str]) -> str:
+    """The JSON line written to a child's log before the child starts: which service and which
+    command, shaped as every other event (common.logs: `event`, `component`, `level`, `ts`)."""
+    event = {
+        "argv": list(argv),
+        "component": "stack",
+        "event": STARTED_EVENT,
+        "level": "info",
+        "service": name,
+        "ts": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
+    }
+    return json.dumps(event, sort_keys=True) + "\n"
+
+
 @dataclass
 class ManagedProcess:
     """A child process of the stack. `pid` is also its process-group id (start_new_session)."""
@@ -134,7 +154,8 @@ class ManagedProcess:
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
-            log.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} start {self.argv}\n".encode())
+            # The log's every line is JSON (common.logs), this marker included: `jq` reads it whole.
+            log.write(start_marker(self.name, self.argv).encode())
             log.flush()
             # Its own session: a terminal's Ctrl-C reaches only `payouts up`, which then stops
             # the children in order; and the whole group can be paused or killed at once.

@@ -224,6 +224,13 @@ class ServiceFactory:
                 f"history.transferProcessorMaxPollRPS={self.config.temporal_transfer_rps}",
                 "--log-level",
                 "warn",
+                # Every line of its log JSON (the stack's logs read with jq): the server's logs
+                # as JSON objects, and no text banner of addresses (`-o json`; the stack prints
+                # them).
+                "--log-format",
+                "json",
+                "--output",
+                "json",
                 "--ui-disable-news-fetch",  # no outbound call from a local stack
             ],
             env=self._env("temporal", {}),

@@ -3,10 +3,12 @@
 Owns: the names and types of the attributes, and the dev-server flags that register them. Must
 never: import anything with side effects (the workflow sandbox passes this module through).
 
-`temporal workflow list --query 'PayoutState="RAIL_AMBIGUOUS"'`, the Web UI's filter and
-`payouts payout list --state S [--account A]` all use them. A real cluster registers them once
-per namespace (docs/workflow.md): `temporal operator search-attribute create --name PayoutState
---type Keyword` and likewise for the others.
+`temporal workflow list --query 'PayoutState="RAIL_AMBIGUOUS"'` and the Web UI's filter use
+them. `PayoutState` is the state the workflow last learned from an activity's result, not the
+payment database's row now (docs/workflow.md, "What `PayoutState` means"): `payouts payout list`
+answers from the database. A real cluster registers them once per namespace (docs/workflow.md):
+`temporal operator search-attribute create --name PayoutState --type Keyword` and likewise for
+the others.
 """
 
 from __future__ import annotations

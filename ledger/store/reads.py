@@ -35,14 +35,17 @@ class Reads(StoreBase):
         state: PayoutState | str | None = None,
         account_id: str | None = None,
         limit: int = 1000,
+        recent_first: bool = False,
     ) -> list[Payout]:
-        """Payouts filtered by state and/or account, oldest first. Unknown state -> UnknownState."""
+        """Payouts filtered by state and/or account, oldest first (or, `recent_first`, the most
+        recently changed first: what an operator's list shows). Unknown state -> UnknownState."""
         state_name = None if state is None else str(PayoutState.parse(state))
+        order = "updated_at DESC, payout_id" if recent_first else "created_at, payout_id"
         async with self._pool.acquire() as conn:
             rows = await conn.fetch(
                 f"SELECT {PAYOUT_COLUMNS} FROM paydb.payouts"
                 " WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR account_id = $2)"
-                " ORDER BY created_at, payout_id LIMIT $3",
+                f" ORDER BY {order} LIMIT $3",
                 state_name,
                 account_id,
                 limit,

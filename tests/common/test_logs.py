@@ -40,3 +40,31 @@ def test_library_lines_are_structured_and_named() -> None:
     assert lines[3]["exception"][0]["exc_type"] == "RuntimeError"
     assert "do-not-log-me" not in done.stderr
     assert "keepalive" not in done.stderr
+
+
+SERVICE_CRASH = """
+import sys, warnings
+from common.logs import configure_logging
+configure_logging("probe", service=sys.argv[1] == "service")
+warnings.warn("an old API", DeprecationWarning, stacklevel=1)
+raise RuntimeError("boom")
+"""
+
+
+def test_a_services_warnings_and_crash_are_json_events() -> None:
+    """Issue 28 §5: a service's whole log is JSON, its warnings and its dying traceback too;
+    without `service` (a command whose user reads stderr) both stay Python's text."""
+    args = [sys.executable, "-W", "always", "-c", SERVICE_CRASH]
+    done = subprocess.run(
+        [*args, "service"], check=False, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1
+    lines = [json.loads(line) for line in done.stderr.splitlines()]
+    assert [e["event"] for e in lines] == ["log.py.warnings", "process.crashed"]
+    assert "an old API" in lines[0]["message"]
+    assert lines[1]["exception"][0]["exc_type"] == "RuntimeError"
+    assert lines[1]["level"] == "critical" and lines[1]["component"] == "probe"
+    plain = subprocess.run(
+        [*args, "command"], check=False, capture_output=True, text=True, timeout=60
+    )
+    assert plain.returncode == 1 and "Traceback (most recent call last)" in plain.stderr

@@ -45,7 +45,7 @@ def hadolint(path: Path) -> subprocess.CompletedProcess[str]:
 
 
 def checkov(framework: str, target: Path) -> dict[str, Any]:
-    assert CHECKOV.exists(), "checkov is not installed: make venv"
+    assert CHECKOV.exists(), "checkov is not installed: make deploy-lint (make test builds it)"
     flag = "-f" if target.is_file() else "-d"
     proc = subprocess.run(
         [

@@ -20,6 +20,7 @@ from payouts.cli import main
 from tests.credentials import OPERATOR, credentials, token, token_file
 from tests.grants import TEST_KID, grant_keys
 from tests.servers import ServerThread
+from workflows.search_attributes import query
 
 
 async def count_payouts(url: str) -> int:
@@ -163,17 +164,26 @@ def test_start_pending_starts_each_missing_workflow_once(
     assert "started 0 workflow(s)" in second
     handle = temporal_env.client.get_workflow_handle(f"payout-{prefix}p")
     assert (asyncio.run(_describe_status(handle))) == "RUNNING"
-    # Findable by state from the start: `payout list` queries the search attributes.
-    listing = ["payout", "list", "--state", "PENDING", "--account", f"{prefix}00000"]
+    # Findable by state from the start: in Temporal by its search attributes (set by the
+    # starter), and by `payout list`, which reads the payment database.
     deadline = time.monotonic() + 30
-    rows: list[dict[str, Any]] = []
-    while not rows and time.monotonic() < deadline:
-        capsys.readouterr()
-        assert main([*listing, "--temporal", address, "--json"]) == 0
-        rows = json.loads(capsys.readouterr().out)
+    found: list[str] = []
+    while not found and time.monotonic() < deadline:
+        found = asyncio.run(_listed(temporal_env, query("PENDING", f"{prefix}00000")))
         time.sleep(0.2)
-    assert [(r["workflow_id"], r["state"]) for r in rows] == [(f"payout-{prefix}p", "PENDING")]
-    assert main([*listing, "--state", "NOPE", "--temporal", address]) == 2
+    assert found == [f"payout-{prefix}p"]
+    listing = ["payout", "list", "--state", "PENDING", "--account", f"{prefix}00000"]
+    capsys.readouterr()
+    assert main([*listing, "--database-url", db, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["payout_id"], r["state"], r["amount"]) for r in rows] == [
+        (f"{prefix}p", "PENDING", 5)
+    ]
+    assert main([*listing, "--state", "NOPE", "--database-url", db]) == 2
+
+
+async def _listed(env: WorkflowEnvironment, visibility_query: str) -> list[str]:
+    return [wf.id async for wf in env.client.list_workflows(visibility_query)]
 
 
 async def _describe_status(handle: Any) -> str:

@@ -30,6 +30,7 @@ from stack.endpoints import endpoints
 from stack.envfile import read_env_file
 from stack.services import worker_available
 from stack.system import Stack
+from tests.jsonlogs import assert_every_line_json, service_logs
 from tests.stack.conftest import assert_all_gone
 
 
@@ -158,6 +159,7 @@ async def test_stack_starts_every_service_and_leaves_nothing_behind(
     )
     seen: dict[str, int] = {}
     async with Stack(config) as stack:
+        logs = service_logs(stack)
         if external_database_url is not None:
             assert stack.database_url == external_database_url
             assert "postgres" not in stack.processes
@@ -216,6 +218,7 @@ async def test_stack_starts_every_service_and_leaves_nothing_behind(
             extra = await stack.start_worker()
             seen[extra.name] = extra.pid or 0
             assert extra.name in stack.processes
+            logs |= service_logs(stack)
             await stack.stop_worker(extra.name)
             assert extra.name not in stack.processes
 
@@ -224,6 +227,8 @@ async def test_stack_starts_every_service_and_leaves_nothing_behind(
         _assert_env_file(stack)  # rewritten after the restarts and the extra worker
     assert not stack.env_file.exists()  # a stopped stack leaves no addresses to source
     assert_all_gone(seen)
+    # Issue 28 §5: after starts, a restart, a payout and the stops, every line jq can read.
+    assert_every_line_json(logs)
     assert not Stack(config).processes
 
 
@@ -314,6 +319,7 @@ async def test_etcd_backend_with_fencing_off_is_wired_and_loud(
     with capture_logs() as events:
         async with Stack(config, progress=lines.append) as stack:
             pids = {name: info.pid for name, info in stack.processes.items()}
+            logs = service_logs(stack)
             assert "etcd" in pids
             assert stack.etcd_endpoints
             async with httpx.AsyncClient(timeout=10) as http:
@@ -333,6 +339,7 @@ async def test_etcd_backend_with_fencing_off_is_wired_and_loud(
     assert any("FENCING IS OFF" in line for line in lines)
     assert any(e["event"] == "stack.fencing_disabled" for e in events)
     assert_all_gone(pids)
+    assert_every_line_json(logs)  # after a SIGSTOP and SIGCONT of one of them too
 
 
 async def test_failed_start_stops_what_already_started(

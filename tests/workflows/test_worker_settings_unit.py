@@ -51,17 +51,29 @@ def test_metrics_servers_bind_loopback_unless_told_otherwise(
     which takes the same setting, is shown scraped from another container by make
     compose-smoke's worker-sdk job)."""
     from activities import worker_http
-    from worker_main import _runtime
+    from worker_main import _telemetry
 
     monkeypatch.delenv("WORKER_METRICS_HOST", raising=False)
     assert WorkerSettings().metrics_host == "127.0.0.1"
     monkeypatch.setenv("WORKER_METRICS_HOST", "0.0.0.0")
     monkeypatch.setenv("WORKER_SDK_METRICS_PORT", "0")
     settings = WorkerSettings()
-    assert settings.metrics_host == "0.0.0.0" and _runtime(settings) is None
+    assert settings.metrics_host == "0.0.0.0" and _telemetry(settings).metrics is None
     server = worker_http.serve(worker_http.HealthSnapshot(), 0, host=settings.metrics_host)
     try:
         assert server.server_address[0] == "0.0.0.0"
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_the_sdk_cores_log_lines_go_through_the_json_logger() -> None:
+    """Issue 28 §5: the Rust core's warnings were coloured text in the worker's JSON log; they
+    are forwarded to the standard library's `temporalio.core` logger (common.logs renders it),
+    under one stable name, not one per core target."""
+    from worker_main import CORE_LOGGER, _telemetry
+
+    logging_config = _telemetry(WorkerSettings()).logging
+    assert logging_config is not None and logging_config.forwarding is not None
+    assert logging_config.forwarding.logger.name == CORE_LOGGER
+    assert logging_config.forwarding.append_target_to_name is False
