@@ -226,7 +226,7 @@ class Smoke:
     def expect_posted(self, n: int) -> None:
         counts = self.states()
         if counts.get("POSTED", 0) < n:
-            raise SmokeFailed(f"expected {n} POSTED payouts, Temporal lists {counts}")
+            raise SmokeFailed(f"expected {n} POSTED payouts, the payment database lists {counts}")
         self.progress(f"payouts: {counts}")
 
     def wait_posted(self, n: int, timeout_s: float = 900.0) -> None:
