@@ -146,6 +146,18 @@ async def test_evidence_outranks_an_abandon(
         assert "refused" in line and "rail's evidence" in line and "settled" in line
         await handle.signal("abandon", signed_command(system, "abandon", payout_id, "ticket 9"))
         await _until(handle, lambda s: any(c.status == "refused" for c in s.commands))
+        # What the operator reads meanwhile, through the console script: the known but not yet
+        # applied resolution, the lookups, and the refused commands with their verdicts.
+        db = ("--database-url", system.database_url)
+        shown = await _payouts(system, address, "payout", "status", payout_id, *db, "--json")
+        assert shown.returncode == 0, shown
+        report = json.loads(shown.stdout)
+        assert report["database"]["state"] == "RAIL_AMBIGUOUS"
+        assert report["workflow"]["resolution"] == "settled"
+        assert report["workflow"]["lookups"] >= 1
+        assert any(c["status"] == "refused" for c in report["workflow"]["commands"])
+        text = await _payouts(system, address, "payout", "status", payout_id, *db)
+        assert text.returncode == 0 and "settled" in text.stdout and "refused" in text.stdout, text
         await locks.release(blocker)
     result = await handle.result()
     await record(handle, "commands_evidence_outranks_abandon")
