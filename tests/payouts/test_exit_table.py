@@ -201,9 +201,12 @@ def test_unreachable_servers_are_named_whole(db: str) -> None:
     assert done.returncode == EXIT["unavailable"]
     assert f"Temporal at 127.0.0.1:{port} is unreachable" in line
     assert "$TEMPORAL_ADDRESS" in line and "Connection refused" in line and line.endswith("7233")
-    env = clean_env(TEMPORAL_ADDRESS=f"127.0.0.1:{port}")
-    done = payouts("payout", "list", env=env)
+    env = clean_env(TEMPORAL_ADDRESS=f"127.0.0.1:{port}")  # the address from the variable
+    done = payouts("payout", "status", "p1", env=env)
     assert done.returncode == EXIT["unavailable"] and f"127.0.0.1:{port}" in one_line(done)
+    # `payout list` reads the payment database, never Temporal: its database unreachable.
+    done = payouts("payout", "list", "--database-url", f"postgresql://x@127.0.0.1:{port}/x")
+    assert done.returncode == EXIT["unavailable"], done.stderr
     done = payouts("seed", "--database-url", f"postgresql://x@127.0.0.1:{port}/x")
     assert done.returncode == EXIT["unavailable"]
     assert "the database could not be used" in one_line(done)
