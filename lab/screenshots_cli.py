@@ -14,8 +14,17 @@ import sys
 import uuid
 from pathlib import Path
 
-from lab.ui_pages import chromium_available, headline, list_url, open_page, payout_url, stage
+from lab.ui_pages import (
+    chromium_available,
+    headline,
+    list_url,
+    open_list,
+    open_page,
+    payout_url,
+    stage,
+)
 from stack.config import Ports, StackConfig
+from stack.pki import trust_stack_ca_in_this_process
 from stack.system import Stack
 
 OUT = Path(__file__).resolve().parent.parent / "docs" / "screenshots"
@@ -37,8 +46,8 @@ async def capture_all(out: Path, run_dir: Path) -> list[Path]:
             await asyncio.to_thread(open_page, payout_url(stack.ui_url, payout), expect, shot=path)
             written.append(path)
         path = out / "workflow-list.png"
-        ids = [p.workflow_id for p in staged]
-        await asyncio.to_thread(open_page, list_url(stack.ui_url), ids, shot=path)
+        states = {p.workflow_id: p.state for p in staged}
+        await asyncio.to_thread(open_list, list_url(stack.ui_url), states, shot=path)
         written.append(path)
     return written
 
@@ -52,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         print("chromium is absent: make screenshots installs it (Debian, as root)", file=sys.stderr)
         return 2
     run_dir = args.run_dir / f"stack-{uuid.uuid4().hex[:6]}"
+    trust_stack_ca_in_this_process()  # the staging's calls to the stack's https rail stub
     for path in asyncio.run(capture_all(args.out, run_dir)):
         print(f"wrote {path}")
     return 0

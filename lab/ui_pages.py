@@ -3,7 +3,8 @@
 Owns: staging payouts that end POSTED, FAILED (declined by the rail) and RAIL_AMBIGUOUS (the
 rail recorded it, then answered 500, and its lookups see nothing yet) on a running stack, the
 UI's addresses of the list and of a payout's page, and reading them through chromium (driven by
-Playwright): the text a person sees, and a screenshot. Must never: act on a stack it was not
+Playwright): the text a person sees, the list's rows with the payout columns an operator adds
+in the UI's column picker, and a screenshot. Must never: act on a stack it was not
 given, start a payout outside its own fresh account, or download a browser (Debian's only).
 """
 
@@ -14,7 +15,7 @@ import contextlib
 import os
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +35,10 @@ CHROMIUM = Path(os.environ.get("CHROMIUM", "/usr/bin/chromium"))
 WIDTH, HEIGHT = 1440, 1000
 #: How long a page may take to show what is expected (a loaded 2-core machine is slow).
 _DEADLINE_S = 120.0
+#: The list's columns an operator removes and adds in the UI's column picker
+#: (`show_payout_columns`): the payout's search attributes beside its workflow's status.
+LIST_COLUMNS_REMOVED = ("Run ID", "Type", "End")
+LIST_COLUMNS_ADDED = ("PayoutState", "PayoutAccountId")
 #: Each staged payout's amount (minor units), by the state it is staged into.
 AMOUNTS = {"POSTED": 2500, "FAILED": 1800, "RAIL_AMBIGUOUS": 4200}
 #: What the rail stub does with its submission (railstub.behaviour.Action).
@@ -43,6 +48,7 @@ _RAIL_ACTIONS = {"FAILED": "decline", "RAIL_AMBIGUOUS": "ambiguous"}
 @dataclass(frozen=True)
 class StagedPayout:
     payout_id: str
+    account_id: str
     amount: int
     state: str  # what the payment database says at the end of staging
     workflow_id: str
@@ -96,11 +102,10 @@ def _words(text: str) -> str:
     return " ".join(text.split())
 
 
-def open_page(url: str, expect: Sequence[str], *, shot: Path | None = None) -> str:
-    """The page's visible text (whitespace collapsed) once it holds every text in `expect` (the
-    UI renders from its API after the page loads), screenshotted to `shot` if given. Chromium
-    is Debian's, driven by Playwright (`executable_path`: nothing is downloaded). Raises with
-    what the page showed when `expect` is not all there within the deadline."""
+@contextlib.contextmanager
+def _browser_page() -> Iterator[Page]:
+    """A fresh page of Debian's chromium, driven by Playwright (`executable_path`: nothing is
+    downloaded), closed afterwards."""
     with sync_playwright() as pw:
         browser = pw.chromium.launch(
             executable_path=str(CHROMIUM),
@@ -108,15 +113,73 @@ def open_page(url: str, expect: Sequence[str], *, shot: Path | None = None) -> s
             args=["--no-sandbox", "--disable-gpu"],
         )
         try:
-            page = browser.new_page(viewport={"width": WIDTH, "height": HEIGHT})
-            page.goto(url, wait_until="domcontentloaded", timeout=_DEADLINE_S * 1000)
-            text = _until_shown(page, [_words(e) for e in expect], url)
-            if shot is not None:
-                shot.parent.mkdir(parents=True, exist_ok=True)
-                page.screenshot(path=str(shot))
-            return text
+            yield browser.new_page(viewport={"width": WIDTH, "height": HEIGHT})
         finally:
             browser.close()
+
+
+def _screenshot(page: Page, shot: Path | None) -> None:
+    if shot is not None:
+        shot.parent.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(shot))
+
+
+def open_page(url: str, expect: Sequence[str], *, shot: Path | None = None) -> str:
+    """The page's visible text (whitespace collapsed) once it holds every text in `expect` (the
+    UI renders from its API after the page loads), screenshotted to `shot` if given. Raises with
+    what the page showed when `expect` is not all there within the deadline."""
+    with _browser_page() as page:
+        page.goto(url, wait_until="domcontentloaded", timeout=_DEADLINE_S * 1000)
+        text = _until_shown(page, [_words(e) for e in expect], url)
+        _screenshot(page, shot)
+        return text
+
+
+def show_payout_columns(page: Page) -> None:
+    """What docs/workflow.md tells an operator to do once per browser: in the list's column
+    picker (*Configure Columns*, at the table's foot) remove the columns a payout does not need,
+    add the payout's state and account and move the state up beside the workflow's id. The UI keeps the choice in the browser, per
+    namespace; this clicks the UI's own buttons, by the names it gives them."""
+    page.get_by_role("button", name="Configure Columns").click()
+    for column in LIST_COLUMNS_REMOVED:
+        page.get_by_role("button", name=f"Remove {column} column", exact=True).click()
+    for column in LIST_COLUMNS_ADDED:
+        page.get_by_role("button", name=f"Add {column} column", exact=True).click()
+    # The state beside the workflow's id: added columns come last, after Start.
+    page.get_by_role("button", name="Move PayoutState column up", exact=True).click()
+    page.get_by_role("button", name="Close Workflows Table configuration").click()
+    page.get_by_text("Configure Workflows Table").wait_for(state="hidden")
+
+
+def _list_rows(page: Page, workflow_ids: Sequence[str]) -> dict[str, str]:
+    """Each listed workflow's row as its visible words ("" for one not listed)."""
+    rows = {}
+    for workflow_id in workflow_ids:
+        row = page.locator("tr").filter(has_text=workflow_id)
+        with contextlib.suppress(PlaywrightError):  # a row re-rendered while being read
+            rows[workflow_id] = _words(row.first.inner_text()) if row.count() else ""
+    return rows
+
+
+def open_list(url: str, states: dict[str, str], *, shot: Path | None = None) -> dict[str, str]:
+    """The payout list with the payout columns shown (`show_payout_columns`), once the row of
+    each workflow id in `states` shows its state among its words: each row's words, by
+    workflow id, screenshotted to `shot` if given. Raises with the rows seen when a state is
+    not shown within the deadline (its search attribute follows the workflow's upsert)."""
+    with _browser_page() as page:
+        page.goto(url, wait_until="domcontentloaded", timeout=_DEADLINE_S * 1000)
+        _until_shown(page, list(states), url)
+        show_payout_columns(page)
+        deadline = time.monotonic() + _DEADLINE_S
+        rows: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            rows = _list_rows(page, list(states))
+            if all(state in rows.get(w, "").split() for w, state in states.items()):
+                _screenshot(page, shot)
+                return rows
+            page.wait_for_timeout(500)  # the list refreshes as visibility catches up
+            page.reload(wait_until="domcontentloaded")
+        raise AssertionError(f"{url} never showed the states {states}: {rows}")
 
 
 async def _db_state(database_url: str, payout_id: str) -> str | None:
@@ -173,5 +236,7 @@ async def stage(
         await _until_state(stack.database_url, spec.payout_id, state, within_s)
         workflow_id = f"payout-{spec.payout_id}"
         run_id = (await client.get_workflow_handle(workflow_id).describe()).run_id
-        staged.append(StagedPayout(spec.payout_id, spec.amount, state, workflow_id, run_id))
+        staged.append(
+            StagedPayout(spec.payout_id, account, spec.amount, state, workflow_id, run_id)
+        )
     return staged

@@ -1,6 +1,7 @@
 """Issue 28 §1: the Temporal Web UI shows a payout's story at a glance, read through a real
 headless browser (Debian's chromium) on a real stack: the page of a POSTED payout and of a
-FAILED one each say their state and amount, and the FAILED one why."""
+FAILED one each say their state and amount, and the FAILED one why; the list, with the payout
+columns added through the UI's own column picker, says FAILED beside a COMPLETED workflow."""
 
 from __future__ import annotations
 
@@ -9,7 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from lab.ui_pages import chromium_available, headline, list_url, open_page, payout_url, stage
+from lab.ui_pages import (
+    chromium_available,
+    headline,
+    list_url,
+    open_list,
+    open_page,
+    payout_url,
+    stage,
+)
 from stack.config import StackConfig
 from stack.system import Stack
 
@@ -48,5 +57,11 @@ async def test_the_ui_shows_each_payouts_state_and_amount(
             "failed: declined by the rail",
         )
         assert "POSTED ·" not in page
-        listing = await _page_saying(list_url(stack.ui_url), posted.workflow_id, failed.workflow_id)
-        assert "PayoutWorkflow" in listing
+        # The list, with the payout columns an operator adds in the UI's column picker, says
+        # FAILED beside the workflow's COMPLETED.
+        states = {posted.workflow_id: "POSTED", failed.workflow_id: "FAILED"}
+        rows = await asyncio.to_thread(open_list, list_url(stack.ui_url), states)
+        assert "COMPLETED" in rows[failed.workflow_id].split()
+        assert failed.account_id in rows[failed.workflow_id].split()
+        # Negative control: the POSTED row does not carry the FAILED one's state.
+        assert "FAILED" not in rows[posted.workflow_id].split()
