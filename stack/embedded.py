@@ -195,11 +195,17 @@ class EmbeddedPostgres:
 
     @property
     def log_path(self) -> Path:
-        return self.data_dir.parent / f"{self.data_dir.name}.log"
+        """The server's log, one JSON object per line from the first (`log_destination =
+        jsonlog`, through PostgreSQL's logging collector), as every service log of a stack is."""
+        return self.data_dir.parent / f"{self.data_dir.name}.json"
 
     @property
     def _log(self) -> Path:
-        return self.log_path
+        """Text: what the postmaster writes to stderr before its logging collector takes over (a
+        failed start's reason, and the collector's two lines saying it has taken over), read
+        back when a start fails. It is also the collector's stderr-format file, which stays
+        silent (jsonlog is the only destination)."""
+        return self.data_dir.parent / f"{self.data_dir.name}.log"
 
     def _run(self, args: list[str], timeout: float = 60) -> None:
         user = _pg_system_user()
@@ -242,9 +248,17 @@ class EmbeddedPostgres:
                 f"port {self.port} for embedded PostgreSQL is taken; set DATABASE_URL to use that "
                 "server, or free the port"
             )
-        self._log.touch()
-        self._chown(self._log)
+        # The server runs as its own system user when we are root: it must be able to append to
+        # its log files, in a folder it cannot write (its collector's stderr-format file too).
+        for path in (self._log, self.log_path):
+            path.touch()
+            self._chown(path)
         opts = f"-h 127.0.0.1 -p {self.port} -k {self.data_dir} -c max_connections=400"
+        # jsonlog names its file after log_filename with ".log" replaced by ".json": log_path.
+        opts += (
+            f" -c logging_collector=on -c log_destination=jsonlog"
+            f" -c log_directory={self.data_dir.parent} -c log_filename={self.data_dir.name}.log"
+        )
         if self.fast:
             opts += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
         opts += "".join(f" -c {o}" for o in self.extra_options)
@@ -302,6 +316,17 @@ class EtcdMember:
     def peer_url(self) -> str:
         return f"http://127.0.0.1:{self.peer_port}"
 
+    @property
+    def log_path(self) -> Path:
+        """The member's log, JSON from the first line (etcd's own logger, `--log-outputs`)."""
+        return self.data_dir.parent / f"{self.name}.json"
+
+    @property
+    def stderr_path(self) -> Path:
+        """Text: what etcd's gRPC library prints to stderr (its connection warnings), which etcd
+        does not route through its JSON logger below debug level."""
+        return self.data_dir.parent / f"{self.name}.log"
+
 
 @dataclass
 class EmbeddedEtcd:
@@ -349,6 +374,8 @@ class EmbeddedEtcd:
             "500",
             "--log-level",
             "warn",
+            "--log-outputs",
+            str(m.log_path),
         ]
 
     def start_member(self, m: EtcdMember, timeout: float = 30) -> None:
@@ -358,7 +385,7 @@ class EmbeddedEtcd:
             )
         m.data_dir.parent.mkdir(parents=True, exist_ok=True)
         state = "existing" if m.data_dir.exists() else "new"
-        log = open(self.base_dir / f"{m.name}.log", "ab")  # noqa: SIM115 - owned by the child
+        log = open(m.stderr_path, "ab")  # noqa: SIM115 - owned by the child
         m.proc = subprocess.Popen(self._args(m, state), stdout=log, stderr=subprocess.STDOUT)
         log.close()
         wait_for_port(m.client_port, timeout=timeout, what=f"etcd member {m.name}", proc=m.proc)

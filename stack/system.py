@@ -235,10 +235,9 @@ class Stack:
         if self._etcd is not None:
             for i, m in enumerate(self._etcd.members):
                 if m.proc is not None and m.proc.poll() is None:
-                    log_path = self._etcd.base_dir / f"{m.name}.log"
                     # Member 0 keeps the name "etcd" (one-member stacks, leftover detection).
                     name = "etcd" if i == 0 else f"etcd-{m.name}"
-                    out[name] = ProcessInfo(name, m.proc.pid, log_path, m.client_url)
+                    out[name] = ProcessInfo(name, m.proc.pid, m.log_path, m.client_url)
         for name, p in self._procs.items():
             if p.pid is not None and p.running():
                 sdk = self._sdk_ports.get(name)

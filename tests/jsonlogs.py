@@ -1,8 +1,7 @@
 """Issue 28 §5: every line of every service log is one JSON object, from the first line on (the
 stack's start marker included), so that `jq` reads a whole log: the logs of the processes the
-stack starts itself (`<run dir>/logs/`). Not the embedded PostgreSQL's and etcd's, which are not
-the stack's services but stand-ins for the platform's: PostgreSQL writes its own text format, and
-etcd's are JSON but for the text lines of the gRPC library inside it (docs/local-stack.md)."""
+stack starts itself (`<run dir>/logs/`), and the embedded PostgreSQL's and etcd's logs, JSON in
+their own fields (tests/stack/test_embedded_servers.py; docs/local-stack.md)."""
 
 from __future__ import annotations
 

@@ -11,11 +11,13 @@ import asyncpg
 import pytest
 
 from stack.embedded import (
+    EmbeddedEtcd,
     EmbeddedPostgres,
     _others_can_traverse,
     _world_reachable_copy,
     pg_data_dir,
 )
+from tests.jsonlogs import non_json_lines
 
 
 async def test_database_fixture_is_a_real_postgres(database_url: str) -> None:
@@ -45,6 +47,23 @@ async def test_embedded_postgres_survives_a_restart(run_dir: Path) -> None:
         await conn.close()
     finally:
         server.stop(mode="immediate")
+    # Issue 28 §5: its log is JSON from the first line, over two starts and two stops.
+    lines = server.log_path.read_text().splitlines()
+    assert any('"database system is ready to accept connections"' in line for line in lines)
+    assert non_json_lines([server.log_path]) == []
+
+
+@pytest.mark.slow
+def test_embedded_etcd_logs_json_from_the_first_line(tmp_path: Path) -> None:
+    """Issue 28 §5: a member's log (`--log-outputs`) is JSON from the first line; the gRPC
+    library's text goes to its stderr file, which is not the log."""
+    cluster = EmbeddedEtcd(base_dir=tmp_path / "etcd")
+    cluster.start()
+    cluster.stop()
+    [member] = cluster.members
+    assert member.log_path.read_text().splitlines(), "etcd wrote nothing to its log"
+    assert non_json_lines([member.log_path]) == []
+    assert member.stderr_path.exists()
 
 
 async def test_etcd_fixture_is_a_real_etcd(etcd_endpoints: list[str], key_prefix: str) -> None:
