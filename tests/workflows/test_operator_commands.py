@@ -19,6 +19,7 @@ and the rail stub as real processes, the real activities.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import subprocess
@@ -108,6 +109,21 @@ async def _payouts(system: System, address: str, *args: str) -> subprocess.Compl
         env=env,
         check=False,
     )
+
+
+async def _timer_summaries(address: str, workflow_id: str) -> list[str]:
+    """The summary of every timer in the workflow's history, as `temporal workflow show` gives
+    it (the history the UI's Event History and Timeline render): each TimerStarted event's
+    user metadata, its payload decoded."""
+    shown = await _temporal(address, "workflow", "show", "--workflow-id", workflow_id, "-o", "json")
+    assert shown.returncode == 0, shown.stderr
+    summaries = []
+    for event in json.loads(shown.stdout)["events"]:
+        if event.get("eventType") != "EVENT_TYPE_TIMER_STARTED":
+            continue
+        summary = event.get("userMetadata", {}).get("summary", {})
+        summaries.append(json.loads(base64.b64decode(summary["data"])) if summary else "")
+    return summaries
 
 
 def _address(temporal_env: WorkflowEnvironment) -> str:
@@ -315,6 +331,10 @@ async def test_a_cancellation_request_is_refused_and_the_payout_goes_on(
     await wait_for(audited, timeout_s=60)
     status = await handle.query(PayoutWorkflow.status)
     assert status.cancel_requests == 1 and status.state == "RAIL_AMBIGUOUS"
+    # Issue 28 §1: its lookup timer says what it waits for, in the history the UI shows.
+    summaries = await _timer_summaries(address, f"payout-{payout_id}")
+    expected = "next lookup of the rail in 0.3s (sooner for an accepted abandon)"
+    assert summaries and all(t == expected for t in summaries), summaries
     assert (await handle.describe()).status == WorkflowExecutionStatus.RUNNING
     system.stub_set(visibility_delay_s=0)
     result = await handle.result()
