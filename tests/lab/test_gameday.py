@@ -59,6 +59,7 @@ async def _reported(ctx: Ctx) -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 @pytest.mark.timeout(1200)
 async def test_short_game_day_fires_and_every_runbook_runs_as_written(
     stack_env: dict[str, str], stack_dir: Path, monkeypatch: pytest.MonkeyPatch
