@@ -138,8 +138,9 @@ def open_page(url: str, expect: Sequence[str], *, shot: Path | None = None) -> s
 def show_payout_columns(page: Page) -> None:
     """What docs/workflow.md tells an operator to do once per browser: in the list's column
     picker (*Configure Columns*, at the table's foot) remove the columns a payout does not need,
-    add the payout's state and account and move the state up beside the workflow's id. The UI keeps the choice in the browser, per
-    namespace; this clicks the UI's own buttons, by the names it gives them."""
+    add the payout's state and account and move the state up beside the workflow's id. The UI
+    keeps the choice in the browser, per namespace; this clicks the UI's own buttons, by the
+    names it gives them."""
     page.get_by_role("button", name="Configure Columns").click()
     for column in LIST_COLUMNS_REMOVED:
         page.get_by_role("button", name=f"Remove {column} column", exact=True).click()

@@ -51,6 +51,7 @@ from typing import Any
 import httpx
 
 from common import tracing
+from common.backoff import full_jitter
 from common.correlation import httpx_hooks
 from common.credentials import auth_headers
 from common.logs import get_logger
@@ -555,7 +556,9 @@ class LockClient:
 
     def _backoff(self, attempt: int) -> float:
         """Full jitter: uniform in [0, min(max, base * 2**attempt)], so retries never herd."""
-        return self._rng.uniform(0, min(self.backoff_max_s, self.backoff_base_s * 2**attempt))
+        return full_jitter(
+            attempt, base_s=self.backoff_base_s, cap_s=self.backoff_max_s, rng=self._rng
+        )
 
     async def _request(
         self,

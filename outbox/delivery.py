@@ -22,6 +22,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from common import tracing
+from common.backoff import full_jitter
 from common.credentials import auth_headers
 from common.tls import ClientTLS
 
@@ -103,8 +104,7 @@ class OutboxSettings(ClientTLS, BaseSettings):
 
 def backoff_delay(attempt: int, *, base_s: float, cap_s: float, rng: random.Random) -> float:
     """Full jitter: uniform in [0, min(cap, base * 2^(attempt-1))] after the attempt-th failure."""
-    ceiling = min(cap_s, base_s * 2 ** min(max(attempt, 1) - 1, 62))
-    return rng.uniform(0, ceiling)
+    return full_jitter(attempt - 1, base_s=base_s, cap_s=cap_s, rng=rng)
 
 
 def classify_status(status_code: int) -> Outcome:

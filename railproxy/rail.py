@@ -18,6 +18,7 @@ from typing import Literal
 
 import httpx
 
+from common.backoff import full_jitter
 from common.correlation import httpx_hooks
 from common.credentials import auth_headers, read_token
 from railproxy.budget import SharedBudget
@@ -151,7 +152,7 @@ async def lookup(
     last = "no attempt made"
     for attempt in range(attempts):
         if attempt:
-            await asyncio.sleep(rng.uniform(0, base_delay_s * 2 ** (attempt - 1)))
+            await asyncio.sleep(full_jitter(attempt - 1, base_s=base_delay_s, rng=rng))
         try:
             async with budget.lease(wait_s=0) as held:
                 response = await client.get(

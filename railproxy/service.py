@@ -34,6 +34,7 @@ from datetime import UTC, datetime
 
 import asyncpg
 
+from common.backoff import full_jitter
 from common.lockkey import lock_key
 from common.logs import get_logger
 from common.outage import CONNECTION_LOST
@@ -315,7 +316,7 @@ class RailProxy:
                     error=type(exc).__name__,
                     try_number=attempt + 1,
                 )
-                await asyncio.sleep(self.rng.uniform(0, 0.1 * 2**attempt))
+                await asyncio.sleep(full_jitter(attempt, base_s=0.1, rng=self.rng))
         # Left in flight (outcome NULL): recovery treats it as ambiguous, never as resubmittable.
         log.error("rail.outcome_unrecorded", attempt_id=attempt_id, outcome=answer.outcome.value)
 
