@@ -6,8 +6,9 @@ latency, rail proxy, W workers, the stack's own Temporal dev server) and one flo
 (`lab.bench_floor.floor_server`, same transfer-queue read rate and worker count), measured
 alternately round by round: floor bursts of each shape (`bench_floor.SHAPES`), then a burst of
 N real payouts (one per account); then a steady rate at 70% of the measured burst throughput, a
-degraded-rail burst (a 3 s latency tail and an outage that opens the proxy's breaker) and the
-UC-03 pause experiment's takeover figure. Latencies come from the payment database (created,
+degraded-rail burst (a 3 s latency tail and an outage that opens the proxy's breaker), the hot
+account (N payouts on one account against the rail's pace: lab.bench_hot) and the UC-03 pause
+experiment's takeover figure. Latencies come from the payment database (created,
 terminal) and the Temporal histories (workflow start, workflow tasks).
 
 Tracing's and TLS's cost (issue 27 §3): the stack above traces and serves TLS, as every stack
@@ -44,6 +45,7 @@ import httpx
 
 from common import tracing
 from lab import bench_floor, temporal_rpcs
+from lab.bench_hot import HotTarget, hot_account, hot_line
 from lab.bench_locks import loadavg
 from lab.cpu import per_item_ms, snapshot
 from lab.experiments import LOCK_TTL_S, isolated_ports, json_events, pause_experiment
@@ -74,6 +76,8 @@ class Options:
     rail_latency_ms: int = 300
     steady_s: float = 20.0
     degraded_n: int = 40
+    #: Payouts on one account for the hot-account section (lab.bench_hot; 0 skips it).
+    hot_n: int = 40
     #: The longest the degraded run keeps the rail in outage waiting for the breaker to open.
     outage_max_s: float = 10.0
     takeover: bool = True
@@ -455,6 +459,10 @@ async def _measure(opts: Options, work: Path, progress: Progress) -> dict[str, A
         progress(f"steady: {out['steady']}")
         out["degraded"] = await system_degraded(sysm, progress)
         progress(f"degraded: {out['degraded']}")
+        if opts.hot_n:
+            target = HotTarget(sysm.stack, sysm.client, sysm.pool, opts.settle_timeout_s)
+            out["hot"] = await hot_account(target, opts.hot_n, opts.rail_latency_ms, progress)
+            progress(f"hot: {out['hot']}")
     return out
 
 
@@ -644,6 +652,8 @@ def table(result: dict[str, Any]) -> str:
         f"takeover: {t['seconds']} s at a {t['ttl_s']} s TTL (goal {2 * t['ttl_s'] + 5} s;"
         f" W2 polling after {t.get('w2_ready_s')} s of it)"
     )
+    if result.get("hot"):
+        lines.append(hot_line(result["hot"]))
     cost = result.get("tracing_cost")
     if cost:
         tp, cpu = cost["throughput_per_s"], cost["cpu_ms_per_payout"]
@@ -672,6 +682,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--steady-s", type=float, default=d.steady_s, help="steady-rate duration")
     p.add_argument("--degraded-n", type=int, default=d.degraded_n)
     p.add_argument("--outage-max-s", type=float, default=d.outage_max_s)
+    p.add_argument(
+        "--hot-n", type=int, default=d.hot_n, help="payouts on one account (0: no hot section)"
+    )
     p.add_argument("--backend", choices=("postgres", "etcd"), default=d.backend)
     p.add_argument("--no-takeover", action="store_true", help="skip the pause experiment")
     p.add_argument(
@@ -689,6 +702,8 @@ def main(argv: list[str] | None = None) -> int:
     a = parser.parse_args(argv)
     if min(a.n, a.workers, a.rounds, a.degraded_n) < 1:
         parser.error("--n, --workers, --rounds and --degraded-n must be at least 1")
+    if a.hot_n < 0:
+        parser.error("--hot-n must be at least 0")
     if a.rail_latency_ms < 0 or a.rail_latency_ms > 600_000:
         parser.error("--rail-latency-ms must be within 0..600000")
     if min(a.steady_s, a.outage_max_s, a.settle_timeout_s) <= 0:
@@ -700,6 +715,7 @@ def main(argv: list[str] | None = None) -> int:
         rail_latency_ms=a.rail_latency_ms,
         steady_s=a.steady_s,
         degraded_n=a.degraded_n,
+        hot_n=a.hot_n,
         outage_max_s=a.outage_max_s,
         takeover=not a.no_takeover,
         untraced=not a.no_untraced,

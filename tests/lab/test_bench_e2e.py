@@ -38,7 +38,7 @@ async def test_bench_e2e_tiny_prints_the_issue_json_last(tmp_path: Path) -> None
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         *("-m", "lab.bench_e2e", "--n", "3", "--rounds", "1", "--workers", "1"),
-        *("--steady-s", "2", "--degraded-n", "3", "--outage-max-s", "3"),
+        *("--steady-s", "2", "--degraded-n", "3", "--outage-max-s", "3", "--hot-n", "3"),
         *("--run-dir", str(tmp_path)),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -99,6 +99,13 @@ async def test_bench_e2e_tiny_prints_the_issue_json_last(tmp_path: Path) -> None
     _all_terminal(degraded, 3)
     assert degraded["latency_p99_ms_rail"] == 3000.0
     assert isinstance(degraded["breaker_opened"], int)
+    hot = result["hot"]  # 3 payouts on one account: one after another at the rail
+    assert hot["states"] == {"POSTED": 3} and hot["spread_states"] == {"POSTED": 3}
+    assert hot["rail_limit_s"] == 0.9 and hot["drain_s"] > 0 and hot["spread_drain_s"] > 0
+    assert abs(hot["pace_ratio"] - hot["rail_limit_s"] / hot["drain_s"]) < 0.01  # rounded
+    # Read from the stub's movement log: 2 hand-offs, none before the previous answer came back.
+    assert hot["handoff_min_ms"] is not None and hot["handoff_min_ms"] >= 0
+    assert "hot account: 3 payouts drained in" in out.decode()
     takeover = result["takeover"]
     assert takeover["ttl_s"] == 3.0 and takeover["seconds"] > 0 and takeover["ok"] is True
     assert result["loadavg_before"] and result["loadavg_after"]
