@@ -51,6 +51,7 @@ from common.credentials import CredentialsError, read_token
 from common.exiting import exit_now, load_settings
 from common.logs import configure_logging, get_logger
 from common.pgutil import create_pool
+from common.temporal_tls import TemporalTLSError, temporal_tls
 from common.tls import ClientTLS
 from ledger import PayoutStore
 from lockservice.client import LockClient
@@ -169,6 +170,10 @@ async def check_start(settings: WorkerSettings) -> None:
             read_token(token_file=path, what=variable)
         except CredentialsError as exc:
             raise StartupRefused(f"{exc}; refusing to start") from exc
+    try:
+        temporal_tls()
+    except TemporalTLSError as exc:
+        raise StartupRefused(f"{exc}; refusing to start") from exc
     off = [
         name
         for name, on in (
@@ -237,6 +242,7 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
     client = await Client.connect(
         settings.temporal_address,
         namespace=settings.namespace,
+        tls=temporal_tls(),  # checked by check_start: TEMPORAL_TLS_* (common.temporal_tls)
         runtime=_runtime(settings),
         # Spans of workflows, activities and starts, and their context in every header; the
         # workers below inherit it from this client (common.tracing).

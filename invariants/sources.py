@@ -197,6 +197,8 @@ def temporal_workflow_source(
         from temporalio.client import Client, WorkflowExecutionStatus
         from temporalio.service import RPCError
 
+        from common.temporal_tls import TemporalTLSError, temporal_tls
+
         stopped = {
             WorkflowExecutionStatus.FAILED,
             WorkflowExecutionStatus.TERMINATED,
@@ -204,7 +206,7 @@ def temporal_workflow_source(
             WorkflowExecutionStatus.CANCELED,
         }
         try:
-            client = await Client.connect(address, namespace=namespace)
+            client = await Client.connect(address, namespace=namespace, tls=temporal_tls())
             ids = {
                 wf.id
                 async for wf in client.list_workflows(_STOPPED_QUERY)
@@ -216,7 +218,7 @@ def temporal_workflow_source(
                 if desc.status in stopped:
                     out.append(WorkflowFact(workflow_id=wid, status=desc.status.name))
             return out
-        except (RPCError, RuntimeError, OSError) as exc:
+        except (RPCError, RuntimeError, OSError, TemporalTLSError) as exc:
             raise WorkflowSourceUnavailable(f"Temporal unavailable at {address}: {exc}") from exc
 
     return fetch

@@ -35,6 +35,7 @@ from temporalio.client import (
 from activities.reconcile_models import ReconcileInput
 from common.credentials import CredentialsError
 from common.logs import configure_logging, get_logger
+from common.temporal_tls import TemporalTLSError, temporal_tls
 from payouts.settings import database_url
 from reconcile.reconciler import (
     ReconcileError,
@@ -190,11 +191,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_schedule(args: argparse.Namespace) -> int:
     configure_logging("reconcile")
     settings = ReconcileSettings()
+    try:  # before connecting: one line, nothing started
+        tls = temporal_tls()
+    except TemporalTLSError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return 2
 
     async def go() -> str:
         address = os.environ.get("TEMPORAL_ADDRESS", "127.0.0.1:7233")
         namespace = os.environ.get("TEMPORAL_NAMESPACE", "default")
-        client = await Client.connect(address, namespace=namespace)
+        client = await Client.connect(address, namespace=namespace, tls=tls)
         handle = await ensure_schedule(
             client,
             every=args.every,

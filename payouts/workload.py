@@ -16,7 +16,13 @@ from typing import Any
 import asyncpg
 
 from payouts.batch import PayoutSpec
-from payouts.errors import EXIT_NOT_FOUND, CommandError, temporal_unreachable, workflow_error
+from payouts.errors import (
+    EXIT_NOT_FOUND,
+    EXIT_USAGE,
+    CommandError,
+    temporal_unreachable,
+    workflow_error,
+)
 
 
 async def seed_accounts(db_url: str, count: int, balance: int, prefix: str) -> list[str]:
@@ -83,11 +89,19 @@ async def connect_temporal(address: str) -> Any:
     from temporalio.client import Client
 
     from common import tracing
+    from common.temporal_tls import TemporalTLSError, temporal_tls
 
     try:
-        return await Client.connect(address, interceptors=tracing.temporal_interceptors())
+        tls = temporal_tls()  # the Temporal CLI's TEMPORAL_TLS_* variables
+    except TemporalTLSError as exc:
+        raise CommandError(str(exc), EXIT_USAGE) from None
+    try:
+        return await Client.connect(address, interceptors=tracing.temporal_interceptors(), tls=tls)
     except RuntimeError as exc:  # the SDK reports a failed connect as RuntimeError
-        raise temporal_unreachable(address, str(exc).splitlines()[0]) from None
+        detail = str(exc).splitlines()[0]
+        if tls is not False:  # never a silent fall-back to plain gRPC
+            detail += "; over TLS, as TEMPORAL_TLS* asked (the dev server serves none)"
+        raise temporal_unreachable(address, detail) from None
 
 
 async def find_payout(client: Any, given: str) -> str:

@@ -38,6 +38,7 @@ _PREFIXES = (
     "INVARIANTS_",
     "CHECKER_",
     "PAYOUTS_",
+    "TEMPORAL_TLS",  # the Temporal CLI's TLS variables, which the workers read too
 )
 _PAYOUTS_CLI = ["-m", "payouts.cli"]
 
@@ -152,6 +153,8 @@ CASES = [
     ("worker", "WORKER_TOKEN_FILE", "directory"),
     ("worker", "WORKER_TOKEN_FILE", "not-utf8"),
     ("worker", "RECONCILE_TOKEN_FILE", "missing"),
+    ("worker", "TEMPORAL_TLS_SERVER_CA_CERT_PATH", "directory"),
+    ("worker", "TEMPORAL_TLS_SERVER_CA_CERT_PATH", "missing"),
     ("outbox", "OUTBOX_TOKEN_FILE", "directory"),
     ("outbox", "OUTBOX_TOKEN_FILE", "missing"),
     ("reconcile", "RECONCILE_TOKEN_FILE", "directory"),
