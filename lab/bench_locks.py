@@ -115,10 +115,9 @@ def loadavg() -> str:
 async def etcd_floor(endpoints: list[str]) -> AsyncIterator[Op]:
     """One compare-and-put txn (attached to a lease) plus one delete: the least an acquire and a
     release can cost on etcd."""
-    import aetcd
+    from lockservice.backends.etcd_client import etcd_client
 
-    host, port = endpoints[0].rsplit(":", 1)
-    client = aetcd.Client(host=host, port=int(port))
+    client = etcd_client(endpoints[:1])  # the bench's plaintext etcd, or ETCD_ENDPOINTS' first
     await client.connect()
     try:
         # Outlives the whole interleaved run (never kept alive); revoked at the end.

@@ -158,6 +158,17 @@ def _cmd_bump_epoch_offline(args: argparse.Namespace) -> int:
     )
 
 
+def _etcd_tls_from_env() -> Any:
+    """The lock server's etcd TLS files (LOCK_ETCD_CA_FILE, _CERT_FILE, _KEY_FILE; the local
+    stack's env file sets them) for `https://` endpoints; None without a CA file."""
+    from lockservice.backends.etcd_client import EtcdTLSFiles
+
+    ca = _env("LOCK_ETCD_CA_FILE")
+    if not ca:
+        return None
+    return EtcdTLSFiles(ca, _env("LOCK_ETCD_CERT_FILE"), _env("LOCK_ETCD_KEY_FILE"))
+
+
 async def _offline(  # noqa: PLR0917 - the parsed command, passed through once
     args: argparse.Namespace,
     kind: str,
@@ -180,6 +191,7 @@ async def _offline(  # noqa: PLR0917 - the parsed command, passed through once
             database_url=lock_db,
             etcd_endpoints=endpoints or None,
             prefix=prefix,
+            etcd_tls=_etcd_tls_from_env(),
         )
     except LockError as exc:
         raise CliError(f"cannot open the {kind} lock backend: {exc}") from exc
@@ -273,7 +285,10 @@ def build_parser() -> argparse.ArgumentParser:
     off.add_argument("--offline", action="store_true", help="work on the backend directly")
     off.add_argument("--backend", choices=["postgres", "etcd"], help="default $LOCK_BACKEND")
     off.add_argument("--database-url", help="postgres backend (default $LOCK_DATABASE_URL)")
-    off.add_argument("--etcd-endpoints", help="etcd backend, host:port,... ($ETCD_ENDPOINTS)")
+    off.add_argument(
+        "--etcd-endpoints",
+        help="etcd backend, [https://]host:port,... ($ETCD_ENDPOINTS; https: $LOCK_ETCD_*_FILE)",
+    )
     off.add_argument("--prefix", help="the lock server's key prefix (default $LOCK_KEY_PREFIX)")
     off.add_argument("--paydb-url", help="payment database, read-only (default $DATABASE_URL)")
     off.add_argument(

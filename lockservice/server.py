@@ -379,6 +379,7 @@ def app_from_settings(settings: Any) -> FastAPI:
             prefix=settings.key_prefix,
             etcd_history_retention_s=settings.etcd_history_retention_s,
             etcd_compact_every_s=settings.etcd_compact_every_s,
+            etcd_tls=settings.etcd_tls(),
         )
         if settings.state_dir is None:
             _log.warning("lock.restore_detection_off", why="LOCK_STATE_DIR is not set")

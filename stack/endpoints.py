@@ -62,5 +62,6 @@ def endpoints(stack: Stack) -> list[Endpoint]:
         url = f"http://127.0.0.1:{stack.config.ports.temporal_metrics}"
         out.append(Endpoint("temporal", "temporal", url, False))
     for i, host in enumerate(stack.etcd_endpoints):
-        out.append(Endpoint(f"etcd m{i}", "etcd", f"http://{host}", True))
+        url = host if "://" in host else f"http://{host}"  # https://: the embedded, TLS etcd
+        out.append(Endpoint(f"etcd m{i}", "etcd", url, True))
     return out

@@ -74,9 +74,18 @@ def stack_environment(stack: Stack) -> dict[str, str]:
         env["RECONCILE_TLS_CA_FILE"] = ca
         env["SSL_CERT_FILE"] = ca
     # Empty with the PostgreSQL backend: a runbook tells the backends apart by it.
-    env["ETCD_ENDPOINTS"] = ",".join(f"http://{e}" for e in stack.etcd_endpoints)
+    env["ETCD_ENDPOINTS"] = ",".join(
+        e if "://" in e else f"http://{e}" for e in stack.etcd_endpoints
+    )
     if stack.etcd_endpoints:
         env["ETCDCTL_ENDPOINTS"] = env["ETCD_ENDPOINTS"]  # etcdctl reads this one
+    etcd_tls = stack.etcd_client_tls()
+    if etcd_tls is not None:
+        # The embedded etcd takes https:// with a client certificate only: the stack's own, for
+        # etcdctl and for `python -m lockservice bump-epoch --offline` (lockservice.cli).
+        env["ETCDCTL_CACERT"] = env["LOCK_ETCD_CA_FILE"] = etcd_tls.ca_file
+        env["ETCDCTL_CERT"] = env["LOCK_ETCD_CERT_FILE"] = str(etcd_tls.cert_file)
+        env["ETCDCTL_KEY"] = env["LOCK_ETCD_KEY_FILE"] = str(etcd_tls.key_file)
     env.update(endpoint_variables(stack))
     return env
 

@@ -3,7 +3,10 @@
 Owns: issuing, with the `cryptography` package, a CA (`ca.pem`, its key `ca.key` 0600) kept
 across runs like the grant-signing key, and a server certificate per component
 (`<name>.pem`/`<name>.key`) for 127.0.0.1, localhost and the component's name, also usable as a
-client certificate (etcd's mutual TLS). Must never: be imported by a component (production
+client certificate; for etcd (mutual TLS, client and peer), a certificate per member that it
+serves to clients and presents to its peers, and a client certificate for each of its clients
+(the lock server's, and the stack's own: its leader checks, the local Prometheus, the operator's
+shell). Must never: be imported by a component (production
 certificates come from the deployment's CA), hand a CA key to any process, or issue a
 certificate without the SANs its clients check.
 """
@@ -14,8 +17,10 @@ import datetime
 import ipaddress
 import os
 import ssl
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -23,6 +28,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from common.tls import client_context
+from stack.embedded import EtcdMemberTLS
+
+if TYPE_CHECKING:
+    from lockservice.backends.etcd_client import EtcdTLSFiles
 
 #: A local stack's certificates outlive any run; a CA a year longer than what it signs.
 _CERT_DAYS = 365
@@ -158,6 +167,17 @@ class StackPKI:
 
 #: Every HTTP server of the stack: a certificate each (server and client authentication).
 SERVERS = ("lock-server", "railstub", "railproxy", "finledger")
+#: etcd's clients, a client certificate each: the lock server, and the stack itself (its
+#: leader checks, the local Prometheus scraping etcd's /metrics, the operator's etcdctl).
+ETCD_CLIENTS = ("lock-server", "stack")
+
+
+def _etcd_member_cert(member: str) -> str:
+    return f"etcd-{member}"
+
+
+def _etcd_client_cert(client: str) -> str:
+    return f"etcd-client-{client}"
 
 
 @dataclass(frozen=True)
@@ -179,14 +199,48 @@ class StackTLS:
     def client_context(self) -> ssl.SSLContext:
         return client_context(str(self.ca_file))
 
+    @property
+    def has_etcd(self) -> bool:
+        """Whether etcd's certificates were issued (an embedded etcd with TLS)."""
+        return _etcd_client_cert("stack") in self.certs
 
-def issue_stack_tls(directory: Path, ca_dir: Path | None = None) -> StackTLS:
+    def etcd_member(self, member: str) -> EtcdMemberTLS:
+        """Member `member`'s certificate, served to clients and presented to peers, and the CA
+        every client and peer certificate must chain to."""
+        files = self.certs[_etcd_member_cert(member)]
+        return EtcdMemberTLS(self.ca_file, files.cert, files.key)
+
+    def etcd_client(self, client: str) -> EtcdTLSFiles:
+        """The TLS files an etcd client `client` (of ETCD_CLIENTS) connects with."""
+        from lockservice.backends.etcd_client import EtcdTLSFiles  # aetcd and grpc: not at import
+
+        files = self.certs[_etcd_client_cert(client)]
+        return EtcdTLSFiles(str(self.ca_file), str(files.cert), str(files.key))
+
+    def etcd_client_env(self, prefix: str, client: str) -> dict[str, str]:
+        """`<prefix>ETCD_CA_FILE`/`_CERT_FILE`/`_KEY_FILE` (lockservice.settings)."""
+        files = self.etcd_client(client)
+        return {
+            f"{prefix}ETCD_CA_FILE": files.ca_file,
+            f"{prefix}ETCD_CERT_FILE": str(files.cert_file),
+            f"{prefix}ETCD_KEY_FILE": str(files.key_file),
+        }
+
+
+def issue_stack_tls(
+    directory: Path, ca_dir: Path | None = None, *, etcd_members: Sequence[str] = ()
+) -> StackTLS:
     """The CA under `ca_dir` (default `directory`; kept across runs) and a fresh certificate
-    per entry of SERVERS under `directory`."""
+    per entry of SERVERS under `directory`; with `etcd_members`, one per member and one per
+    entry of ETCD_CLIENTS too."""
     pki = StackPKI(ca_dir or directory)
     pki.ensure_ca()
     directory.mkdir(parents=True, exist_ok=True)
-    certs = {name: pki.issue_to(directory, name) for name in SERVERS}
+    names = [*SERVERS]
+    if etcd_members:
+        names += [_etcd_member_cert(m) for m in etcd_members]
+        names += [_etcd_client_cert(c) for c in ETCD_CLIENTS]
+    certs = {name: pki.issue_to(directory, name) for name in names}
     return StackTLS(pki.ca_file, certs)
 
 

@@ -134,27 +134,32 @@ def local_targets(
 
 
 def local_jobs(
-    targets_dir: Path, jobs: Iterable[str], *, https: Mapping[str, Path] | None = None
+    targets_dir: Path, jobs: Iterable[str], *, https: Mapping[str, Mapping[str, str]] | None = None
 ) -> dict[str, dict[str, Any]]:
     """Each job discovers its targets from `targets_dir/<job>.json` (`write_local_targets`); a
-    job of `https` (job -> CA file) scrapes over TLS, verifying against that CA."""
+    job of `https` (job -> its `tls_config`) scrapes over TLS with that configuration."""
     out: dict[str, dict[str, Any]] = {}
     for j in jobs:
         job: dict[str, Any] = {"file_sd_configs": [{"files": [str(targets_dir / f"{j}.json")]}]}
         if https and j in https:
             job["scheme"] = "https"
-            job["tls_config"] = {"ca_file": str(https[j])}
+            job["tls_config"] = dict(https[j])
         out[j] = job
     return out
 
 
-def https_jobs(stack: Stack) -> dict[str, Path]:
-    """The jobs whose endpoints answer https only (the stack's CA file each)."""
-    return {
-        e.job: stack.tls_ca_file
-        for e in endpoints(stack)
-        if e.url.startswith("https://") and stack.tls_ca_file is not None
-    }
+def https_jobs(stack: Stack) -> dict[str, dict[str, str]]:
+    """The `tls_config` of each job whose endpoints answer https only: the stack's CA file, and
+    for etcd (`--client-cert-auth`) the stack's own etcd client certificate and key."""
+    ca = stack.tls_ca_file
+    out: dict[str, dict[str, str]] = {}
+    for e in endpoints(stack):
+        if e.url.startswith("https://") and ca is not None:
+            out[e.job] = {"ca_file": str(ca)}
+    etcd = stack.etcd_client_tls()
+    if "etcd" in out and etcd is not None:
+        out["etcd"].update(cert_file=str(etcd.cert_file), key_file=str(etcd.key_file))
+    return out
 
 
 def write_local_targets(targets_dir: Path, by_job: Mapping[str, Sequence[str]]) -> None:

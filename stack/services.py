@@ -258,6 +258,9 @@ class ServiceFactory:
         }
         if self.addr.etcd_endpoints:
             own["LOCK_ETCD_ENDPOINTS"] = ",".join(self.addr.etcd_endpoints)
+        if self.addr.tls is not None and self.addr.tls.has_etcd:
+            # The embedded etcd is https:// only and wants a client certificate: its own one.
+            own.update(self.addr.tls.etcd_client_env("LOCK_", "lock-server"))
         url = f"{self.addr.lock_url}/health"
         return self._python(
             "lock-server",

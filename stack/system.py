@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 
@@ -63,6 +63,9 @@ from stack.services import (
     outbox_available,
     worker_available,
 )
+
+if TYPE_CHECKING:
+    from lockservice.backends.etcd_client import EtcdTLSFiles
 
 log = get_logger("stack.system")
 T = TypeVar("T")
@@ -156,6 +159,13 @@ class Stack:
     def tls_ca_file(self) -> Path | None:
         """The CA every server's certificate chains to (None: TLS off or not started)."""
         return self._tls.ca_file if self._tls else None
+
+    def etcd_client_tls(self) -> EtcdTLSFiles | None:
+        """The files the stack's own etcd client presents (its leader checks; a driver's check
+        of the cluster): None when etcd is plaintext, external or not used."""
+        if self._tls is None or not self._tls.has_etcd or self._etcd is None:
+            return None
+        return self._tls.etcd_client("stack")
 
     def client_verify(self) -> ssl.SSLContext | bool:
         """httpx's `verify=` for a client of this stack's servers: a context trusting only
@@ -283,7 +293,14 @@ class Stack:
             self._progress(FENCING_OFF_WARNING)
 
         # The stack's CA (kept) and a fresh certificate per server, before any server starts.
-        tls = issue_stack_tls(self.run_dir / "tls", cfg.tls_ca_dir) if cfg.tls else None
+        # With the etcd backend embedded, etcd's member and client certificates too.
+        embedded_etcd = cfg.backend == "etcd" and not cfg.etcd_endpoints
+        members = [f"m{i}" for i in range(cfg.etcd_members)] if embedded_etcd else []
+        tls = (
+            issue_stack_tls(self.run_dir / "tls", cfg.tls_ca_dir, etcd_members=members)
+            if cfg.tls
+            else None
+        )
         self._tls = tls
         database_url, roles = await self._start_postgres()
         etcd = await self._start_etcd() if cfg.backend == "etcd" else ()
@@ -534,7 +551,7 @@ class Stack:
     async def etcd_leader(self, timeout_s: float = 2.0) -> str | None:
         """The name of the member that is the raft leader right now, asked of every live member;
         None while there is no leader (an election is running) or no member answers."""
-        import aetcd
+        from lockservice.backends.etcd_client import etcd_client
 
         if self._etcd is None:
             raise UnknownProcessError("etcd is not running embedded (ETCD_ENDPOINTS or postgres)")
@@ -542,7 +559,7 @@ class Stack:
             if m.proc is None or m.proc.poll() is not None:
                 continue
             try:
-                async with aetcd.Client(host="127.0.0.1", port=m.client_port) as client:
+                async with etcd_client([m.endpoint], self.etcd_client_tls()) as client:
                     status = await asyncio.wait_for(client.status(), timeout_s)
             except Exception:  # noqa: S112 - any failure means "this member cannot tell"
                 continue
@@ -690,12 +707,16 @@ class Stack:
                 name=f"m{i}",
                 data_dir=base / f"m{i}",
                 client_port=cfg.ports.etcd if i == 0 else free_port(),
+                tls=self._tls.etcd_member(f"m{i}") if self._tls else None,
             )
             for i in range(cfg.etcd_members)
         ]
         etcd = EmbeddedEtcd(base_dir=base, members=members)
         ports = ", ".join(str(m.client_port) for m in members)
-        self._progress(f"starting embedded etcd ({len(members)} member(s)) on 127.0.0.1:{ports}")
+        how = "mutual TLS" if self._tls else "plaintext"
+        self._progress(
+            f"starting embedded etcd ({len(members)} member(s), {how}) on 127.0.0.1:{ports}"
+        )
         self._etcd = etcd
         try:
             await _in_thread(lambda: etcd.start(timeout=cfg.health_timeout_s))

@@ -301,3 +301,14 @@ def test_a_state_dir_that_cannot_hold_the_watermark_is_refused_before_the_backen
     line = _refusal(argv, env | {"LOCK_STATE_DIR": str(state)})
     assert line.startswith(f"{prefix}LOCK_STATE_DIR {state}: "), line
     assert "refusing to start" in line
+
+
+def test_https_etcd_endpoints_without_a_ca_are_refused_before_the_backend() -> None:
+    """The lock server on `https://` etcd endpoints without LOCK_ETCD_CA_FILE: one line naming
+    the variables, exit 2, before any connection (issue 27 §1: never etcd unverified)."""
+    argv, _, prefix = ENTRIES["lock-server"]
+    endpoint = f"https://127.0.0.1:{free_port()}"
+    env = _lock_server() | {"LOCK_BACKEND": "etcd", "LOCK_ETCD_ENDPOINTS": endpoint}
+    line = _refusal(argv, env)
+    assert line.startswith(f"{prefix}invalid settings: "), line
+    assert "are https:// but LOCK_ETCD_CA_FILE is not set" in line

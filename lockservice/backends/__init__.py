@@ -7,9 +7,12 @@ semantics (FR-09), proven by one contract suite (tests/lockservice/test_contract
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from lockservice.api import InvalidRequest, LockBackend
+
+if TYPE_CHECKING:
+    from lockservice.backends.etcd_client import EtcdTLSFiles
 
 
 async def create_backend(
@@ -20,11 +23,13 @@ async def create_backend(
     prefix: str = "",
     etcd_history_retention_s: float | None = None,
     etcd_compact_every_s: float | None = None,
+    etcd_tls: EtcdTLSFiles | None = None,
 ) -> LockBackend:
     """A started backend; `prefix` namespaces every key so that users of one server never collide.
 
     With both `etcd_*` values, the etcd backend also runs retention and compaction (the lock
-    server always passes them; tests that need a quiet etcd leave them out).
+    server always passes them; tests that need a quiet etcd leave them out). `https://` etcd
+    endpoints need `etcd_tls` (lockservice.backends.etcd_client).
     Raises InvalidRequest for a missing address or an impossible retention, and
     BackendUnavailable if the server is down.
     """
@@ -45,5 +50,5 @@ async def create_backend(
             if not 0 < etcd_compact_every_s < etcd_history_retention_s:
                 raise InvalidRequest("etcd compaction must run more often than the retention")
             policy = RetentionPolicy(etcd_history_retention_s, etcd_compact_every_s)
-        return await EtcdBackend.start(etcd_endpoints, prefix, policy)
+        return await EtcdBackend.start(etcd_endpoints, prefix, policy, etcd_tls)
     raise InvalidRequest(f"unknown lock backend {kind!r}")

@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import ipaddress
 import json
 import math
 import uuid
@@ -70,6 +69,7 @@ from lockservice.api import (
     validate_wait,
 )
 from lockservice.backends import etcd_retention as retention
+from lockservice.backends.etcd_client import EtcdTLSFiles, etcd_client
 
 _BACKEND = "etcd"
 _RPC_TIMEOUT_S = 5
@@ -110,28 +110,6 @@ def _lease_id(session_id: str) -> int | None:
     except (ValueError, TypeError):
         return None
     return lease if 0 < lease < (1 << 63) else None
-
-
-def _client(endpoints: list[str]) -> aetcd.Client:
-    """One gRPC channel. Several IPv4 endpoints use gRPC's `ipv4:` resolver so that the channel
-    fails over between members; otherwise the first endpoint is used."""
-    hosts_ports = [e.strip().removeprefix("http://").rsplit(":", 1) for e in endpoints]
-    if not hosts_ports:
-        raise InvalidRequest("no etcd endpoints configured")
-
-    def _is_ipv4(host: str) -> bool:
-        try:
-            return isinstance(ipaddress.ip_address(host), ipaddress.IPv4Address)
-        except ValueError:
-            return False
-
-    if len(hosts_ports) > 1 and all(_is_ipv4(h) for h, _ in hosts_ports):
-        # aetcd builds the target as f"{host}:{port}"; the last port completes the address list.
-        head = ",".join(f"{h}:{p}" for h, p in hosts_ports[:-1])
-        host = f"ipv4:{head},{hosts_ports[-1][0]}"
-        return aetcd.Client(host=host, port=int(hosts_ports[-1][1]), timeout=_RPC_TIMEOUT_S)
-    host, port = hosts_ports[0]
-    return aetcd.Client(host=host, port=int(port), timeout=_RPC_TIMEOUT_S)
 
 
 def _ordered_by_revision(
@@ -187,9 +165,12 @@ class EtcdBackend:
         endpoints: list[str],
         prefix: str = "",
         policy: retention.RetentionPolicy | None = None,
+        tls: EtcdTLSFiles | None = None,
     ) -> EtcdBackend:
-        """Connect; with a `policy`, also run retention and compaction in the background."""
-        backend = cls(_client(endpoints), prefix, policy)
+        """Connect (over mutual TLS for `https://` endpoints, with `tls`); with a `policy`, also
+        run retention and compaction in the background."""
+        client = etcd_client(endpoints, tls, timeout=_RPC_TIMEOUT_S)
+        backend = cls(client, prefix, policy)
         with _unavailable_on_error():
             await backend._c.connect()
             # Create the epoch key once, so that every grant can compare against its value.

@@ -24,6 +24,7 @@ from lockservice.api import Grant, NotAcquired
 from lockservice.backends import create_backend
 from lockservice.backends import etcd as etcd_module
 from lockservice.backends.etcd import EtcdBackend
+from lockservice.backends.etcd_client import etcd_client
 from lockservice.backends.etcd_retention import session_deadline
 from lockservice.server import create_app
 from lockservice.settings import LockSettings
@@ -117,8 +118,7 @@ async def test_long_run_keeps_keyspace_and_db_bounded(private_etcd: EmbeddedEtcd
     stays within what ended inside the window; once it passed nothing is left and db size in use
     is below its figure after N. Negative control: N more cycles with maintenance stopped keep
     every record and grow db size in use."""
-    host, port = private_etcd.endpoints[0].split(":")
-    client = aetcd.Client(host=host, port=int(port))
+    client = etcd_client(private_etcd.endpoints)
     await client.connect()
     backend = await _backend(private_etcd.endpoints)
     run = _Run()
@@ -171,8 +171,7 @@ async def test_long_run_keeps_keyspace_and_db_bounded(private_etcd: EmbeddedEtcd
 
 async def test_idle_heartbeat_writes_nothing(private_etcd: EmbeddedEtcd) -> None:
     """A keepalive writes the session record only while the session holds a grant."""
-    host, port = private_etcd.endpoints[0].split(":")
-    client = aetcd.Client(host=host, port=int(port))
+    client = etcd_client(private_etcd.endpoints)
     await client.connect()
     backend = await _backend(private_etcd.endpoints)
     try:

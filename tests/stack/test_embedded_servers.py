@@ -68,10 +68,9 @@ def test_embedded_etcd_logs_json_from_the_first_line(tmp_path: Path) -> None:
 
 async def test_etcd_fixture_is_a_real_etcd(etcd_endpoints: list[str], key_prefix: str) -> None:
     """The session etcd answers a put and a get, and reports a revision."""
-    import aetcd
+    from lockservice.backends.etcd_client import etcd_client
 
-    host, port = etcd_endpoints[0].rsplit(":", 1)
-    async with aetcd.Client(host=host, port=int(port)) as client:
+    async with etcd_client(etcd_endpoints) as client:
         put = await client.put(f"{key_prefix}probe".encode(), b"1")
         got = await client.get(f"{key_prefix}probe".encode())
         assert got is not None and got.value == b"1"

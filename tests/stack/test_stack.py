@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import stat
+import subprocess
+import sys
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -24,6 +27,7 @@ from lab.experiments import json_events
 from payouts.batch import PayoutSpec
 from payouts.reconcile_cli import SCHEDULE_ID
 from payouts.workload import create_payouts, seed_accounts, start_workflows
+from stack import promconfig
 from stack.cli import exports
 from stack.config import ServiceFailedError, StackConfig
 from stack.endpoints import endpoints
@@ -307,6 +311,31 @@ async def _one_payout_then_scrape_every_process(stack: Stack) -> None:
                     assert not secrets & set(sample.labels.values()), (name, sample)
 
 
+async def _etcd_is_mutual_tls_end_to_end(stack: Stack, lock_env: dict[str, str]) -> None:
+    """Issue 27 §1: the embedded etcd answers https only; the lock server (which just granted)
+    has its own client certificate, the stack's leader check and Prometheus the stack's, and
+    the env file's etcdctl variables reach the member, a documented runbook command as written."""
+    assert stack.etcd_endpoints and all(e.startswith("https://") for e in stack.etcd_endpoints)
+    assert lock_env["LOCK_ETCD_CA_FILE"] == str(stack.tls_ca_file)
+    assert lock_env["LOCK_ETCD_CERT_FILE"].endswith("etcd-client-lock-server.pem")
+    assert await stack.etcd_leader() == "m0"
+    etcd_job = promconfig.https_jobs(stack)["etcd"]
+    assert etcd_job["cert_file"].endswith("etcd-client-stack.pem"), etcd_job
+    env = read_env_file(stack.run_dir / "stack.env")
+    etcdctl = Path(sys.executable).parent / "etcdctl"
+    status = await asyncio.to_thread(
+        subprocess.run,
+        [str(etcdctl), "endpoint", "status", "-w", "table"],
+        env={"PATH": os.environ.get("PATH", ""), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert status.returncode == 0, status.stderr
+    assert stack.etcd_endpoints[0] in status.stdout
+
+
 @pytest.mark.slow
 async def test_etcd_backend_with_fencing_off_is_wired_and_loud(
     stack_env: dict[str, str], stack_dir: Path
@@ -330,6 +359,7 @@ async def test_etcd_backend_with_fencing_off_is_wired_and_loud(
             assert await _acquire_token(stack, "stack-test:etcd") > 0
             lock_env = stack._procs["lock-server"].env
             assert lock_env["LOCK_BACKEND"] == "etcd"
+            await _etcd_is_mutual_tls_end_to_end(stack, lock_env)
 
             # A real pause of one service's whole process group, then resumption.
             stack.kill("railstub", signal.SIGSTOP)
