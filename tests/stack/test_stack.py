@@ -262,6 +262,18 @@ def _assert_env_file(stack: Stack) -> None:
     listed |= set(env["WORKER_URLS"].split()) | set(env["WORKER_SDK_METRICS_URLS"].split())
     assert listed <= urls and len(env["WORKER_URLS"].split()) == len(stack.workers)
     assert stack.database_url not in {v for k, v in env.items() if k != "DATABASE_URL"}
+    # The runbooks' `curl "$LOCK_URL/health"` verifies the https server with the env file's
+    # variables alone (Debian's curl reads CURL_CA_BUNDLE; it ignores SSL_CERT_FILE).
+    clean = {k: v for k, v in os.environ.items() if k not in ("SSL_CERT_FILE", "CURL_CA_BUNDLE")}
+    done = subprocess.run(  # the timeout is a failure detector's bound, not a timing assertion
+        ["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", f"{env['LOCK_URL']}/health"],
+        env=clean | env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (done.returncode, done.stdout) == (0, "200"), done.stderr
 
 
 #: Label names that would carry an unbounded identifier (NFR-09).
