@@ -7,9 +7,11 @@ latency, rail proxy, W workers, the stack's own Temporal dev server) and one flo
 alternately round by round: floor bursts of each shape (`bench_floor.SHAPES`), then a burst of
 N real payouts (one per account); then a steady rate at 70% of the measured burst throughput, a
 degraded-rail burst (a 3 s latency tail and an outage that opens the proxy's breaker), the hot
-account (N payouts on one account against the rail's pace: lab.bench_hot) and the UC-03 pause
-experiment's takeover figure. Latencies come from the payment database (created,
-terminal) and the Temporal histories (workflow start, workflow tasks).
+account (N payouts on one account against the rail's pace: lab.bench_hot), the UC-03 pause
+experiment's takeover figure and, once the stacks are down, `make bench-locks`' measurement
+(lab.bench_locks.run: lock acquire+release against its HTTP floor, both backends). Latencies
+come from the payment database (created, terminal) and the Temporal histories (workflow start,
+workflow tasks).
 
 Tracing's and TLS's cost (issue 27 §3): the stack above traces and serves TLS, as every stack
 does by default (this process starts the payouts, the roots of their traces); a second,
@@ -44,7 +46,7 @@ import asyncpg
 import httpx
 
 from common import tracing
-from lab import bench_floor, temporal_rpcs
+from lab import bench_floor, bench_locks, temporal_rpcs
 from lab.bench_hot import HotTarget, hot_account, hot_line
 from lab.bench_locks import loadavg
 from lab.cpu import per_item_ms, snapshot
@@ -78,6 +80,8 @@ class Options:
     degraded_n: int = 40
     #: Payouts on one account for the hot-account section (lab.bench_hot; 0 skips it).
     hot_n: int = 40
+    #: Acquire+release pairs per lock measurement (lab.bench_locks, after the stacks; 0 skips).
+    locks_n: int = 500
     #: The longest the degraded run keeps the rail in outage waiting for the breaker to open.
     outage_max_s: float = 10.0
     takeover: bool = True
@@ -592,6 +596,12 @@ async def run(opts: Options, progress: Progress) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-e2e-") as d:
         out |= await _measure(opts, Path(d), progress)
     out["takeover"] = await _takeover(opts, progress)
+    if opts.locks_n:
+        # Issue 29's lock goal in the same run: `make bench-locks` (its own servers, TLS and
+        # tracing on beside off, both backends and the synchronous standby), run once the
+        # stacks are down so that it sees the same machine but not their load.
+        progress(f"locks: acquire+release against the HTTP floor, n={opts.locks_n}")
+        out["locks"] = await bench_locks.run(opts.locks_n)
     out["loadavg_after"] = loadavg()
     return out
 
@@ -670,6 +680,14 @@ def table(result: dict[str, Any]) -> str:
         f"system/baseline_floor {r['system_to_baseline_floor']} (goal >= 1.2), "
         f"CPU per payout {total} ms (goal <= 70)"
     )
+    locks = result.get("locks")
+    if locks:
+        ratios = ", ".join(
+            f"{kind} {locks[kind]['ratio_to_http_floor']}"
+            for kind in ("etcd", "postgres", bench_locks.SYNC)
+            if kind in locks
+        )
+        lines.append(f"lock acquire+release p50 / HTTP floor: {ratios} (goal <= 1.5)")
     lines.append(f"loadavg before {result['loadavg_before']}  after {result['loadavg_after']}")
     return "\n".join(lines)
 
@@ -686,6 +704,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--outage-max-s", type=float, default=d.outage_max_s)
     p.add_argument(
         "--hot-n", type=int, default=d.hot_n, help="payouts on one account (0: no hot section)"
+    )
+    p.add_argument(
+        "--locks-n", type=int, default=d.locks_n, help="lock pairs per measurement (0: none)"
     )
     p.add_argument("--backend", choices=("postgres", "etcd"), default=d.backend)
     p.add_argument("--no-takeover", action="store_true", help="skip the pause experiment")
@@ -704,8 +725,8 @@ def main(argv: list[str] | None = None) -> int:
     a = parser.parse_args(argv)
     if min(a.n, a.workers, a.rounds, a.degraded_n) < 1:
         parser.error("--n, --workers, --rounds and --degraded-n must be at least 1")
-    if a.hot_n < 0:
-        parser.error("--hot-n must be at least 0")
+    if min(a.hot_n, a.locks_n) < 0:
+        parser.error("--hot-n and --locks-n must be at least 0")
     if a.rail_latency_ms < 0 or a.rail_latency_ms > 600_000:
         parser.error("--rail-latency-ms must be within 0..600000")
     if min(a.steady_s, a.outage_max_s, a.settle_timeout_s) <= 0:
@@ -718,6 +739,7 @@ def main(argv: list[str] | None = None) -> int:
         steady_s=a.steady_s,
         degraded_n=a.degraded_n,
         hot_n=a.hot_n,
+        locks_n=a.locks_n,
         outage_max_s=a.outage_max_s,
         takeover=not a.no_takeover,
         untraced=not a.no_untraced,

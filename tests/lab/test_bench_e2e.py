@@ -39,6 +39,7 @@ async def test_bench_e2e_tiny_prints_the_issue_json_last(tmp_path: Path) -> None
         sys.executable,
         *("-m", "lab.bench_e2e", "--n", "3", "--rounds", "1", "--workers", "1"),
         *("--steady-s", "2", "--degraded-n", "3", "--outage-max-s", "3", "--hot-n", "3"),
+        *("--locks-n", "5"),
         *("--run-dir", str(tmp_path)),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -106,6 +107,11 @@ async def test_bench_e2e_tiny_prints_the_issue_json_last(tmp_path: Path) -> None
     # Read from the stub's movement log: 2 hand-offs, none before the previous answer came back.
     assert hot["handoff_min_ms"] is not None and hot["handoff_min_ms"] >= 0
     assert "hot account: 3 payouts drained in" in out.decode()
+    locks = result["locks"]  # bench_locks.run, in the same run: every backend beside its floor
+    for kind in ("etcd", "postgres", "postgres_sync"):
+        assert locks[kind]["p50_ms"] > 0 and locks[kind]["http_floor_p50_ms"] > 0
+        assert locks[kind]["ratio_to_http_floor"] > 0
+    assert "lock acquire+release p50 / HTTP floor: etcd" in out.decode()
     takeover = result["takeover"]
     assert takeover["ttl_s"] == 3.0 and takeover["seconds"] > 0 and takeover["ok"] is True
     assert result["loadavg_before"] and result["loadavg_after"]
