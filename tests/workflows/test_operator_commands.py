@@ -52,6 +52,12 @@ Handle = WorkflowHandle[PayoutWorkflow, m.PayoutStatus]
 PAYOUTS = Path(sys.executable).parent / "payouts"  # the console script, as installed
 
 
+#: The test's own acquires of an ambiguous payout's account wait for it: the workflow gives the
+#: lock back when it leaves its critical section for the lookups, and on a loaded machine that
+#: release can still be in flight when the test asks (a failure detector's bound, no timing).
+_FREE_WITHIN_S = 60.0
+
+
 @pytest.fixture
 def lagging_rail(system: System) -> Iterator[None]:
     """The rail's lookups lag far behind: an ambiguous payout stays RAIL_AMBIGUOUS until the
@@ -147,7 +153,7 @@ async def test_evidence_outranks_an_abandon(
     )
     await _until(handle, lambda s: s.escalated)
     async with LockClient(system.lock_url, ttl_s=30.0, token=token("worker")) as locks:
-        blocker = await locks.acquire(f"payout:{account_id}")
+        blocker = await locks.acquire(f"payout:{account_id}", wait_s=_FREE_WITHIN_S)
         system.stub_set(visibility_delay_s=0)  # the rail now shows it settled
         status = await _until(handle, lambda s: s.resolution == "settled")
         assert status.state == "RAIL_AMBIGUOUS" and status.lookups >= 1
@@ -226,7 +232,7 @@ async def test_a_forged_abandon_never_displaces_a_signed_one(
     )
     await _until(handle, lambda s: s.escalated)
     async with LockClient(system.lock_url, ttl_s=30.0, token=token("worker")) as locks:
-        blocker = await locks.acquire(f"payout:{account_id}")
+        blocker = await locks.acquire(f"payout:{account_id}", wait_s=_FREE_WITHIN_S)
         await handle.signal("abandon", signed_command(system, "abandon", payout_id, "ticket 7"))
         await _until(handle, lambda s: any(c.status == "pending" for c in s.commands))
         forged = '{"operator": "x", "reason": "y"}'
@@ -256,7 +262,7 @@ async def test_an_operator_assertion_is_single_use(
     payout_id, account_id, handle = await _ambiguous(temporal_env, system, workers)
     key = f"payout:{account_id}"
     async with LockClient(system.lock_url, ttl_s=30.0, token=token("worker")) as locks:
-        first = await locks.acquire(key)
+        first = await locks.acquire(key, wait_s=_FREE_WITHIN_S)
         command = signed_command(system, "revoke", payout_id, "stuck holder", account_id)
         await handle.signal("revoke", command)
         await _until(handle, lambda s: any(c.status == "carried_out" for c in s.commands))
