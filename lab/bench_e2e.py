@@ -51,6 +51,7 @@ from lab.bench_hot import HotTarget, hot_account, hot_line
 from lab.bench_locks import loadavg
 from lab.cpu import per_item_ms, snapshot
 from lab.experiments import LOCK_TTL_S, isolated_ports, json_events, pause_experiment
+from lab.stats import nearest_rank
 from ledger.states import TERMINAL_STATES
 from payouts.commands import (
     PayoutSpec,
@@ -98,13 +99,6 @@ class System:
     client: Any
     pool: asyncpg.Pool
     options: Options
-
-
-def _pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * q / 100))]
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -206,10 +200,10 @@ async def _figures(sysm: System, ids: list[str]) -> dict[str, Any]:
     else:
         out["throughput_per_s"] = 0.0
     out |= {
-        "execution_p50_ms": _ms(_pct(execution, 50)),
-        "execution_p99_ms": _ms(_pct(execution, 99)),
-        "e2e_p50_ms": _ms(_pct(e2e, 50)),
-        "e2e_p99_ms": _ms(_pct(e2e, 99)),
+        "execution_p50_ms": _ms(nearest_rank(execution, 50)),
+        "execution_p99_ms": _ms(nearest_rank(execution, 99)),
+        "e2e_p50_ms": _ms(nearest_rank(e2e, 50)),
+        "e2e_p99_ms": _ms(nearest_rank(e2e, 99)),
         "workflow_tasks_per_payout": round(statistics.mean(h[1] for h in hist.values()), 2),
         "breakdown_ms": {
             k: round(statistics.mean(h[2][k] for h in hist.values()) * 1000, 1)

@@ -23,6 +23,7 @@ from typing import Any
 import asyncpg
 import httpx
 
+from lab.stats import nearest_rank
 from ledger.states import TERMINAL_STATES
 from payouts.batch import PayoutSpec
 from payouts.follow import settle_payouts
@@ -42,9 +43,11 @@ class HotTarget:
     settle_timeout_s: float
 
 
-async def _drain(target: HotTarget, specs: list[PayoutSpec], what: str, progress: Progress) -> Any:
+async def _drain(
+    target: HotTarget, specs: list[PayoutSpec], what: str, progress: Progress
+) -> tuple[float | None, dict[str, int]]:
     """Start every payout at once; seconds from the start (database clock) to the last
-    terminal audit row, the terminal states, and the payouts' client references."""
+    terminal audit row (None if none ended), and the terminal states."""
     ids = [s.payout_id for s in specs]
     await create_payouts(target.stack.database_url, specs)
     t0 = await target.pool.fetchval("SELECT clock_timestamp()")
@@ -65,11 +68,17 @@ async def _drain(target: HotTarget, specs: list[PayoutSpec], what: str, progress
         ids,
         [str(s) for s in TERMINAL_STATES],
     )
-    refs = await target.pool.fetch(
-        "SELECT client_reference FROM paydb.payouts WHERE payout_id = ANY($1::text[])", ids
-    )
     drain_s = (last - t0).total_seconds() if last is not None else None
-    return drain_s, dict(states), {r["client_reference"] for r in refs if r["client_reference"]}
+    return drain_s, dict(states)
+
+
+async def _client_references(target: HotTarget, specs: list[PayoutSpec]) -> set[str]:
+    """What the payouts were submitted to the rail as (the stub's log is keyed by it)."""
+    rows = await target.pool.fetch(
+        "SELECT client_reference FROM paydb.payouts WHERE payout_id = ANY($1::text[])",
+        [s.payout_id for s in specs],
+    )
+    return {r["client_reference"] for r in rows if r["client_reference"]}
 
 
 async def _handoffs_ms(stack: Stack, refs: set[str], latency_ms: int) -> list[float]:
@@ -88,13 +97,6 @@ async def _handoffs_ms(stack: Stack, refs: set[str], latency_ms: int) -> list[fl
     return [round((b - a) * 1000 - latency_ms, 1) for a, b in itertools.pairwise(arrivals)]
 
 
-def _pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * q / 100))]
-
-
 async def hot_account(
     target: HotTarget, n: int, latency_ms: int, progress: Progress
 ) -> dict[str, Any]:
@@ -103,14 +105,15 @@ async def hot_account(
     (account,) = await seed_accounts(target.stack.database_url, 1, 10_000_000, f"hot{run}-")
     hot = [PayoutSpec(f"po-hot-{run}-{i:05d}", account, 1_000 + i) for i in range(n)]
     progress(f"hot: {n} payouts on one account, rail fixed at {latency_ms} ms")
-    drain_s, states, refs = await _drain(target, hot, "hot", progress)
+    drain_s, states = await _drain(target, hot, "hot", progress)
+    refs = await _client_references(target, hot)
     handoffs = await _handoffs_ms(target.stack, refs, latency_ms)
     spread_accounts = await seed_accounts(target.stack.database_url, n, 100_000, f"spr{run}-")
     spread = [
         PayoutSpec(f"po-spr-{run}-{i:05d}", a, 1_000 + i) for i, a in enumerate(spread_accounts)
     ]
     progress(f"hot: the same {n} payouts over {n} accounts")
-    spread_s, spread_states, _ = await _drain(target, spread, "hot spread", progress)
+    spread_s, spread_states = await _drain(target, spread, "hot spread", progress)
     limit_s = n * latency_ms / 1000
     return {
         "n": n,
@@ -125,8 +128,8 @@ async def hot_account(
         # Never below 0 while the account's payouts are serialised (A-15): the next instruction
         # cannot reach the rail before the previous one's answer came back.
         "handoff_min_ms": min(handoffs) if handoffs else None,
-        "handoff_p50_ms": _pct(handoffs, 50),
-        "handoff_p99_ms": _pct(handoffs, 99),
+        "handoff_p50_ms": nearest_rank(handoffs, 50),
+        "handoff_p99_ms": nearest_rank(handoffs, 99),
         "handoff_mean_ms": round(statistics.mean(handoffs), 1) if handoffs else None,
         "states": states,
         "spread_drain_s": None if spread_s is None else round(spread_s, 2),
