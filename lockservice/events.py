@@ -47,8 +47,17 @@ def expired(backend: str, key: str, token: int, session_id: str) -> None:
     _log().info(LOCK_EXPIRED, backend=backend, key=key, token=token, session_id=session_id)
 
 
-def revoked(backend: str, key: str, revoked_token: int | None, operator: str, reason: str) -> None:
-    """UC-06: the audit event and the alert of a force-revoke (FR-08)."""
+def revoked(
+    backend: str,
+    key: str,
+    revoked_token: int | None,
+    operator: str,
+    reason: str,
+    *,
+    replica: str | None = None,
+) -> None:
+    """UC-06: the audit event and the alert of a force-revoke (FR-08). `replica`: the lock
+    server that carried it out, as in the backend's audit record."""
     log = _log()
     log.warning(
         LOCK_REVOKED,
@@ -57,6 +66,7 @@ def revoked(backend: str, key: str, revoked_token: int | None, operator: str, re
         revoked_token=revoked_token,
         operator=operator,
         reason=reason,
+        replica=replica,
     )
     log.warning(ALERT, name=ALERT_FORCE_REVOKED, key=key, operator=operator, reason=reason)
 
@@ -69,7 +79,9 @@ def epoch_bumped(
     reason: str,
     *,
     highest_fence_seen: int | None = None,
+    replica: str | None = None,
 ) -> None:
+    """The audit event and the alert of an epoch bump; `replica` as in `revoked`."""
     log = _log()
     log.warning(
         LOCK_EPOCH_BUMPED,
@@ -79,5 +91,6 @@ def epoch_bumped(
         operator=operator,
         reason=reason,
         highest_fence_seen=highest_fence_seen,
+        replica=replica,
     )
     log.warning(ALERT, name=ALERT_EPOCH_BUMPED, operator=operator, reason=reason)

@@ -81,6 +81,7 @@ def create_app(
     credentials: Credentials | None = None,
     operator_assertion_ttl_s: float = DEFAULT_TTL_S,
     verify_operator_assertions: bool = True,
+    replica_id: str | None = None,
 ) -> FastAPI:
     """The HTTP app over an already-connected backend (the caller closes the backend). With a
     `watermark` it refuses grants on restored data; call `await watermark.check(backend)` first
@@ -89,6 +90,7 @@ def create_app(
 
     Without `signer`, grants are signed with a fresh in-memory key that no enforcement point
     knows: still never an unsigned grant, but only useful where nobody verifies (lock tests).
+    `replica_id` is what /health answers as `replica`; the caller gives the backend the same.
     """
     state = _State(
         backend,
@@ -99,6 +101,7 @@ def create_app(
         credentials,
         operator_assertion_ttl_s,
         verify_operator_assertions,
+        replica_id,
     )
     return _build(state, lifespan)
 
@@ -321,15 +324,18 @@ def _add_operation_routes(app: FastAPI, state: _State) -> None:
     @app.get("/health", name="health")
     async def health() -> JSONResponse:
         """Whether this server can serve grants: 200 only when its backend answers a read
-        (STD01-08). Says nothing about whether a lock is held; never a correctness decision."""
+        (STD01-08). Says nothing about whether a lock is held; never a correctness decision.
+        Every answer names the replica that gave it (behind a load balancer)."""
+        replica = state.replica_id
         if state.backend is None:
-            return JSONResponse({"status": "starting"}, status_code=503)
+            return JSONResponse({"status": "starting", "replica": replica}, status_code=503)
         try:
             await asyncio.wait_for(state.backend.issuance_position(), timeout=_HEALTH_PROBE_S)
         except (api.LockError, OSError, TimeoutError) as exc:
             why = str(exc)[:200] or type(exc).__name__
-            return JSONResponse({"status": "unavailable", "why": why}, status_code=503)
-        return JSONResponse({"status": "ok", "backend": "reachable"})
+            body = {"status": "unavailable", "why": why, "replica": replica}
+            return JSONResponse(body, status_code=503)
+        return JSONResponse({"status": "ok", "backend": "reachable", "replica": replica})
 
     @app.get("/livez", name="livez", include_in_schema=False)
     async def livez() -> dict[str, str]:
@@ -362,6 +368,7 @@ def app_from_settings(settings: Any) -> FastAPI:
         credentials,
         float(settings.operator_assertion_ttl_s),
         bool(settings.verify_operator_assertions),
+        str(settings.replica_id),
     )
     if not state.verify_assertions:
         _log.warning(
@@ -380,6 +387,7 @@ def app_from_settings(settings: Any) -> FastAPI:
             etcd_history_retention_s=settings.etcd_history_retention_s,
             etcd_compact_every_s=settings.etcd_compact_every_s,
             etcd_tls=settings.etcd_tls(),
+            replica_id=state.replica_id,
         )
         if settings.state_dir is None:
             _log.warning("lock.restore_detection_off", why="LOCK_STATE_DIR is not set")
@@ -389,7 +397,14 @@ def app_from_settings(settings: Any) -> FastAPI:
             # first one after `bump-epoch` finds the backend ahead again.
             with contextlib.suppress(api.RestoreDetected):
                 await state.watermark.check(state.backend)
-        _log.info("lock.server_started", backend=settings.backend, signing_key_id=signer.kid)
+        # The one event that ties this process's log to its replica id (the audit records and
+        # audit events carry it themselves); never a metric label (NFR-09).
+        _log.info(
+            "lock.server_started",
+            backend=settings.backend,
+            signing_key_id=signer.kid,
+            replica=state.replica_id,
+        )
         try:
             yield
         finally:

@@ -93,6 +93,9 @@ class _State:
     assertion_ttl_s: float = DEFAULT_TTL_S
     #: Off (experiment switch): a worker-sent force-revoke needs no operator assertion.
     verify_assertions: bool = True
+    #: This replica's identity (LOCK_REPLICA_ID), answered by /health; the backend names it in
+    #: its audit records. None: an app built in-process without one (tests).
+    replica_id: str | None = None
 
     def assertion_verifier(self) -> AssertionVerifier:
         # This server's own public key: it checks what it signed, by its own clock.

@@ -10,6 +10,8 @@ unused is refused here, before anything starts.
 
 from __future__ import annotations
 
+import os
+import socket
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import AliasChoices, Field, model_validator
@@ -21,6 +23,10 @@ if TYPE_CHECKING:
     from lockservice.backends.etcd_client import EtcdTLSFiles
 
 _ENDPOINTS_VARS = "LOCK_ETCD_ENDPOINTS/ETCD_ENDPOINTS"
+
+
+def _default_replica_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 class LockSettings(ServerTLS, BaseSettings):
@@ -42,6 +48,10 @@ class LockSettings(ServerTLS, BaseSettings):
     etcd_key_file: str | None = None
     #: Namespace for every key (etcd key prefix); lets several deployments share one backend.
     key_prefix: str = ""
+    #: This replica's identity (several lock servers share one backend behind a load balancer):
+    #: in every audit record it writes, its start-up event and `/health` (unique per process
+    #: unless set: the pod name is a good value).
+    replica_id: str = Field(default_factory=_default_replica_id, min_length=1, max_length=128)
     #: Default session TTL for clients that do not choose one (A-04: 15 s).
     default_ttl_s: float = Field(default=15.0, ge=1.0, le=3600.0)
     #: etcd backend: how long a grant's record is kept after it ended (the invariant checker sees

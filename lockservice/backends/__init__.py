@@ -24,12 +24,15 @@ async def create_backend(
     etcd_history_retention_s: float | None = None,
     etcd_compact_every_s: float | None = None,
     etcd_tls: EtcdTLSFiles | None = None,
+    replica_id: str | None = None,
 ) -> LockBackend:
     """A started backend; `prefix` namespaces every key so that users of one server never collide.
 
     With both `etcd_*` values, the etcd backend also runs retention and compaction (the lock
     server always passes them; tests that need a quiet etcd leave them out). `https://` etcd
-    endpoints need `etcd_tls` (lockservice.backends.etcd_client).
+    endpoints need `etcd_tls` (lockservice.backends.etcd_client). `replica_id` names the lock
+    server in every audit record the backend writes (the lock server passes LOCK_REPLICA_ID;
+    None for writers that are no lock server, such as the offline `bump-epoch`).
     Raises InvalidRequest for a missing address or an impossible retention, and
     BackendUnavailable if the server is down.
     """
@@ -38,7 +41,7 @@ async def create_backend(
             raise InvalidRequest("the postgres lock backend needs a database_url")
         from lockservice.backends.postgres import PostgresBackend
 
-        return await PostgresBackend.start(database_url, prefix)
+        return await PostgresBackend.start(database_url, prefix, replica_id=replica_id)
     if kind == "etcd":
         if not etcd_endpoints:
             raise InvalidRequest("the etcd lock backend needs etcd_endpoints")
@@ -50,5 +53,7 @@ async def create_backend(
             if not 0 < etcd_compact_every_s < etcd_history_retention_s:
                 raise InvalidRequest("etcd compaction must run more often than the retention")
             policy = RetentionPolicy(etcd_history_retention_s, etcd_compact_every_s)
-        return await EtcdBackend.start(etcd_endpoints, prefix, policy, etcd_tls)
+        return await EtcdBackend.start(
+            etcd_endpoints, prefix, policy, etcd_tls, replica_id=replica_id
+        )
     raise InvalidRequest(f"unknown lock backend {kind!r}")

@@ -143,11 +143,19 @@ class EtcdBackend:
     """LockBackend over an etcd cluster. Create with `await EtcdBackend.start(...)`."""
 
     def __init__(
-        self, client: aetcd.Client, prefix: str, policy: retention.RetentionPolicy | None = None
+        self,
+        client: aetcd.Client,
+        prefix: str,
+        policy: retention.RetentionPolicy | None = None,
+        *,
+        replica_id: str | None = None,
     ) -> None:
         self._c = client
         self._t = client.transactions
         self._prefix = prefix
+        #: The lock-server replica named in every audit record this backend writes (None:
+        #: written by no lock server, e.g. the offline `bump-epoch`).
+        self._replica_id = replica_id
         self._epoch_key = f"{prefix}__meta/epoch".encode()
         self._epoch = 0  # cached; every grant txn compares it, so a stale cache only retries
         # Lease deadline per session as last renewed through this backend: the time BEFORE the
@@ -166,11 +174,13 @@ class EtcdBackend:
         prefix: str = "",
         policy: retention.RetentionPolicy | None = None,
         tls: EtcdTLSFiles | None = None,
+        *,
+        replica_id: str | None = None,
     ) -> EtcdBackend:
         """Connect (over mutual TLS for `https://` endpoints, with `tls`); with a `policy`, also
         run retention and compaction in the background."""
         client = etcd_client(endpoints, tls, timeout=_RPC_TIMEOUT_S)
-        backend = cls(client, prefix, policy)
+        backend = cls(client, prefix, policy, replica_id=replica_id)
         with _unavailable_on_error():
             await backend._c.connect()
             # Create the epoch key once, so that every grant can compare against its value.
@@ -547,7 +557,7 @@ class EtcdBackend:
     def _audit(self, action: str, **fields: Any) -> Any:
         now = datetime.now(UTC)
         name = f"{self._prefix}__audit/{now.strftime('%Y%m%dT%H%M%S.%f')}-{uuid.uuid4().hex[:8]}"
-        body = {"at": now.isoformat(), "action": action, **fields}
+        body = {"at": now.isoformat(), "action": action, **fields, "replica": self._replica_id}
         return self._t.put(name.encode(), json.dumps(body).encode()), now
 
     async def force_revoke(self, key: str, operator: str, reason: str) -> RevokeResult:
@@ -580,7 +590,7 @@ class EtcdBackend:
                         failure=[],
                     )
             if ok:
-                events.revoked(_BACKEND, key, revoked, operator, reason)
+                events.revoked(_BACKEND, key, revoked, operator, reason, replica=self._replica_id)
                 return RevokeResult(key, revoked, operator, reason, at)
         raise BackendUnavailable("the key kept changing while revoking; retry")
 
@@ -634,7 +644,13 @@ class EtcdBackend:
                         await self._c.transaction(compare=[], success=ended, failure=[])
                 self._epoch = new
                 events.epoch_bumped(
-                    _BACKEND, old, new, operator, reason, highest_fence_seen=highest_fence_seen
+                    _BACKEND,
+                    old,
+                    new,
+                    operator,
+                    reason,
+                    highest_fence_seen=highest_fence_seen,
+                    replica=self._replica_id,
                 )
                 return new
         raise BackendUnavailable("the epoch kept changing while bumping; retry")

@@ -87,10 +87,15 @@ def _session_uuid(session_id: str) -> uuid.UUID | None:
 class PostgresBackend:
     """LockBackend over one PostgreSQL database. Create with `await PostgresBackend.start(...)`."""
 
-    def __init__(self, pool: PgConnections, database_url: str, prefix: str) -> None:
+    def __init__(
+        self, pool: PgConnections, database_url: str, prefix: str, *, replica_id: str | None = None
+    ) -> None:
         self._pool = pool
         self._url = database_url
         self._prefix = prefix
+        #: The lock-server replica named in every audit row this backend writes (None: written
+        #: by no lock server, e.g. the offline `bump-epoch`).
+        self._replica_id = replica_id
         self._listener: asyncpg.Connection | None = None
         # One reconnect at a time: concurrent waiters would otherwise each open a listener
         # connection and all but the last would leak.
@@ -99,7 +104,9 @@ class PostgresBackend:
         self._wakeups: dict[str, set[asyncio.Event]] = {}
 
     @classmethod
-    async def start(cls, database_url: str, prefix: str = "") -> PostgresBackend:
+    async def start(
+        cls, database_url: str, prefix: str = "", *, replica_id: str | None = None
+    ) -> PostgresBackend:
         from common.migrate import migrate
 
         with _unavailable_on_connection_error():
@@ -111,7 +118,7 @@ class PostgresBackend:
                 "INSERT INTO lockservice.epochs (prefix) VALUES ($1) ON CONFLICT DO NOTHING",
                 prefix,
             )
-        backend = cls(pool, database_url, prefix)
+        backend = cls(pool, database_url, prefix, replica_id=replica_id)
         await backend._ensure_listener()
         return backend
 
@@ -416,10 +423,10 @@ class PostgresBackend:
                     key,
                     operator,
                     reason,
-                    json.dumps({"revoked_token": revoked}),
+                    json.dumps({"revoked_token": revoked, "replica": self._replica_id}),
                 )
                 await conn.execute("SELECT pg_notify($1, $2)", _CHANNEL, full)
-        events.revoked(_BACKEND, key, revoked, operator, reason)
+        events.revoked(_BACKEND, key, revoked, operator, reason, replica=self._replica_id)
         return RevokeResult(key=key, revoked_token=revoked, operator=operator, reason=reason, at=at)
 
     async def bump_epoch(
@@ -466,11 +473,18 @@ class PostgresBackend:
                             "new_epoch": new,
                             "min_epoch": min_epoch,
                             "highest_fence_seen": highest_fence_seen,
+                            "replica": self._replica_id,
                         }
                     ),
                 )
         events.epoch_bumped(
-            _BACKEND, old, new, operator, reason, highest_fence_seen=highest_fence_seen
+            _BACKEND,
+            old,
+            new,
+            operator,
+            reason,
+            highest_fence_seen=highest_fence_seen,
+            replica=self._replica_id,
         )
         return new
 

@@ -230,7 +230,7 @@ async def test_openapi_is_served(live_server: str) -> None:
     async with httpx.AsyncClient(base_url=live_server) as http:
         spec = (await http.get("/openapi.json")).json()
         health = await http.get("/health")
-    assert health.json() == {"status": "ok", "backend": "reachable"}
+    assert health.json() == {"status": "ok", "backend": "reachable", "replica": None}
     assert {
         "/v1/sessions",
         "/v1/sessions/{session_id}/keepalive",
