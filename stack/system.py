@@ -35,6 +35,7 @@ from common.db_roles import DSN_VARS, RoleFiles, generate_role_files, role_url
 from common.logs import get_logger
 from common.migrate import migrate
 from railproxy.settings import ProxySettings
+from stack.balancer import Pool, replica_names, service_of
 from stack.config import (
     PortTakenError,
     StackConfig,
@@ -329,15 +330,15 @@ class Stack:
         await self._launch(f.temporal())
         self._progress(f"Temporal Web UI: {self.ui_url}")
         await self._mark_stack()
-        await self._launch(f.lock_server())
-        await self._launch(f.railstub())
-        await self._launch(f.railproxy())
+        await self._launch_front(f)
         if finledger_available():
             await self._launch(f.finledger())
         else:
             self._skip("finledger", "module finledger is not installed yet")
         if outbox_available():
-            await self._launch(f.outbox())
+            for name in replica_names("outbox", cfg.replicas):
+                port = None if cfg.replicas == 1 else free_port()
+                await self._launch(f.outbox(name, port))
         else:
             self._skip("outbox", "the `payouts outbox` command does not exist yet")
         if worker_available():
@@ -350,6 +351,33 @@ class Stack:
         self._up = True
         self._write_state(stopped=False)
         log.info("stack.up", processes=sorted(self.processes), env_file=str(self.env_file))
+
+    async def _launch_front(self, f: ServiceFactory) -> None:
+        """The lock server, the rail stub and the rail proxy; with replicas, N of the lock
+        server and of the proxy on ports of their own, and the balancer on the service ports."""
+        n, ports = self.config.replicas, self.config.ports
+        if n == 1:
+            await self._launch(f.lock_server())
+            await self._launch(f.railstub())
+            await self._launch(f.railproxy())
+            return
+        locks = [(name, free_port()) for name in replica_names("lock-server", n)]
+        proxies = [(name, free_port()) for name in replica_names("railproxy", n)]
+        for name, port in locks:
+            await self._launch(f.lock_server(name, port))
+        await self._launch(f.railstub())
+        for name, port in proxies:
+            await self._launch(f.railproxy(name, port))
+        pools = [
+            Pool("lock-server", ports.lock, locks),
+            Pool("railproxy", ports.railproxy, proxies),
+        ]
+        await self._launch(f.balancer(pools))
+
+    def service_replicas(self, service: str) -> list[str]:
+        """The running processes of one service (`lock-server`, `railproxy`, `outbox`): the
+        service itself, or its replicas `<service>-1` .. `<service>-N`."""
+        return [n for n in self._procs if service_of(n, {service: None}) == service]
 
     async def _mark_stack(self) -> None:
         """One new stack id in this stack's payment schema and Temporal namespace, so that a
