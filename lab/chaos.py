@@ -31,6 +31,7 @@ import httpx
 
 from common.logs import get_logger
 from invariants.blocked import HOLD_BOUND_S
+from lab.chaos_downstream import downstream
 from lab.chaos_faults import RAIL_BASELINE, ChaosError, FaultInjector
 from lab.chaos_locks import hold_source, wait_for_free_locks, workers_outage_window
 from lab.chaos_schedule import Fault, make_schedule
@@ -84,8 +85,11 @@ class ChaosOptions:
     quiet_s: float = 10.0
     service_env: dict[str, dict[str, str]] = field(default_factory=dict)
     #: "sync": PostgreSQL on a primary with a synchronous standby (stack.replication), and the
-    #: schedule gets a db_failover.
-    postgres_standby: Literal["none", "sync"] = "none"
+    #: schedule gets a db_failover. The default: the production shape (issue 26).
+    postgres_standby: Literal["none", "sync"] = "sync"
+    #: Lock servers, rail proxies and outbox publishers each, behind the balancer (issue 26
+    #: §1); 2 or more schedules the replica faults (lab.chaos_replicas).
+    replicas: int = 2
 
 
 def stack_config(opts: ChaosOptions) -> StackConfig:
@@ -108,6 +112,7 @@ def stack_config(opts: ChaosOptions) -> StackConfig:
         ports=isolated_ports(),
         etcd_members=3 if opts.backend == "etcd" else 1,
         postgres_standby=opts.postgres_standby,
+        replicas=opts.replicas,
         service_env=env,
     )
 
@@ -277,6 +282,8 @@ async def run_chaos(
         lock_outage_s=outage_window,
         lease_s=CHAOS_LOCK_TTL_S,
         db_failover=opts.postgres_standby == "sync",
+        replicas=opts.replicas,
+        backend=opts.backend,
     )
     progress(
         f"seed {opts.seed}: {len(schedule)} faults scheduled (lock-server outages inside"
@@ -310,6 +317,7 @@ async def run_chaos(
         progress("running reconciliation and the invariant checker")
         rec, inv = await _check(stack, window_start, settled=settled)
         references = await _movement_references(stack.railstub_url, stack.operator_headers())
+        postings = await downstream(stack, progress)
         events = _service_events(stack)
         if len(states) != opts.payouts:
             raise ChaosError(f"expected {opts.payouts} payouts, found {len(states)}")
@@ -334,6 +342,8 @@ async def run_chaos(
         leader_changes=injector.leader_changes,
         workers_replaced=injector.workers_replaced,
         held_payout_locks=int(inv.checked.get("held_payout_locks", 0)),
+        downstream=postings,
+        topology={"replicas": opts.replicas, "postgres_standby": opts.postgres_standby},
     )
     summary = summarize(evidence)
     summary["run_dir"] = str(run_dir)

@@ -20,7 +20,7 @@ from lab.chaos import ChaosOptions, run_chaos
 from lab.chaos_faults import ChaosError
 from lab.chaos_schedule import ScheduleError
 from lab.stoppable import run_stoppable
-from stack.config import StackError
+from stack.config import MAX_REPLICAS, StackError
 from stack.pki import trust_stack_ca_in_this_process
 
 
@@ -32,6 +32,13 @@ def _positive(raw: str) -> int:
     value = int(raw)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _replicas(raw: str) -> int:
+    value = _positive(raw)
+    if value > MAX_REPLICAS:
+        raise argparse.ArgumentTypeError(f"at most {MAX_REPLICAS}, got {value}")
     return value
 
 
@@ -73,6 +80,7 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
         fencing=args.fencing == "on",
         run_dir=run_dir,
         postgres_standby=args.postgres_standby,
+        replicas=args.replicas,
     )
     with open(run_dir / "chaos.log", "a") as events:
         configure_logging("chaos", stream=events)
@@ -109,9 +117,17 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--postgres-standby",
         choices=["none", "sync"],
-        default="none",
-        help="sync: PostgreSQL on a primary with a synchronous standby; the run then schedules "
-        "a db_failover (SIGKILL of the primary, promotion of the standby)",
+        default="sync",
+        help="sync (default): PostgreSQL on a primary with a synchronous standby, and the run "
+        "schedules a db_failover (SIGKILL of the primary, promotion of the standby); none: one "
+        "PostgreSQL server",
+    )
+    p.add_argument(
+        "--replicas",
+        type=_replicas,
+        default=2,
+        help="lock servers, rail proxies and outbox publishers each, behind HAProxy (default 2, "
+        "the production shape); 2 or more schedules the replica faults; 1: one of each",
     )
     p.add_argument("--json", action="store_true", help="print the summary as a last JSON line")
     p.add_argument("--run-dir", help="where the stack keeps its files (default .run/chaos-*)")

@@ -6,7 +6,8 @@ pause runs its own extra worker, so it never takes a slot's worker away), every 
 fails in while sessions survive (lab.chaos_locks), an etcd leader kill with its unavailability
 window measured by lock acquires, a SIGKILL of the Temporal dev server or of the rail stub
 followed by a restart on the same files and ports, a PostgreSQL failover (SIGKILL of the primary,
-promotion of its synchronous standby), rail stub behaviour windows: outage,
+promotion of its synchronous standby), the replica faults and a finance-ledger restart
+(lab.chaos_replicas), rail stub behaviour windows: outage,
 ambiguity, slow lookups, latency beyond the submit deadline, clock skew) and restoring normal
 behaviour at the end. Must never: touch a process the stack did not start, or leave a worker
 stopped or the rail in a fault mode once `restore()` returned.
@@ -30,6 +31,7 @@ from common.credentials import auth_headers
 from common.logs import get_logger
 from common.pgutil import create_pool
 from lab.chaos_locks import LockServerOutage
+from lab.chaos_replicas import ReplicaFaults
 from lab.chaos_schedule import Fault
 from lab.chaos_signals import HostileSignals
 from lab.experiments import json_events, process_state, resumed_then_submitted
@@ -111,6 +113,15 @@ class FaultInjector:
         # a holder and presents the worker's credential instead.
         self._http = httpx.AsyncClient(timeout=5.0, headers=stack.operator_headers())
         self._hostile_signals = HostileSignals(stack, self._http)
+        self._replicas = ReplicaFaults(
+            stack,
+            self._http,
+            db=self._db,
+            rail=self.rail,
+            rail_latency_ms=int(RAIL_BASELINE["latency_fixed_ms"]),
+            etcd_leader_kill=self._etcd_leader_kill,
+            progress=progress,
+        )
         self._pool: asyncpg.Pool | None = None
         self.workload_done = workload_done
         self.slots: list[str] = []
@@ -190,6 +201,12 @@ class FaultInjector:
             "clock_skew": self._clock_skew,
             "hostile_signals": self._hostile_signals.fire,
             "db_failover": self._db_failover,
+            "finledger_restart": self._replicas.finledger_restart,
+            "lock_replica_kill": self._replicas.lock_replica_kill,
+            "proxy_replica_kill": self._replicas.proxy_replica_kill,
+            "publisher_kill": self._replicas.publisher_kill,
+            "replica_freeze": self._replicas.replica_freeze,
+            "etcd_member_kill_frozen": self._replicas.etcd_member_kill_frozen,
         }[fault.kind]
         if fault.kind == "pause" and fault.armed:
             record.update(await self._armed_pause(fault, armed))
@@ -327,8 +344,11 @@ class FaultInjector:
     # ------------------------------------------------------------------ service faults
 
     async def _lock_server_restart(self, fault: Fault) -> dict[str, Any]:
-        await self.stack.restart("lock-server")
-        return {}
+        # Replicated: one after the other, as a rolling restart of the service would.
+        names = self.stack.service_replicas("lock-server")
+        for name in names:
+            await self.stack.restart(name)
+        return {"restarted": names}
 
     async def _lock_server_outage(self, fault: Fault) -> dict[str, Any]:
         if self._lock_outage is None:

@@ -75,7 +75,10 @@ class LockServerOutage:
     async def __call__(self, fault: Fault) -> dict[str, Any]:
         low, high = self.window
         killed_at = time.monotonic()
-        self.stack.kill("lock-server", signal.SIGKILL)
+        # The whole service is out: every replica (a replicated stack's balancer then has none).
+        names = self.stack.service_replicas("lock-server")
+        for name in names:
+            self.stack.kill(name, signal.SIGKILL)
         # Down for the planned outage, less what the restart itself will take; never less than
         # the window's floor, so the release in flight always fails first.
         down_s = max(low, fault.duration_s - self.restart_s)
@@ -83,7 +86,8 @@ class LockServerOutage:
             await asyncio.sleep(down_s)
         finally:
             started = time.monotonic()
-            await self.stack.restart("lock-server")  # reaps the killed one, same port and env
+            for name in names:
+                await self.stack.restart(name)  # reaps the killed one, same port and env
         back = time.monotonic()
         self.restart_s = max(self.restart_s, back - started)
         outage = round(back - killed_at, 2)

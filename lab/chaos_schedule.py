@@ -27,13 +27,31 @@ FaultKind = Literal[
     "rail_slow",
     "clock_skew",
     "hostile_signals",
+    "finledger_restart",
     "db_failover",
+    "lock_replica_kill",
+    "proxy_replica_kill",
+    "publisher_kill",
+    "replica_freeze",
+    "etcd_member_kill_frozen",
 ]
 
+#: Kinds of a replicated run (`--replicas` >= 2, issue 26 §3): one lock-server replica, one rail
+#: proxy replica (mid-forward) and one outbox publisher SIGKILLed and restarted, and one lock
+#: server or proxy replica SIGSTOPped past its peers' timeouts.
+REPLICA_KINDS: tuple[FaultKind, ...] = (
+    "proxy_replica_kill",
+    "lock_replica_kill",
+    "publisher_kill",
+    "replica_freeze",
+)
+#: ... and on the etcd backend, an etcd member killed while a lock-server replica is frozen.
+ETCD_REPLICA_KINDS: tuple[FaultKind, ...] = ("etcd_member_kill_frozen",)
 #: Kinds only a run of a particular topology schedules (once each, drawn after every other
 #: fault so that the rest of a seed's schedule stays what it was): db_failover needs the
-#: PostgreSQL primary/standby pair (`--postgres-standby sync`, stack.replication).
-TOPOLOGY_KINDS: tuple[FaultKind, ...] = ("db_failover",)
+#: PostgreSQL primary/standby pair (`--postgres-standby sync`, stack.replication), the replica
+#: kinds several replicas of each service.
+TOPOLOGY_KINDS: tuple[FaultKind, ...] = ("db_failover", *REPLICA_KINDS, *ETCD_REPLICA_KINDS)
 #: Every kind every run schedules, in report order. Both backends support all of them (etcd: a
 #: leader kill).
 FAULT_KINDS: tuple[FaultKind, ...] = tuple(
@@ -56,6 +74,7 @@ _WEIGHTS: dict[FaultKind, int] = {
     "rail_slow": 1,
     "clock_skew": 1,
     "hostile_signals": 1,
+    "finledger_restart": 1,
 }
 
 
@@ -105,6 +124,8 @@ class Fault:
     level: float = 0.0
     #: hostile_signals: the seed of its choice of payouts (lab.chaos_signals).
     seed: int = 0
+    #: replica_freeze: the service whose replica `target` is frozen (lock-server, railproxy).
+    service: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -122,6 +143,12 @@ class Fault:
             "clock_skew": f"rail clock {self.level:+.1f}s for {self.duration_s:.1f}s",
             "hostile_signals": "malformed, forged and replayed signals to running payouts",
             "db_failover": "SIGKILL the PostgreSQL primary, promote its synchronous standby",
+            "finledger_restart": "SIGKILL the finance ledger, start it on the same book",
+            "lock_replica_kill": f"lock-server replica {self.target}, down {self.duration_s:.1f}s",
+            "proxy_replica_kill": f"a rail proxy replica mid-forward, down {self.duration_s:.1f}s",
+            "publisher_kill": f"outbox publisher {self.target}, down {self.duration_s:.1f}s",
+            "replica_freeze": f"{self.service} replica {self.target} for {self.duration_s:.1f}s",
+            "etcd_member_kill_frozen": f"etcd leader, lock-server replica {self.target} frozen",
         }.get(self.kind, "")
         return f"#{self.index} t+{self.at_s:.1f}s {self.kind} {extra}".rstrip()
 
@@ -144,6 +171,8 @@ def make_schedule(
     lock_outage_s: tuple[float, float],
     lease_s: float = 3.0,
     db_failover: bool = False,
+    replicas: int = 1,
+    backend: str = "postgres",
 ) -> list[Fault]:
     """The faults of one run, from `random.Random(seed)` only.
 
@@ -158,7 +187,9 @@ def make_schedule(
     least once; the rest are drawn by weight. The first rail_slow and clock_skew come next
     (EARLY_KINDS), while the workload is still submitting. `db_failover` (a primary/standby
     run) adds one db_failover, drawn last, in the first half of the span (while payouts are
-    still moving money, so that the promoted node has to carry in-flight work).
+    still moving money, so that the promoted node has to carry in-flight work). `replicas` >= 2
+    adds each REPLICA_KINDS fault once (and ETCD_REPLICA_KINDS on etcd), drawn after that, in
+    the first third of the span.
     """
     if workers < 1:
         raise ScheduleError("a chaos run needs at least one worker")
@@ -185,9 +216,28 @@ def make_schedule(
         faults.append(_draw(rng, i, kind, at, workers=workers, lease_s=lease_s))
     if db_failover:
         faults.append(Fault(0, "db_failover", round(rng.uniform(1.0, max(span / 2, 2.0)), 2)))
-        faults.sort(key=lambda f: f.at_s)  # stable: #0 stays first
-        faults = [replace(f, index=i) for i, f in enumerate(faults)]
-    return faults
+    if replicas >= 2:
+        kinds = list(REPLICA_KINDS) + (list(ETCD_REPLICA_KINDS) if backend == "etcd" else [])
+        faults += [_replica_fault(rng, k, span, replicas=replicas, lease_s=lease_s) for k in kinds]
+    faults.sort(key=lambda f: f.at_s)  # stable: #0 stays first
+    return [replace(f, index=i) for i, f in enumerate(faults)]
+
+
+def _replica_fault(
+    rng: random.Random, kind: FaultKind, span: float, *, replicas: int, lease_s: float
+) -> Fault:
+    """One replica fault in the first third of the span (while money moves). A kill's replica
+    stays down 1-4 s; a freeze lasts longer than a lease and than every client's timeout (the
+    SDKs' 10 s), so the peers and the balancer must carry on without it."""
+    at = round(rng.uniform(1.0, max(span / 3, 2.0)), 2)
+    target = rng.randrange(replicas)
+    if kind == "replica_freeze":
+        service = rng.choice(("lock-server", "railproxy"))
+        duration = round(max(lease_s, 10.0) + rng.uniform(2.0, 6.0), 2)
+        return Fault(0, kind, at, duration_s=duration, target=target, service=service)
+    if kind == "etcd_member_kill_frozen":
+        return Fault(0, kind, at, target=target, service="lock-server")
+    return Fault(0, kind, at, duration_s=round(rng.uniform(1.0, 4.0), 2), target=target)
 
 
 def _bring_forward(kinds: list[FaultKind], early: tuple[FaultKind, ...]) -> None:

@@ -53,6 +53,10 @@ class Evidence:
     workers_replaced: Sequence[Mapping[str, Any]] = field(default_factory=list)
     #: Payout locks still held by live sessions when the checker ran (INV-10 judges them).
     held_payout_locks: int = 0
+    #: The outbox against the finance ledger's book (lab.chaos_downstream).
+    downstream: Mapping[str, Any] = field(default_factory=dict)
+    #: Replicas per service and the PostgreSQL standby the run ran on.
+    topology: Mapping[str, Any] = field(default_factory=dict)
 
 
 def duplicate_movements(references: Iterable[str]) -> int:
@@ -99,15 +103,28 @@ def lock_server_outages(fired: Iterable[Mapping[str, Any]]) -> list[dict[str, An
     ]
 
 
-def verdict(fencing: bool, violations_total: int) -> tuple[int, str]:
+def downstream_problems(counts: Mapping[str, Any]) -> int:
+    """What fails a fencing-on run downstream (lab.chaos_downstream's counts): postings lost,
+    doubled, invented or never delivered."""
+    if not counts.get("checked"):
+        return 0
+    keys = ("missing", "booked_twice", "unknown", "pending", "dead_letter")
+    return sum(int(counts[k]) for k in keys)
+
+
+def verdict(fencing: bool, violations_total: int, downstream: int = 0) -> tuple[int, str]:
     """Exit status and a one-line verdict.
 
-    Fencing on: 0 only when every invariant holds. Fencing off is the negative control (FR-29,
-    NFR-07): it must SHOW violations, so 0 when it does and 1 when the harness saw nothing.
+    Fencing on: 0 only when every invariant holds and every posting reached the finance ledger
+    exactly once (`downstream` problems: lab.chaos_downstream). Fencing off is the negative
+    control (FR-29, NFR-07): it must SHOW violations, so 0 when it does and 1 when the harness
+    saw nothing.
     """
     if fencing:
-        if violations_total == 0:
+        if violations_total == 0 and downstream == 0:
             return 0, "OK: fencing on, every invariant held under the injected faults"
+        if violations_total == 0:
+            return 1, f"FAIL: fencing on, {downstream} posting(s) not delivered exactly once"
         return 1, f"FAIL: fencing on, {violations_total} invariant violation(s)"
     if violations_total > 0:
         return 0, (
@@ -122,7 +139,7 @@ def summarize(ev: Evidence) -> dict[str, Any]:
     by_state = Counter(ev.states)
     violations = {inv: int(ev.invariant_counts.get(inv, 0)) for inv in INVARIANTS}
     total = sum(violations.values())
-    code, text = verdict(ev.fencing, total)
+    code, text = verdict(ev.fencing, total, downstream_problems(dict(ev.downstream)))
     still_open = sum(
         n for st, n in by_state.items() if st not in TERMINAL and st != "RAIL_AMBIGUOUS"
     )
@@ -142,6 +159,7 @@ def summarize(ev: Evidence) -> dict[str, Any]:
         "payouts": ev.payouts,
         "accounts": ev.accounts,
         "workers": ev.workers,
+        "topology": dict(ev.topology),
         "terminal": sum(n for s, n in by_state.items() if s in TERMINAL),
         "ambiguous_open": by_state.get("RAIL_AMBIGUOUS", 0),
         "states": dict(sorted(by_state.items())),
@@ -169,6 +187,7 @@ def summarize(ev: Evidence) -> dict[str, Any]:
         "duplicate_movements": duplicate_movements(ev.movement_references),
         "workers_replaced": [dict(w) for w in ev.workers_replaced],
         "reconcile": dict(ev.reconcile_counts),
+        "downstream": dict(ev.downstream),
         "availability": avail,
         "elapsed_s": round(ev.elapsed_s, 1),
         "schedule": list(ev.schedule),

@@ -1,5 +1,7 @@
 """Small seeded chaos runs on the real local stack (issue 7, STD01-13/14): one per backend with
-fencing on (every invariant must hold), and the fencing-off negative control (it must not).
+fencing on (every invariant must hold), and the fencing-off negative control (it must not), all
+three on the defaults' production shape (issue 26: 2 of each replicated service behind HAProxy,
+PostgreSQL with a synchronous standby).
 
 Each run starts its own stack on free ports, so these never collide with `payouts up`. The three
 runs run side by side (`chaos_runs`), each on its own stack:
@@ -22,7 +24,7 @@ from typing import Any
 import pytest
 
 from lab.chaos import ChaosOptions, run_chaos
-from lab.chaos_schedule import FAULT_KINDS
+from lab.chaos_schedule import ETCD_REPLICA_KINDS, FAULT_KINDS, REPLICA_KINDS
 
 # The three runs are set up by the first test: on the shared 2-core machine at load 15 they took
 # 406 s together (the PostgreSQL one with its db_failover), past the suite's 300 s default.
@@ -35,11 +37,24 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 SMALL = {"payouts": 25, "accounts": 5, "workers": 2, "settle_timeout_s": 600.0}
 
 
-def _assert_ran_every_fault(summary: dict[str, object]) -> None:
+def _assert_ran_every_fault(summary: dict[str, Any]) -> None:
+    """Every kind of every run, and those of the replicated topology (issue 26 §3: each replica
+    fault, the proxy's mid-forward by construction; on etcd the member kill under a frozen
+    replica), and every posting in the ledger exactly once across the publishers' and the
+    ledger's crashes."""
     faults = summary["faults"]
     assert isinstance(faults, dict)
-    missing = [k for k in FAULT_KINDS if faults.get(k, 0) < 1]
+    kinds = [*FAULT_KINDS, "db_failover", *REPLICA_KINDS]
+    if summary["backend"] == "etcd":
+        kinds += ETCD_REPLICA_KINDS
+    missing = [k for k in kinds if faults.get(k, 0) < 1]
     assert not missing, f"faults never fired: {missing}"
+    assert summary["topology"] == {"replicas": 2, "postgres_standby": "sync"}
+    proxy_kill = next(f for f in summary["faults_fired"] if f["kind"] == "proxy_replica_kill")
+    assert proxy_kill["mid_forward"] is True, proxy_kill
+    down = summary["downstream"]
+    assert down["checked"] and down["delivered"] == down["staged"] > 0, down
+    assert (down["missing"], down["booked_twice"], down["unknown"]) == (0, 0, 0), down
 
 
 @dataclass(frozen=True)
@@ -100,18 +115,10 @@ def chaos_runs(run_dir: Path) -> Iterator[dict[str, Any]]:
         started = asyncio.Event()
         cli = asyncio.create_task(_cli_run(argv, started))
         await started.wait()
-        # The PostgreSQL run is on a primary with a synchronous standby, so it fails over too.
-        standby = {"postgres": "sync", "etcd": "none"}
+        # On the defaults, the production shape (issue 26): 2 lock servers, 2 proxies and 2
+        # publishers behind HAProxy, PostgreSQL on a primary with a synchronous standby.
         runs = [
-            run_chaos(
-                ChaosOptions(
-                    **SMALL,
-                    seed=11,
-                    backend=backend,
-                    run_dir=where(backend),
-                    postgres_standby=standby[backend],  # type: ignore[arg-type]
-                )
-            )
+            run_chaos(ChaosOptions(**SMALL, seed=11, backend=backend, run_dir=where(backend)))
             for backend in ("postgres", "etcd")
         ]
         postgres, etcd = await asyncio.gather(*runs)
@@ -144,8 +151,9 @@ def test_postgres_run_with_fencing_on_keeps_every_invariant(
 def test_etcd_run_with_fencing_on_keeps_every_invariant(
     chaos_runs: dict[str, Any],
 ) -> None:
-    """On the etcd backend (3 members, leader killed), INV-01..INV-10 all count zero and each
-    leader change has a measured unavailability window."""
+    """On the etcd backend (3 members, leader killed, once while a lock-server replica is
+    frozen), on the replicated topology and a failing-over payment database, INV-01..INV-10
+    all count zero and each leader change has a measured unavailability window."""
     summary = chaos_runs["etcd"]
     _assert_ran_every_fault(summary)
     assert summary["violations"] == {f"INV-{i:02d}": 0 for i in range(1, 11)}, summary[

@@ -9,7 +9,9 @@ import pytest
 from lab.chaos import CHAOS_LOCK_TTL_S, CHAOS_WORKER_ENV
 from lab.chaos_locks import outage_window, workers_outage_window
 from lab.chaos_schedule import (
+    ETCD_REPLICA_KINDS,
     FAULT_KINDS,
+    REPLICA_KINDS,
     Fault,
     ScheduleError,
     horizon_s,
@@ -161,3 +163,42 @@ def test_a_primary_standby_run_adds_one_db_failover_and_keeps_the_rest(seed: int
     assert [f.index for f in ha] == list(range(len(ha))) and ha[0].armed
     assert [f.at_s for f in ha] == sorted(f.at_s for f in ha)
     assert kind_counts(ha)["db_failover"] == 1 and "db_failover" not in kind_counts(plain)
+
+
+@pytest.mark.parametrize("backend", ["postgres", "etcd"])
+@pytest.mark.parametrize("seed", range(10))
+def test_a_replicated_run_adds_each_replica_fault_once_and_keeps_the_rest(
+    seed: int, backend: str
+) -> None:
+    """Issue 26 §3: `replicas` >= 2 adds every replica kind once (and on etcd the member kill
+    under a frozen replica), in the first third of the span, aimed at an existing replica; a
+    freeze outlasts the lease and the SDKs' 10 s timeouts. The rest is the seed's plain run."""
+    plain = make_schedule(seed, workers=2, payouts=25, db_failover=True, lease_s=CHAOS_LOCK_TTL_S)
+    rep = make_schedule(
+        seed,
+        workers=2,
+        payouts=25,
+        db_failover=True,
+        lease_s=CHAOS_LOCK_TTL_S,
+        replicas=2,
+        backend=backend,
+    )
+    expected = [*REPLICA_KINDS, *(ETCD_REPLICA_KINDS if backend == "etcd" else ())]
+    added = [f for f in rep if f.kind in expected]
+    assert sorted(f.kind for f in added) == sorted(expected)
+    assert all(1.0 <= f.at_s <= horizon_s(25) / 3 and 0 <= f.target < 2 for f in added)
+    freeze = next(f for f in added if f.kind == "replica_freeze")
+    assert freeze.service in ("lock-server", "railproxy")
+    assert freeze.duration_s > max(CHAOS_LOCK_TTL_S, 10.0)
+    strip = [{**f.as_dict(), "index": 0} for f in rep if f.kind not in expected]
+    assert strip == [{**f.as_dict(), "index": 0} for f in plain]
+    assert [f.index for f in rep] == list(range(len(rep))) and rep[0].armed
+    counts = kind_counts(rep)
+    assert all(counts[k] == 1 for k in expected)
+    assert "lock_replica_kill" not in kind_counts(plain)
+
+
+def test_every_run_restarts_the_finance_ledger() -> None:
+    """The ledger's restart is no topology kind: every schedule has it."""
+    assert "finledger_restart" in FAULT_KINDS
+    assert kind_counts(make_schedule(3, workers=2, payouts=25))["finledger_restart"] >= 1
