@@ -21,7 +21,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -296,7 +296,7 @@ async def run_chaos(
     async with Stack(config, progress=lambda line: progress(f"stack: {line}")) as stack:
         url, run_dir = stack.database_url, stack.run_dir
         window_start = await _db_now(url)
-        prefix, specs = await _create_workload(url, opts)
+        prefix, specs = await _create_workload(url, opts, _holds_back_one(schedule, opts))
         done = [False]
         injector = FaultInjector(
             stack,
@@ -358,8 +358,17 @@ async def run_chaos(
     return summary
 
 
-async def _create_workload(url: str, opts: ChaosOptions) -> tuple[str, list[PayoutSpec]]:
-    """Funded accounts under a fresh prefix and the run's seeded payout rows (no workflows yet)."""
+def _holds_back_one(schedule: list[Fault], opts: ChaosOptions) -> bool:
+    """Whether the proxy fault gets the workload's last payout to start (lab.chaos_replicas)."""
+    return opts.payouts > 2 and any(f.kind == "proxy_replica_kill" for f in schedule)
+
+
+async def _create_workload(
+    url: str, opts: ChaosOptions, hold_back: bool
+) -> tuple[str, list[PayoutSpec]]:
+    """Funded accounts under a fresh prefix and the run's seeded payout rows (no workflows yet).
+    With `hold_back`, the last payout is moved to an account of its own (`<prefix>k00000`): its
+    lock is free when the proxy fault starts it, so its submission comes within seconds."""
     from payouts.batch import generate
     from payouts.workload import create_payouts, seed_accounts
 
@@ -373,6 +382,9 @@ async def _create_workload(url: str, opts: ChaosOptions) -> tuple[str, list[Payo
         max_amount=MAX_AMOUNT,
         account_prefix=prefix,
     )
+    if hold_back:
+        (own,) = await seed_accounts(url, 1, ACCOUNT_BALANCE, f"{prefix}k")
+        specs[-1] = replace(specs[-1], account_id=own)
     await create_payouts(url, specs)
     return prefix, specs
 
@@ -406,6 +418,19 @@ async def _start_under_faults(
     progress(f"starting {opts.payouts} payout workflows on {opts.accounts} accounts")
     address, queue = stack.temporal_address, stack.config.task_queue
     first = {**CHAOS_WORKFLOW, "submit_deadline_s": ARMED_SUBMIT_DEADLINE_S}
+    # The proxy fault's payout (lab.chaos_replicas): the workload's last, started by the fault
+    # itself once the rail is slowed, so that a submission is in flight when it kills a proxy;
+    # started after the schedule at the latest, so every payout of the run always runs.
+    held = specs[-1:] if _holds_back_one(schedule, opts) else []
+    rest = specs[1 : len(specs) - len(held)]
+    started_held = asyncio.Event()
+
+    async def start_held() -> None:
+        if not started_held.is_set():
+            await start_workflows(address, queue, held, **CHAOS_WORKFLOW)
+            started_held.set()
+
+    injector.replicas.held_payout = start_held if held else None
     t0 = time.monotonic()
     await start_workflows(address, queue, specs[:1], **first)
     url = stack.database_url
@@ -414,8 +439,10 @@ async def _start_under_faults(
         await injector.fire(schedule[0], t0, armed=armed)
         await injector.armed_frozen(schedule[0])
         await injector.start_fleet(opts.workers)
-        await start_workflows(address, queue, specs[1:], **CHAOS_WORKFLOW)
+        await start_workflows(address, queue, rest, **CHAOS_WORKFLOW)
         await injector.run(schedule[1:], t0)
+        if held:
+            await start_held()
         progress("all faults fired; restoring normal behaviour and letting the system settle")
         await injector.restore()
         return await _settle(url, prefix, opts, progress)

@@ -113,7 +113,7 @@ class FaultInjector:
         # a holder and presents the worker's credential instead.
         self._http = httpx.AsyncClient(timeout=5.0, headers=stack.operator_headers())
         self._hostile_signals = HostileSignals(stack, self._http)
-        self._replicas = ReplicaFaults(
+        self.replicas = ReplicaFaults(
             stack,
             self._http,
             db=self._db,
@@ -201,12 +201,12 @@ class FaultInjector:
             "clock_skew": self._clock_skew,
             "hostile_signals": self._hostile_signals.fire,
             "db_failover": self._db_failover,
-            "finledger_restart": self._replicas.finledger_restart,
-            "lock_replica_kill": self._replicas.lock_replica_kill,
-            "proxy_replica_kill": self._replicas.proxy_replica_kill,
-            "publisher_kill": self._replicas.publisher_kill,
-            "replica_freeze": self._replicas.replica_freeze,
-            "etcd_member_kill_frozen": self._replicas.etcd_member_kill_frozen,
+            "finledger_restart": self.replicas.finledger_restart,
+            "lock_replica_kill": self.replicas.lock_replica_kill,
+            "proxy_replica_kill": self.replicas.proxy_replica_kill,
+            "publisher_kill": self.replicas.publisher_kill,
+            "replica_freeze": self.replicas.replica_freeze,
+            "etcd_member_kill_frozen": self.replicas.etcd_member_kill_frozen,
         }[fault.kind]
         if fault.kind == "pause" and fault.armed:
             record.update(await self._armed_pause(fault, armed))

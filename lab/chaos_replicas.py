@@ -5,13 +5,16 @@ Owns: the mechanics of `lock_replica_kill`, `proxy_replica_kill` (mid-forward, b
 running stack. Must never: touch a process the stack did not start, or return with a replica
 stopped or frozen, or with the rail left slower than its baseline.
 
-Which replica a kill hits matters only for the proxy: the balancer spreads connections by
-load, so a seeded proxy replica may be idle at the moment. The proxy fault therefore slows the
-rail for a moment (every forward then lasts PROXY_KILL_RAIL_MS at the rail), waits until some
-proxy replica has recorded an attempt it has not yet answered, and kills THAT replica: the
-SIGKILL lands between "attempt recorded" and "rail answered", i.e. mid-forward, whatever the
-machine's speed. The worker then sees its connection drop, the payout goes RAIL_AMBIGUOUS, and
-only the rail's evidence (looked up through the surviving replica) may settle it.
+Which replica a kill hits matters only for the proxy: the balancer spreads connections by load, so a
+seeded proxy replica may be idle at the moment, and a small run may be past all its submissions by
+the time the fault fires. The proxy fault therefore slows the rail for a moment (every forward then
+lasts PROXY_KILL_RAIL_MS at the rail), starts the payout the runner held back for it (`held_payout`:
+one of the run's own payouts, whose workflow starts only now, so a submission is certain to come),
+waits until some proxy replica has recorded an attempt it has not yet answered, and kills THAT
+replica: the SIGKILL lands between "attempt recorded" and "rail answered", i.e. mid-forward,
+whatever the machine's speed. The worker then sees its connection drop, the payout goes
+RAIL_AMBIGUOUS, and only the rail's evidence (looked up through the surviving replica) may settle
+it.
 """
 
 from __future__ import annotations
@@ -63,6 +66,8 @@ class ReplicaFaults:
         self._rail, self._rail_latency_ms = rail, rail_latency_ms
         self._etcd_leader_kill = etcd_leader_kill
         self.progress = progress
+        #: Starts the payout the runner held back for the proxy fault (None: none held back).
+        self.held_payout: Callable[[], Awaitable[None]] | None = None
 
     def _replica(self, service: str, target: int) -> str:
         names = self.stack.service_replicas(service)
@@ -103,6 +108,8 @@ class ReplicaFaults:
         await self._rail({"latency_fixed_ms": PROXY_KILL_RAIL_MS})
         victim: str | None = None
         try:
+            if self.held_payout is not None:
+                await self.held_payout()
             deadline = time.monotonic() + PROXY_KILL_WAIT_S
             while victim is None and time.monotonic() < deadline:
                 with contextlib.suppress(OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
