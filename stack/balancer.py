@@ -43,9 +43,17 @@ class Pool:
     replicas: Sequence[tuple[str, int]]  # (replica name, port)
 
 
+def _find_haproxy() -> str | None:
+    return shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin:/usr/local/sbin")
+
+
+def haproxy_available() -> bool:
+    return _find_haproxy() is not None
+
+
 def haproxy_binary() -> str:
     """The `haproxy` on PATH or in /usr/sbin (Debian puts it there, outside a user's PATH)."""
-    found = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin:/usr/local/sbin")
+    found = _find_haproxy()
     if found is None:
         raise StackError(
             "haproxy is not installed, and a replicated stack (replicas > 1) balances its lock "

@@ -22,18 +22,14 @@ import pytest
 
 from payouts.batch import PayoutSpec
 from payouts.workload import create_payouts, seed_accounts, start_workflows
-from stack.balancer import Pool, haproxy_binary, render, replica_names
+from stack.balancer import Pool, haproxy_available, haproxy_binary, render, replica_names
 from stack.config import StackConfig, StackError
 from stack.pki import issue_stack_tls
 from stack.system import Stack
 from tests.jsonlogs import assert_every_line_json, service_logs
 from tests.stack.conftest import assert_all_gone
 
-try:
-    HAPROXY: str | None = haproxy_binary()
-except StackError:
-    HAPROXY = None
-
+HAPROXY = haproxy_binary() if haproxy_available() else None
 needs_haproxy = pytest.mark.skipif(HAPROXY is None, reason="haproxy absent: run `make haproxy`")
 
 
