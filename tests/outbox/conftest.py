@@ -4,6 +4,7 @@ publishers, and postings made through the real PayoutStore."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -87,11 +88,27 @@ async def outbox_db(pg_server_url: str) -> AsyncIterator[str]:
     await drop_database(pg_server_url, url)
 
 
+#: A pool's graceful close waits for every connection to be released; on a machine loaded far
+#: past the suite's budget (make test at 52 min beside three 2000-payout chaos runs) one close
+#: took over 60 s and failed the teardown. The test's assertions had all passed by then.
+POOL_CLOSE_S = 30.0
+
+
+async def close_pool(p: asyncpg.Pool) -> None:
+    """Close gracefully within POOL_CLOSE_S, else terminate (logged, so it is not hidden; a
+    warning would be an error under the suite's filterwarnings)."""
+    try:
+        await asyncio.wait_for(p.close(), POOL_CLOSE_S)
+    except TimeoutError:
+        logging.getLogger(__name__).warning("pool close took over %.0f s; terminated", POOL_CLOSE_S)
+        p.terminate()
+
+
 @pytest.fixture
 async def pool(outbox_db: str) -> AsyncIterator[asyncpg.Pool]:
     p = await asyncpg.create_pool(outbox_db, min_size=1, max_size=20)
     yield p
-    await p.close()
+    await close_pool(p)
 
 
 @pytest.fixture
@@ -99,7 +116,7 @@ async def paydb_pool(outbox_db: str) -> AsyncIterator[asyncpg.Pool]:
     """The payment store's role (payouts_paydb), which writes the outbox rows."""
     p = await asyncpg.create_pool(as_role(outbox_db, PAYDB), min_size=1, max_size=10)
     yield p
-    await p.close()
+    await close_pool(p)
 
 
 @pytest.fixture
@@ -107,7 +124,7 @@ async def publisher_pool(outbox_db: str) -> AsyncIterator[asyncpg.Pool]:
     """The publisher's role (payouts_outbox): reads the outbox, updates its delivery columns."""
     p = await asyncpg.create_pool(as_role(outbox_db, OUTBOX), min_size=1, max_size=10)
     yield p
-    await p.close()
+    await close_pool(p)
 
 
 @pytest.fixture
