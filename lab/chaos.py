@@ -296,7 +296,8 @@ async def run_chaos(
     async with Stack(config, progress=lambda line: progress(f"stack: {line}")) as stack:
         url, run_dir = stack.database_url, stack.run_dir
         window_start = await _db_now(url)
-        prefix, specs = await _create_workload(url, opts, _holds_back_one(schedule, opts))
+        hold_back = _holds_back_one(schedule, opts)
+        prefix, specs = await _create_workload(url, opts, hold_back)
         done = [False]
         injector = FaultInjector(
             stack,
@@ -308,7 +309,15 @@ async def run_chaos(
             lock_outage_s=outage_window,
         )
         settled = await _start_under_faults(
-            stack, injector, opts, schedule, specs, prefix=prefix, done=done, progress=progress
+            stack,
+            injector,
+            opts,
+            schedule,
+            specs,
+            prefix=prefix,
+            done=done,
+            hold_back=hold_back,
+            progress=progress,
         )
         await _wait_for_rail_answers(injector, progress)
         accounts = sorted({s.account_id for s in specs})
@@ -398,9 +407,11 @@ async def _start_under_faults(
     *,
     prefix: str,
     done: list[bool],
+    hold_back: bool,
     progress: Callable[[str], None],
 ) -> bool:
-    """Start the fleet and the workflows, fire every fault, restore, settle; True if settled."""
+    """Start the fleet and the workflows, fire every fault, restore, settle; True if settled.
+    With `hold_back`, the last payout waits for the proxy fault (lab.chaos_replicas)."""
     from payouts.workload import start_workflows
 
     await injector.rail(RAIL_BASELINE)
@@ -421,7 +432,7 @@ async def _start_under_faults(
     # The proxy fault's payout (lab.chaos_replicas): the workload's last, started by the fault
     # itself once the rail is slowed, so that a submission is in flight when it kills a proxy;
     # started after the schedule at the latest, so every payout of the run always runs.
-    held = specs[-1:] if _holds_back_one(schedule, opts) else []
+    held = specs[-1:] if hold_back else []
     rest = specs[1 : len(specs) - len(held)]
     started_held = asyncio.Event()
 

@@ -220,11 +220,8 @@ class FaultInjector:
 
     async def _pause(self, fault: Fault) -> dict[str, Any]:
         name = self.slots[fault.target]
-        self.stack.kill(name, signal.SIGSTOP)
-        try:
+        async with self.stack.frozen(name):
             await asyncio.sleep(fault.duration_s)
-        finally:
-            self.stack.kill(name, signal.SIGCONT)
         return {"worker": name, "stopped_s": fault.duration_s}
 
     async def arm(self, fault: Fault) -> ManagedProcess:

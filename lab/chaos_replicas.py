@@ -130,11 +130,8 @@ class ReplicaFaults:
         its open connections hang until the clients give up, its health checks fail, and the
         peers must carry the load. SIGCONT at the end, whatever happened meanwhile."""
         name = self._replica(fault.service, fault.target)
-        self.stack.kill(name, signal.SIGSTOP)
-        try:
+        async with self.stack.frozen(name):
             await asyncio.sleep(fault.duration_s)
-        finally:
-            self.stack.kill(name, signal.SIGCONT)
         return {"replica": name, "frozen_s": fault.duration_s}
 
     async def etcd_member_kill_frozen(self, fault: Fault) -> dict[str, Any]:
@@ -142,11 +139,8 @@ class ReplicaFaults:
         must fail over to the new leader on its own, and the frozen one, thawed after the
         election, must find its watches and leases on a cluster that moved on."""
         name = self._replica("lock-server", fault.target)
-        self.stack.kill(name, signal.SIGSTOP)
-        try:
+        async with self.stack.frozen(name):
             change = await self._etcd_leader_kill()
-        finally:
-            self.stack.kill(name, signal.SIGCONT)
         return {"frozen_replica": name, **change}
 
     async def finledger_restart(self, fault: Fault) -> dict[str, Any]:

@@ -18,7 +18,7 @@ own timeouts and the payout's recovery path deal with it, which is what the chao
 from __future__ import annotations
 
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,7 +115,7 @@ def replica_names(service: str, count: int) -> list[str]:
     return [service] if count == 1 else [f"{service}-{i}" for i in range(1, count + 1)]
 
 
-def service_of(process: str, services: Mapping[str, object]) -> str | None:
+def service_of(process: str, services: Collection[str]) -> str | None:
     """The service a process name belongs to (`railproxy-2` -> `railproxy`), or None."""
     if process in services:
         return process

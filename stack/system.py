@@ -21,7 +21,7 @@ import os
 import signal
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -377,7 +377,7 @@ class Stack:
     def service_replicas(self, service: str) -> list[str]:
         """The running processes of one service (`lock-server`, `railproxy`, `outbox`): the
         service itself, or its replicas `<service>-1` .. `<service>-N`."""
-        return [n for n in self._procs if service_of(n, {service: None}) == service]
+        return [n for n in self._procs if service_of(n, (service,)) == service]
 
     async def _mark_stack(self) -> None:
         """One new stack id in this stack's payment schema and Temporal namespace, so that a
@@ -546,6 +546,16 @@ class Stack:
         else:
             self._get(name).signal_group(sig)
         log.info("stack.signal_sent", service=name, signal=signal.Signals(sig).name)
+
+    @contextlib.asynccontextmanager
+    async def frozen(self, name: str) -> AsyncIterator[None]:
+        """`name` stopped (SIGSTOP) for the body, and continued (SIGCONT) after it, whatever
+        happened in it."""
+        self.kill(name, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            self.kill(name, signal.SIGCONT)
 
     async def restart(self, name: str) -> None:
         """Stop and start one service on the same port and wait until it is healthy again."""
