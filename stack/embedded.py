@@ -25,6 +25,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import quote
 
 
 class EmbeddedServerError(RuntimeError):
@@ -174,15 +175,36 @@ def _pg_system_user() -> str | None:
     return _PG_USER
 
 
+@dataclass(frozen=True)
+class PostgresTLS:
+    """The certificate and key the server's TLS front presents (stack.pgtls), and the CA its
+    clients verify it against (`sslmode=verify-full&sslrootcert=`, in `EmbeddedPostgres.url`)."""
+
+    ca_file: Path
+    cert_file: Path
+    key_file: Path
+
+    def url_query(self) -> str:
+        return f"sslmode=verify-full&sslrootcert={quote(str(self.ca_file), safe='/')}"
+
+
 @dataclass
 class EmbeddedPostgres:
-    """One PostgreSQL 16 cluster (from pgserver's binaries) on 127.0.0.1:port, trust auth."""
+    """One PostgreSQL 16 cluster (from pgserver's binaries) on 127.0.0.1:port, trust auth.
+
+    With `tls`, the server itself listens on its Unix socket only and its TLS front
+    (`python -m stack.pgtls`, a child of this object) takes 127.0.0.1:port: every TCP client
+    speaks TLS and verifies the server (pgserver's build has no SSL of its own). The front is
+    started and stopped with the server; a server killed by a signal leaves it running, and
+    its connections then close at once, as the server's own port would refuse them."""
 
     data_dir: Path
     port: int = field(default_factory=free_port)
     fast: bool = False  # tests only: fsync off; a clean stop still loses nothing
     #: more `-c name=value` settings, after the others (the last one wins): stack.replication
     extra_options: tuple[str, ...] = ()
+    tls: PostgresTLS | None = None
+    _front: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.data_dir = pg_data_dir(self.data_dir)
@@ -191,7 +213,18 @@ class EmbeddedPostgres:
 
     @property
     def url(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        query = f"?{self.tls.url_query()}" if self.tls else ""
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres{query}"
+
+    @property
+    def socket_path(self) -> Path:
+        """The server's Unix socket (always there; with `tls`, its only listener)."""
+        return self.data_dir / f".s.PGSQL.{self.port}"
+
+    @property
+    def front_log_path(self) -> Path:
+        """The TLS front's log (JSON lines, common.logs), beside the server's."""
+        return self.data_dir.parent / f"{self.data_dir.name}-tls.json"
 
     @property
     def log_path(self) -> Path:
@@ -243,7 +276,8 @@ class EmbeddedPostgres:
     def start(self, timeout: float = 60) -> str:
         """Start (initialising on first use) and return the connection URL."""
         self.init()
-        if port_is_open(self.port):
+        front_up = self._front is not None and self._front.poll() is None
+        if not front_up and port_is_open(self.port):
             raise EmbeddedServerError(
                 f"port {self.port} for embedded PostgreSQL is taken; set DATABASE_URL to use that "
                 "server, or free the port"
@@ -253,7 +287,9 @@ class EmbeddedPostgres:
         for path in (self._log, self.log_path):
             path.touch()
             self._chown(path)
-        opts = f"-h 127.0.0.1 -p {self.port} -k {self.data_dir} -c max_connections=400"
+        # With TLS the server takes no TCP address at all: its front does (start_front).
+        listen = "''" if self.tls else "127.0.0.1"
+        opts = f"-h {listen} -p {self.port} -k {self.data_dir} -c max_connections=400"
         # jsonlog names its file after log_filename with ".log" replaced by ".json": log_path.
         opts += (
             f" -c logging_collector=on -c log_destination=jsonlog"
@@ -278,16 +314,58 @@ class EmbeddedPostgres:
             ],
             timeout=timeout + 5,
         )
+        if self.tls and not front_up:
+            self._start_front(timeout)
         wait_for_port(self.port, timeout=timeout, what="embedded PostgreSQL")
         return self.url
 
-    def stop(self, mode: str = "fast") -> None:
-        if not (self.data_dir / "postmaster.pid").exists():
+    def _start_front(self, timeout: float) -> None:
+        tls = self.tls
+        assert tls is not None
+        with open(self.front_log_path, "ab") as log:
+            self._front = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "stack.pgtls",
+                    *("--listen", f"127.0.0.1:{self.port}"),
+                    *("--upstream-socket", str(self.socket_path)),
+                    *("--cert-file", str(tls.cert_file), "--key-file", str(tls.key_file)),
+                    "--exit-with-parent",  # a stack killed outright leaves no front behind
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # a signal to the server's group never reaches it
+                cwd=Path(__file__).resolve().parent.parent,
+            )
+        wait_for_port(self.port, timeout=timeout, what="PostgreSQL's TLS front", proc=self._front)
+
+    def stop_front(self) -> None:
+        """Stop the TLS front (if any); the server itself is not touched."""
+        front, self._front = self._front, None
+        if front is None or front.poll() is not None:
             return
-        self._run([_pg_bin("pg_ctl"), "-D", str(self.data_dir), "-w", "-m", mode, "stop"])
+        front.terminate()
+        try:
+            front.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            front.kill()
+            front.wait()
+
+    def stop(self, mode: str = "fast") -> None:
+        try:
+            if (self.data_dir / "postmaster.pid").exists():
+                self._run([_pg_bin("pg_ctl"), "-D", str(self.data_dir), "-w", "-m", mode, "stop"])
+        finally:
+            self.stop_front()
 
     def is_running(self) -> bool:
-        return port_is_open(self.port)
+        """Whether the server itself accepts connections (on its socket: with `tls`, the TCP
+        port belongs to the front, which outlives a killed server)."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(0.2)
+            return s.connect_ex(str(self.socket_path)) == 0
 
 
 # --------------------------------------------------------------------------- etcd

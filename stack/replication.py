@@ -27,18 +27,28 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stack.embedded import EmbeddedPostgres, EmbeddedServerError, _pg_bin, free_port
+from stack.embedded import (
+    EmbeddedPostgres,
+    EmbeddedServerError,
+    PostgresTLS,
+    _pg_bin,
+    free_port,
+)
 
 #: What each node calls itself to the other (cluster_name is the WAL receiver's application_name
 #: when primary_conninfo names none, and synchronous_standby_names matches on it).
 _NAMES = ("pg_a", "pg_b")
 
 
-def multi_host_url(ports: list[int], database: str = "postgres") -> str:
+def multi_host_url(
+    ports: list[int], database: str = "postgres", tls: PostgresTLS | None = None
+) -> str:
     """The DSN that connects to whichever of the nodes accepts writes (libpq and asyncpg try the
-    hosts in order and skip a read-only one or one that is down)."""
+    hosts in order and skip a read-only one or one that is down); with `tls`, verified TLS to
+    each node's front."""
     hosts = ",".join(f"127.0.0.1:{p}" for p in ports)
-    return f"postgresql://postgres@{hosts}/{database}?target_session_attrs=read-write"
+    query = "target_session_attrs=read-write" + (f"&{tls.url_query()}" if tls else "")
+    return f"postgresql://postgres@{hosts}/{database}?{query}"
 
 
 @dataclass
@@ -58,13 +68,19 @@ class ReplicatedPostgres:
     base_dir: Path
     synchronous: bool = True
     fast: bool = False
+    #: Each node behind its own TLS front (EmbeddedPostgres.tls); replication itself streams over
+    #: the primary's Unix socket, which pgserver's libpq (no SSL) can reach.
+    tls: PostgresTLS | None = None
     _nodes: list[_Node] = field(default_factory=list)
     failovers: int = 0
 
     def __post_init__(self) -> None:
         if not self._nodes:
             self._nodes = [
-                _Node(name, EmbeddedPostgres(data_dir=self.base_dir / name, fast=self.fast))
+                _Node(
+                    name,
+                    EmbeddedPostgres(data_dir=self.base_dir / name, fast=self.fast, tls=self.tls),
+                )
                 for name in _NAMES
             ]
 
@@ -79,7 +95,7 @@ class ReplicatedPostgres:
     @property
     def url(self) -> str:
         """The multi-host DSN; stays valid across a failover (both addresses are in it)."""
-        return multi_host_url([n.server.port for n in self._nodes])
+        return multi_host_url([n.server.port for n in self._nodes], tls=self.tls)
 
     def start(self, timeout: float = 60) -> str:
         """Start the primary, clone the standby from it, name the standby synchronous (ALTER
@@ -107,7 +123,7 @@ class ReplicatedPostgres:
             [
                 _pg_bin("pg_basebackup"),
                 "-h",
-                "127.0.0.1",
+                str(source.data_dir),  # its socket: the TCP port may be the TLS front's
                 "-p",
                 str(source.port),
                 "-U",
@@ -199,6 +215,8 @@ class ReplicatedPostgres:
         for node in self._nodes:
             if node.server.is_running():
                 node.server.stop(mode="immediate")
+            else:  # killed in a failover: its TLS front is still up
+                node.server.stop_front()
 
 
 _REPLICATION_STATE = (
@@ -213,7 +231,16 @@ _PSQL_AS = ("-U", "postgres", "-d", "postgres", "-c")
 def _psql(server: EmbeddedPostgres, sql: str) -> str:
     """One statement's single value, through psql (no event loop needed), '' on no row."""
     out = subprocess.run(
-        [_pg_bin("psql"), "-XAt", "-h", "127.0.0.1", "-p", str(server.port), *_PSQL_AS, sql],
+        [
+            _pg_bin("psql"),
+            "-XAt",
+            "-h",
+            str(server.data_dir),
+            "-p",
+            str(server.port),
+            *_PSQL_AS,
+            sql,
+        ],
         check=False,
         capture_output=True,
         timeout=30,
