@@ -49,6 +49,7 @@ from stack.embedded import (
     EmbeddedPostgres,
     EmbeddedServerError,
     EtcdMember,
+    PostgresTLS,
     free_port,
 )
 from stack.envfile import ENV_FILE_NAME, stack_environment, write_env_file
@@ -674,10 +675,15 @@ class Stack:
             await self._start_replicated()
         else:
             assert cfg.ports.postgres is not None
-            # No TLS here yet: pgserver's build has none ("SSL is not supported by this build";
-            # docs/security.md, "What still depends on network isolation").
-            pg = EmbeddedPostgres(data_dir=self.run_dir / "pg", port=cfg.ports.postgres)
-            self._progress(f"starting embedded PostgreSQL on 127.0.0.1:{pg.port} (log {pg._log})")
+            # pgserver's build has no SSL: with TLS on, the server listens on its Unix socket
+            # only and its TLS front (stack.pgtls) on the port; every DSN says verify-full.
+            pg = EmbeddedPostgres(
+                data_dir=self.run_dir / "pg", port=cfg.ports.postgres, tls=self._pg_tls()
+            )
+            how = "behind its TLS front" if pg.tls else "plaintext"
+            self._progress(
+                f"starting embedded PostgreSQL on 127.0.0.1:{pg.port}, {how} (log {pg._log})"
+            )
             self._pg = pg
             try:
                 await _in_thread(lambda: pg.start(timeout=cfg.health_timeout_s))
@@ -693,11 +699,16 @@ class Stack:
         self._write_state(stopped=False)
         return url, roles
 
+    def _pg_tls(self) -> PostgresTLS | None:
+        return self._tls.postgres() if self._tls else None
+
     async def _start_replicated(self) -> None:
         cfg = self.config
         assert cfg.ports.postgres is not None
         ha = ReplicatedPostgres(
-            base_dir=self.run_dir / "pg-ha", synchronous=cfg.postgres_standby == "sync"
+            base_dir=self.run_dir / "pg-ha",
+            synchronous=cfg.postgres_standby == "sync",
+            tls=self._pg_tls(),
         )
         ha.primary.port = cfg.ports.postgres  # the standby takes a free port
         self._progress(
