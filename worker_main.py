@@ -52,7 +52,7 @@ from common.exiting import exit_now, load_settings
 from common.logs import configure_logging, get_logger
 from common.pgutil import create_pool
 from common.temporal_tls import TemporalTLSError, temporal_tls
-from common.tls import ClientTLS, refuse_unverified_database_url
+from common.tls import ClientTLS, ServerTLS, refuse_unverified_database_url
 from ledger import PayoutStore
 from lockservice.client import LockClient
 from lockservice.grants import GrantVerifier, verifier_from_settings
@@ -73,7 +73,7 @@ def _reconciler(name: str) -> AliasChoices:
     return AliasChoices(f"RECONCILE_{name.upper()}")
 
 
-class WorkerSettings(ClientTLS, BaseSettings):
+class WorkerSettings(ServerTLS, ClientTLS, BaseSettings):
     """Everything a worker process reads from the environment, read once (`main`)."""
 
     model_config = SettingsConfigDict(env_prefix="WORKER_", extra="ignore")
@@ -244,7 +244,12 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
     worker_queue = f"{settings.task_queue}-holder-{settings.worker_id}"
     health = worker_http.HealthSnapshot()
     http = (
-        worker_http.serve(health, settings.metrics_port, host=settings.metrics_host)
+        worker_http.serve(
+            health,
+            settings.metrics_port,
+            host=settings.metrics_host,
+            tls=settings.server_context(),  # WORKER_TLS_CERT_FILE / WORKER_TLS_KEY_FILE
+        )
         if settings.metrics_port
         else None
     )

@@ -87,6 +87,12 @@ class ServerTLS(BaseSettings):
     def uvicorn_ssl(self) -> dict[str, Any]:
         return uvicorn_ssl(self.tls_cert_file, self.tls_key_file)
 
+    def server_context(self) -> ssl.SSLContext | None:
+        """The context a non-uvicorn server wraps its socket with; None: plain HTTP."""
+        if not self.tls_cert_file or not self.tls_key_file:
+            return None
+        return server_context(self.tls_cert_file, self.tls_key_file)
+
 
 class ClientTLS(BaseSettings):
     """What a client trusts: `tls_ca_file` (PEM), or the system's trust store when unset.

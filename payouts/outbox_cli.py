@@ -47,7 +47,13 @@ async def _run(url: str, settings: OutboxSettings) -> int:
     publisher_pool = await create_pool(url, min_size=1, max_size=min(settings.batch_size, 10) + 2)
     publisher = Publisher(publisher_pool, settings)
     if settings.metrics_port:
-        start_http_server(settings.metrics_port, registry=publisher.metrics.registry)
+        # OUTBOX_TLS_CERT_FILE / OUTBOX_TLS_KEY_FILE: https only (prometheus_client's own TLS).
+        start_http_server(
+            settings.metrics_port,
+            registry=publisher.metrics.registry,
+            certfile=settings.tls_cert_file,
+            keyfile=settings.tls_key_file,
+        )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -222,6 +222,12 @@ class EmbeddedPostgres:
         return self.data_dir / f".s.PGSQL.{self.port}"
 
     @property
+    def front_pid(self) -> int | None:
+        """The TLS front's pid while it runs (None without `tls`)."""
+        front = self._front
+        return front.pid if front is not None and front.poll() is None else None
+
+    @property
     def front_log_path(self) -> Path:
         """The TLS front's log (JSON lines, common.logs), beside the server's."""
         return self.data_dir.parent / f"{self.data_dir.name}-tls.json"

@@ -165,8 +165,9 @@ class StackPKI:
         return files
 
 
-#: Every HTTP server of the stack: a certificate each (server and client authentication).
-SERVERS = ("lock-server", "railstub", "railproxy", "finledger")
+#: Every HTTP server of the stack: a certificate each (server and client authentication); the
+#: workers (one certificate for all) and the outbox publishers serve their /metrics and /health.
+SERVERS = ("lock-server", "railstub", "railproxy", "finledger", "worker", "outbox")
 #: The embedded PostgreSQL's TLS front (stack.pgtls); every node of a replicated pair serves it.
 POSTGRES = "postgres"
 #: etcd's clients, a client certificate each: the lock server, and the stack itself (its
