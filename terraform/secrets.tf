@@ -36,3 +36,21 @@ resource "google_secret_manager_secret" "credential" {
   labels     = { env = "dev", app = "payouts" }
   depends_on = [google_billing_budget.dev, google_project_service.apis]
 }
+
+# The private key of the deployment's TLS CA (deploy/k8s_tls.py; docs/deploy-gcp.md, "TLS"): a
+# container only, like the grant-signing key. No workload is granted it (iam.tf): only the
+# operator who issues or rotates a certificate reads it; the CA's certificate is public
+# (ConfigMap payouts-ca) and the servers' keys are Kubernetes Secrets.
+resource "google_secret_manager_secret" "tls_ca_key" {
+  # checkov:skip=CKV_GCP_125: Google-managed encryption keys; a CMEK would outlive destroy (NFR-14).
+  secret_id = "tls-ca-key"
+  replication {
+    user_managed {
+      replicas {
+        location = var.region
+      }
+    }
+  }
+  labels     = { env = "dev", app = "payouts" }
+  depends_on = [google_billing_budget.dev, google_project_service.apis]
+}
