@@ -168,3 +168,10 @@ def test_a_ca_bundle_of_two_cas_accepts_both_during_a_rotation(
             client_context(str(issued / "ca.pem")),
             "lock-server",
         )
+
+
+def test_the_docs_give_the_commands_this_file_runs() -> None:
+    """The commands above are the docs' own (docs/deploy-gcp.md, "Creating the certificates")."""
+    doc = (ROOT / "docs" / "deploy-gcp.md").read_text()
+    for args in ("ca --dir tls", "issue --dir tls", "show --dir tls", "ca --dir tls-new"):
+        assert f".venv/bin/python deploy/k8s_tls.py {args}\n" in doc, args
