@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pydantic import AliasChoices
 from pydantic_settings import BaseSettings
 
+from common import temporal_tls
+
 
 @dataclass(frozen=True)
 class Component:
@@ -29,6 +31,11 @@ class Component:
     modules: tuple[str, ...] = ()  # modules whose literal environment reads count too
     one_shot: bool = False
     extra: frozenset[str] = field(default_factory=frozenset)
+
+
+#: What a process that connects to Temporal's frontend reads for its TLS (common.temporal_tls
+#: reads them from a mapping, which the literal scan below cannot see).
+TEMPORAL_CLIENT = frozenset(temporal_tls.VARIABLES)
 
 
 #: Every component the image runs. Temporal, PostgreSQL and etcd are third-party images.
@@ -59,6 +66,7 @@ COMPONENTS: tuple[Component, ...] = (
         "worker",
         ("python", "/app/worker_main.py"),
         settings=("worker_main:WorkerSettings",),
+        extra=TEMPORAL_CLIENT,
     ),
     Component("migrate", ("payouts", "db", "migrate"), modules=("payouts.cli",), one_shot=True),
     Component(
@@ -67,6 +75,7 @@ COMPONENTS: tuple[Component, ...] = (
         settings=("reconcile.reconciler:ReconcileSettings",),
         modules=("payouts.reconcile_cli",),
         one_shot=True,
+        extra=TEMPORAL_CLIENT,
     ),
     Component(
         "reconciler",
@@ -81,12 +90,24 @@ COMPONENTS: tuple[Component, ...] = (
         settings=("invariants.checker:InvariantSettings",),
         modules=("payouts.cli", "payouts.invariants_cli", "payouts.settings"),
         one_shot=True,
+        extra=TEMPORAL_CLIENT,  # its workflow source (invariants.sources)
     ),
 )
 
-#: Read by the image itself (its HEALTHCHECK, common.healthcheck), or by every process's tracing
-#: (common.tracing: the collector's address and the standard switch), valid in every service.
-IMAGE_VARIABLES = frozenset({"HEALTHCHECK_URL", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_SDK_DISABLED"})
+#: Read by the image itself (its HEALTHCHECK, common.healthcheck), by every process's tracing
+#: (common.tracing: the collector's address, the CA that verifies it, and the standard switch),
+#: or by every HTTPS client's default trust (httpx and Python's ssl: SSL_CERT_FILE, what the
+#: operator commands without a `<PREFIX>_TLS_CA_FILE` of their own verify against; docs/security.md),
+#: valid in every service.
+IMAGE_VARIABLES = frozenset(
+    {
+        "HEALTHCHECK_URL",
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_CERTIFICATE",
+        "OTEL_SDK_DISABLED",
+        "SSL_CERT_FILE",
+    }
+)
 
 
 def settings_variables(cls: type[BaseSettings]) -> set[str]:
