@@ -155,3 +155,15 @@ async def test_the_embedded_postgresql_speaks_only_verified_tls(tls_stack: Stack
     plain = tls_stack.database_url.split("?", 1)[0] + "?sslmode=disable"
     with pytest.raises(asyncpg.InvalidAuthorizationSpecificationError, match="TLS connections"):
         await asyncpg.connect(plain)
+
+
+async def test_the_outbox_publishers_metrics_are_https_only(tls_stack: Stack) -> None:
+    """The publisher's /metrics (prometheus_client's own TLS): the stack's CA verifies it, a
+    plaintext request gets no HTTP answer. (A worker's endpoint: tests/activities.)"""
+    url = tls_stack.processes["outbox"].url
+    assert url is not None and url.startswith("https://127.0.0.1:"), url
+    async with httpx.AsyncClient(timeout=10, verify=tls_stack.client_verify()) as http:
+        assert (await http.get(f"{url}/metrics")).status_code == 200
+    async with httpx.AsyncClient(timeout=10) as plain:
+        with pytest.raises(httpx.TransportError):
+            await plain.get(f"{url.replace('https://', 'http://', 1)}/metrics")
