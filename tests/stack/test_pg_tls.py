@@ -15,27 +15,30 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import ssl
+import struct
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import asyncpg
 import pytest
 
 from stack.embedded import EmbeddedPostgres, PostgresTLS, free_port, port_is_open
+from stack.pgtls import GSSENC_REQUEST, SSL_REQUEST
 from stack.pki import StackPKI
 from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _until(check: Callable[[], bool], timeout_s: float = 60.0) -> Awaitable[None]:
+async def _until(check: Callable[[], bool], timeout_s: float = 60.0) -> None:
     async def predicate() -> bool:
         return check()
 
-    return wait_for(predicate, timeout_s, every_s=0.1)
+    await wait_for(predicate, timeout_s, every_s=0.1)
 
 
 def _tls(pki: StackPKI) -> PostgresTLS:
@@ -71,7 +74,7 @@ async def test_a_verify_full_client_gets_a_tls_session(server: EmbeddedPostgres)
     conn = await asyncpg.connect(server.url)
     try:
         assert await conn.fetchval("SELECT 1") == 1
-        tls = conn._transport.get_extra_info("ssl_object")  # type: ignore[attr-defined]
+        tls = conn._transport.get_extra_info("ssl_object")
         assert tls is not None and tls.version() in {"TLSv1.2", "TLSv1.3"}
     finally:
         await conn.close()
@@ -227,3 +230,23 @@ def test_a_front_with_a_key_that_is_not_its_certificates_refuses_to_start(
     )
     assert result.returncode == 2
     assert "pgtls.refused_to_start" in result.stderr
+
+
+def test_a_gssapi_request_is_declined_and_tls_follows(server: EmbeddedPostgres) -> None:
+    """libpq built with GSSAPI may ask for GSS encryption first: the front answers "N", and the
+    client's SSLRequest that follows gets "S" and a verified handshake."""
+    ctx = ssl.create_default_context(cafile=str(server.tls.ca_file if server.tls else ""))
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as raw:
+        raw.sendall(struct.pack("!II", 8, GSSENC_REQUEST))
+        assert raw.recv(1) == b"N"
+        raw.sendall(struct.pack("!II", 8, SSL_REQUEST))
+        assert raw.recv(1) == b"S"
+        with ctx.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+            assert tls.version() in {"TLSv1.2", "TLSv1.3"}
+
+
+def test_anything_but_a_negotiation_gets_the_fatal_error(server: EmbeddedPostgres) -> None:
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as raw:
+        raw.sendall(b"GET / HTTP/1.1\r\n\r\n")
+        answer = raw.recv(4096)
+    assert answer.startswith(b"E") and b"28000" in answer and b"TLS connections only" in answer
