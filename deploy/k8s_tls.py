@@ -84,6 +84,13 @@ CERTS: dict[str, Leaf] = {
         Leaf("railstub", "railstub-tls", service_names("railstub"), True, False),
         Leaf("finledger", "finledger-tls", service_names("finledger"), True, False),
         Leaf("otel-collector", "otel-collector-tls", service_names("otel-collector"), True, False),
+        # The workers' /metrics and /health (WORKER_METRICS_PORT) and the outbox publishers'
+        # /metrics (OUTBOX_METRICS_PORT). No Service fronts them: Prometheus scrapes each pod by
+        # its address and verifies the name of its job's `tls_config.server_name`
+        # (`worker.payouts.svc`, `outbox.payouts.svc`; deploy/prometheus/targets.yml), the
+        # names a Service of that name would have; the kubelet's HTTPS probes verify nothing.
+        Leaf("worker", "worker-tls", service_names("worker"), True, False),
+        Leaf("outbox", "outbox-tls", service_names("outbox"), True, False),
         # Served to clients and presented to the other members (peer mutual TLS); 127.0.0.1
         # and localhost for etcdctl inside a member's pod.
         Leaf("etcd", "etcd-tls", _etcd_names(), True, True, ip=("127.0.0.1",)),

@@ -1,10 +1,12 @@
 """deploy/k8s_tls.py, the GKE deployment's certificates (docs/deploy-gcp.md, "TLS"), run as the
 docs run it; each certificate is then used in a real TLS handshake (in memory, no network) with
-the contexts the components build (common.tls), for the names the manifests' clients use."""
+the contexts the components build (common.tls), for the names the manifests' clients use; the
+workers' and the outbox's metrics servers serve theirs on loopback to a Prometheus-like client."""
 
 from __future__ import annotations
 
 import runpy
+import socket
 import ssl
 import subprocess
 import sys
@@ -13,7 +15,9 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
+from prometheus_client import CollectorRegistry, start_http_server
 
+from activities import worker_http
 from common.tls import client_context, server_context
 from tests.deploy.conftest import ROOT
 
@@ -88,7 +92,9 @@ def test_files_are_private_and_the_ca_is_never_overwritten(issued: Path) -> None
     assert "PRIVATE KEY" not in shown
 
 
-@pytest.mark.parametrize("name", ["lock-server", "railproxy", "railstub", "finledger"])
+@pytest.mark.parametrize(
+    "name", ["lock-server", "railproxy", "railstub", "finledger", "worker", "outbox"]
+)
 def test_each_server_is_verified_by_its_in_cluster_names_only(issued: Path, name: str) -> None:
     server = server_context(*files(issued, name))
     client = client_context(str(issued / "ca.pem"))
@@ -100,6 +106,52 @@ def test_each_server_is_verified_by_its_in_cluster_names_only(issued: Path, name
         handshake(server, client, other)
     with pytest.raises(ssl.SSLCertVerificationError):
         handshake(server, client_context(str(issued / f"{other}.pem")), name)
+
+
+def scrape(port: int, path: str, ca: Path, server_name: str) -> bytes:
+    """GET `path` from 127.0.0.1:`port` as Prometheus does with `tls_config.server_name`: by
+    address, the certificate checked against `ca` for `server_name`."""
+    context = client_context(str(ca))
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
+        context.wrap_socket(raw, server_hostname=server_name) as tls,
+    ):
+        tls.sendall(f"GET {path} HTTP/1.0\r\nHost: {server_name}\r\n\r\n".encode())
+        chunks = []
+        while chunk := tls.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_the_metrics_endpoints_serve_their_certificates_to_prometheus(issued: Path) -> None:
+    """The workers' and the outbox's own servers (worker_http with common.tls; prometheus_client's
+    start_http_server with certfile/keyfile, as payouts/outbox_cli.py) loaded with the issued
+    files answer a client that verifies the name of their Prometheus job's server_name."""
+    ca = issued / "ca.pem"
+    worker = worker_http.serve(
+        worker_http.HealthSnapshot(), 0, tls=server_context(*files(issued, "worker"))
+    )
+    cert, key = files(issued, "outbox")
+    outbox, _ = start_http_server(
+        0, addr="127.0.0.1", registry=CollectorRegistry(), certfile=cert, keyfile=key
+    )
+    try:
+        worker_port, outbox_port = worker.server_address[1], outbox.server_port
+        assert scrape(worker_port, "/metrics", ca, "worker.payouts.svc").startswith(b"HTTP/1.0 200")
+        assert (  # answered over TLS: "starting", its loop has not refreshed it
+            b" 503 " in scrape(worker_port, "/health", ca, "worker.payouts.svc").split(b"\r\n")[0]
+        )
+        assert scrape(outbox_port, "/metrics", ca, "outbox.payouts.svc").startswith(b"HTTP/1.0 200")
+        # Negative controls: each serves its own certificate, not one for another job's name.
+        with pytest.raises(ssl.SSLCertVerificationError):
+            scrape(worker_port, "/metrics", ca, "outbox.payouts.svc")
+        with pytest.raises(ssl.SSLCertVerificationError):
+            scrape(outbox_port, "/metrics", ca, "worker.payouts.svc")
+    finally:
+        worker.shutdown()
+        worker.server_close()
+        outbox.shutdown()
+        outbox.server_close()
 
 
 def test_otel_collector_is_verified_by_the_exporters_url(issued: Path) -> None:

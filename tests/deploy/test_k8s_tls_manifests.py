@@ -24,13 +24,18 @@ from tests.deploy.test_static import HCL_OPTIONS
 
 CERTS = runpy.run_path(str(ROOT / "deploy" / "k8s_tls.py"))["CERTS"]
 CA_CONFIGMAP = "payouts-ca"
-#: Our HTTPS servers: workload -> the prefix of its TLS variables (common.tls.ServerTLS).
+#: Our HTTPS servers: workload -> the prefix of its TLS variables (common.tls.ServerTLS). The
+#: workers' /metrics and /health and the outbox publishers' /metrics are served by their pods,
+#: probed by the kubelet and scraped by Prometheus, with no Service in front (BEHIND_SERVICE).
 SERVERS = {
     "lock-server": "LOCK",
     "railproxy": "RAILPROXY",
     "railstub": "RAILSTUB",
     "finledger": "FINLEDGER",
+    "worker": "WORKER",
+    "outbox": "OUTBOX",
 }
+BEHIND_SERVICE = ("lock-server", "railproxy", "railstub", "finledger")
 #: The only plain http:// a manifest may carry: etcd's metrics listener (/health, /livez,
 #: /metrics), which the kubelet's probes and Prometheus use without a client certificate.
 PLAIN_HTTP_ALLOWED = {"--listen-metrics-urls=http://0.0.0.0:2381"}
@@ -103,9 +108,12 @@ def server_problems(docs: Docs) -> list[str]:
         for probe in ("readinessProbe", "livenessProbe"):
             if c.get(probe, {}).get("httpGet", {}).get("scheme") != "HTTPS":
                 problems.append(f"{name}: {probe} is not HTTPS")
-        ports = [p for p in services[name]["spec"]["ports"]]
-        if any(p.get("name") != "https" for p in ports):
-            problems.append(f"{name}: Service port not named https")
+        if any(p.get("name") != "https" for p in c.get("ports", [])):
+            problems.append(f"{name}: container port not named https")
+        if name in BEHIND_SERVICE:
+            ports = [p for p in services[name]["spec"]["ports"]]
+            if any(p.get("name") != "https" for p in ports):
+                problems.append(f"{name}: Service port not named https")
     return problems
 
 
@@ -121,12 +129,26 @@ def test_every_server_serves_its_own_secret_and_is_probed_over_https() -> None:
     for v in spec(w["finledger"])["volumes"]:
         if v["name"] == "tls":
             v["secret"]["defaultMode"] = 0o444
+    # The worker back on plain HTTP: no key, its liveness probe and port plain again.
+    worker = main_container(w["worker"])
+    worker["env"] = [e for e in worker["env"] if e["name"] != "WORKER_TLS_KEY_FILE"]
+    worker["livenessProbe"]["httpGet"].pop("scheme")
+    worker["ports"][0]["name"] = "http"
+    # The outbox's Secret mounted writable.
+    for m in main_container(w["outbox"])["volumeMounts"]:
+        if m["name"] == "tls":
+            m.pop("readOnly")
     assert server_problems(bad) == [
         "lock-server: LOCK_TLS_CERT_FILE is not on its read-only Secret lock-server-tls",
         "lock-server: LOCK_TLS_KEY_FILE is not on its read-only Secret lock-server-tls",
         "railstub: readinessProbe is not HTTPS",
         "finledger: FINLEDGER_TLS_CERT_FILE is not on its read-only Secret finledger-tls",
         "finledger: FINLEDGER_TLS_KEY_FILE is not on its read-only Secret finledger-tls",
+        "worker: WORKER_TLS_KEY_FILE is not on its read-only Secret worker-tls",
+        "worker: livenessProbe is not HTTPS",
+        "worker: container port not named https",
+        "outbox: OUTBOX_TLS_CERT_FILE is not on its read-only Secret outbox-tls",
+        "outbox: OUTBOX_TLS_KEY_FILE is not on its read-only Secret outbox-tls",
     ]
 
 
@@ -525,9 +547,11 @@ def test_every_mounted_secret_is_created_by_a_documented_command() -> None:
     assert config_maps == {CA_CONFIGMAP}
     made_secrets, made_config_maps = created_by_docs(documented_commands())
     assert secrets <= made_secrets and config_maps <= made_config_maps
-    # Negative control: a command that creates fewer is caught.
-    fewer = documented_commands().replace("finledger etcd", "etcd")
+    # Negative controls: a command that creates fewer is caught.
+    fewer = documented_commands().replace(" finledger ", " ")
     assert "finledger-tls" not in created_by_docs(fewer)[0]
+    fewer = documented_commands().replace(" worker outbox ", " ")
+    assert {"worker-tls", "outbox-tls"}.isdisjoint(created_by_docs(fewer)[0])
 
 
 # --- Prometheus -----------------------------------------------------------------------------
@@ -548,13 +572,26 @@ def scrape_problems(config: dict[str, Any]) -> list[str]:
     return problems
 
 
-def test_prometheus_scrapes_the_https_servers_over_tls() -> None:
+def test_prometheus_scrapes_the_https_servers_and_metrics_endpoints_over_tls() -> None:
     config = yaml.safe_load((ROOT / "deploy" / "prometheus" / "kubernetes.yml").read_text())
     assert scrape_problems(config) == []
     plain = {j["job_name"] for j in config["scrape_configs"] if "scheme" not in j}
-    assert plain == {"outbox", "worker", "worker-sdk", "etcd", "temporal"}
+    # The Temporal SDK's exporter (no TLS in the SDK), etcd's metrics listener, Temporal's own.
+    assert plain == {"worker-sdk", "etcd", "temporal"}
     bad = copy.deepcopy(config)
     for job in bad["scrape_configs"]:
         if job["job_name"] == "finledger":
             del job["scheme"]
-    assert scrape_problems(bad) == ["finledger: not scraped over TLS for a name of its certificate"]
+        if job["job_name"] == "worker":  # another workload's name: the handshake would fail
+            job["tls_config"]["server_name"] = "outbox.payouts.svc"
+        if job["job_name"] == "outbox":
+            del job["tls_config"]
+        if job["job_name"] == "worker-sdk":  # https to a plain exporter: every scrape fails
+            job["scheme"] = "https"
+    assert scrape_problems(bad) == [
+        "finledger: not scraped over TLS for a name of its certificate",
+        "outbox: not scraped over TLS for a name of its certificate",
+        "outbox: no CA file",
+        "worker: not scraped over TLS for a name of its certificate",
+        "worker-sdk: scheme changed; its endpoint is plain HTTP by design",
+    ]
