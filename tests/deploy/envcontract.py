@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pydantic import AliasChoices
 from pydantic_settings import BaseSettings
 
+from common import temporal_tls
+
 
 @dataclass(frozen=True)
 class Component:
@@ -84,9 +86,24 @@ COMPONENTS: tuple[Component, ...] = (
     ),
 )
 
-#: Read by the image itself (its HEALTHCHECK, common.healthcheck), or by every process's tracing
-#: (common.tracing: the collector's address and the standard switch), valid in every service.
-IMAGE_VARIABLES = frozenset({"HEALTHCHECK_URL", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_SDK_DISABLED"})
+#: Read by the image itself (its HEALTHCHECK, common.healthcheck: the URL and the CA of an https
+#: one), by every process's tracing (common.tracing: the collector's address and the standard
+#: switch), or by every process's default TLS trust (SSL_CERT_FILE: httpx and OpenSSL, for the
+#: clients that have no CA variable of their own), valid in every service.
+IMAGE_VARIABLES = frozenset(
+    {
+        "HEALTHCHECK_URL",
+        "HEALTHCHECK_CA_FILE",
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_SDK_DISABLED",
+        "SSL_CERT_FILE",
+    }
+)
+#: The Temporal CLI's TLS variables, read by every process of ours that connects to Temporal
+#: (common.temporal_tls, through the SDK's envconfig, not by a settings class): valid in any
+#: service that connects to Temporal (tests/deploy/test_compose_tls.py checks that each one
+#: does), and never required of one.
+TEMPORAL_TLS_VARIABLES = frozenset({temporal_tls.CA, temporal_tls.CERT, temporal_tls.KEY})
 
 
 def settings_variables(cls: type[BaseSettings]) -> set[str]:
