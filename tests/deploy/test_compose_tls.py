@@ -13,8 +13,10 @@ import copy
 import importlib.util
 import os
 import re
+import ssl
 import stat
 import subprocess
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -248,3 +250,50 @@ def test_tls_job_installs_each_services_files_readable_by_it_only(
     }
     assert uids["lock-server"] == 10001 and uids["postgres"] == 999 and uids["temporal"] == 1000
     assert uids["etcd-0"] == 0 and uids["prometheus"] == 65534
+
+
+# --- the compose smoke run's probe (lab.compose_tlsprobe), against a local TLS server ---------
+
+
+def test_the_probe_tells_a_refusal_from_an_answer(tmp_path: Path) -> None:
+    """What `make compose-smoke` runs inside the stack, here against one https server of a test
+    CA: plaintext and another CA are refused, the server's own CA is answered; and the verdicts
+    call a plaintext answer a failure (negative control)."""
+    import http.server
+    import threading
+
+    from lab import compose_tlsprobe as probe
+    from stack.pki import StackPKI
+
+    pki, other = StackPKI(tmp_path / "ours"), StackPKI(tmp_path / "other")
+    files = pki.issue("localhost")
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(files.cert, files.key)
+    httpd.socket = ctx.wrap_socket(httpd.socket, server_side=True)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    port = httpd.server_address[1]
+    try:
+        ours = probe._context(str(pki.ca_file))
+        theirs = probe._context(str(other.ensure_ca()))
+        plain = probe._refused(partial(probe.http_status, "localhost", port, None))
+        wrong = probe._refused(partial(probe.http_status, "localhost", port, theirs))
+        right = probe._refused(partial(probe.http_status, "localhost", port, ours))
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert plain.startswith("refused") and "CERTIFICATE_VERIFY_FAILED" in wrong, (plain, wrong)
+    assert right == "answered: 200"
+    results = {"lock-server": {"plaintext": plain, "other_ca": wrong, "our_ca": right}}
+    assert probe.verdicts(results) == []
+    results["lock-server"]["plaintext"] = "answered: 200"
+    assert probe.verdicts(results) == ["lock-server plaintext: answered: 200"]
