@@ -29,7 +29,7 @@ from datetime import timedelta
 from typing import Any
 
 import httpx
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from temporalio.client import Client
 from temporalio.runtime import (
@@ -52,7 +52,7 @@ from common.exiting import exit_now, load_settings
 from common.logs import configure_logging, get_logger
 from common.pgutil import create_pool
 from common.temporal_tls import TemporalTLSError, temporal_tls
-from common.tls import ClientTLS
+from common.tls import ClientTLS, ServerTLS, refuse_unverified_database_url
 from ledger import PayoutStore
 from lockservice.client import LockClient
 from lockservice.grants import GrantVerifier, verifier_from_settings
@@ -73,7 +73,7 @@ def _reconciler(name: str) -> AliasChoices:
     return AliasChoices(f"RECONCILE_{name.upper()}")
 
 
-class WorkerSettings(ClientTLS, BaseSettings):
+class WorkerSettings(ServerTLS, ClientTLS, BaseSettings):
     """Everything a worker process reads from the environment, read once (`main`)."""
 
     model_config = SettingsConfigDict(env_prefix="WORKER_", extra="ignore")
@@ -151,6 +151,15 @@ class WorkerSettings(ClientTLS, BaseSettings):
     reconcile_ambiguity_sla_s: float = Field(
         default=AMBIGUITY_SLA_S, validation_alias=_reconciler("ambiguity_sla_s")
     )
+
+    @model_validator(mode="after")
+    def _database_tls(self) -> WorkerSettings:
+        for url, variable in (
+            (self.database_url, "WORKER_DATABASE_URL"),
+            (self.reconcile_database_url, "RECONCILE_DATABASE_URL"),
+        ):
+            refuse_unverified_database_url(url, variable, experiment_mode=self.experiment_mode)
+        return self
 
 
 class StartupRefused(Exception):
@@ -235,7 +244,12 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
     worker_queue = f"{settings.task_queue}-holder-{settings.worker_id}"
     health = worker_http.HealthSnapshot()
     http = (
-        worker_http.serve(health, settings.metrics_port, host=settings.metrics_host)
+        worker_http.serve(
+            health,
+            settings.metrics_port,
+            host=settings.metrics_host,
+            tls=settings.server_context(),  # WORKER_TLS_CERT_FILE / WORKER_TLS_KEY_FILE
+        )
         if settings.metrics_port
         else None
     )

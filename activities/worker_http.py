@@ -1,7 +1,8 @@
 """The worker process's HTTP endpoint: `/metrics` (ours and the Temporal SDK's) and `/health`.
 
-Owns: serving what the worker knows of its own health (STD01-08): whether Temporal answers and
-the state of its lock session. Must never: decide anything about a payout (a health answer is a
+Owns: serving (over TLS when given a server context, as the local stack does) what the worker
+knows of its own health (STD01-08): whether Temporal answers and the state of its lock session.
+Must never: decide anything about a payout (a health answer is a
 snapshot for probes and people, never for correctness), or call out to a dependency from the
 serving thread (the event loop refreshes the snapshot; the thread only reads it).
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import ssl
 import threading
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -67,10 +69,23 @@ async def refresh_forever(
         await asyncio.sleep(REFRESH_S)
 
 
-def serve(snapshot: HealthSnapshot, port: int, host: str = "127.0.0.1") -> ThreadingHTTPServer:
-    """Start serving /metrics and /health on a daemon thread; returns the server (shutdown())."""
+#: A connection that sends no complete request (or, over TLS, no handshake) within this long is
+#: closed: an idle client must not hold a handler thread for ever.
+REQUEST_TIMEOUT_S = 10.0
+
+
+def serve(
+    snapshot: HealthSnapshot,
+    port: int,
+    host: str = "127.0.0.1",
+    tls: ssl.SSLContext | None = None,
+) -> ThreadingHTTPServer:
+    """Start serving /metrics and /health on a daemon thread; returns the server (shutdown()).
+    With `tls` (common.tls.server_context), https only: a plaintext request gets no answer."""
 
     class Handler(BaseHTTPRequestHandler):
+        timeout = REQUEST_TIMEOUT_S
+
         def do_GET(self) -> None:
             if self.path == "/metrics":
                 self._send(200, CONTENT_TYPE_LATEST, generate_latest(REGISTRY))
@@ -92,6 +107,12 @@ def serve(snapshot: HealthSnapshot, port: int, host: str = "127.0.0.1") -> Threa
             return  # probes every second would flood the log; nothing here is an event
 
     server = ThreadingHTTPServer((host, port), Handler)
+    if tls is not None:
+        # The handshake happens in the request's own thread, on its first read (bounded by the
+        # handler's timeout), not in the accepting thread, which one silent client would stall.
+        server.socket = tls.wrap_socket(
+            server.socket, server_side=True, do_handshake_on_connect=False
+        )
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="worker-http", daemon=True).start()
     return server

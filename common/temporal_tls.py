@@ -26,6 +26,9 @@ CA = "TEMPORAL_TLS_SERVER_CA_CERT_PATH"
 CERT = "TEMPORAL_TLS_CLIENT_CERT_PATH"
 KEY = "TEMPORAL_TLS_CLIENT_KEY_PATH"
 NO_HOST_CHECK = "TEMPORAL_TLS_DISABLE_HOST_VERIFICATION"
+#: Every variable `temporal_tls` reads (itself or through envconfig): the deployments' contract
+#: (tests/deploy/envcontract.py) takes it from here.
+VARIABLES = ("TEMPORAL_TLS", CA, CERT, KEY, "TEMPORAL_TLS_SERVER_NAME", NO_HOST_CHECK)
 
 
 class TemporalTLSError(ValueError):

@@ -1,7 +1,9 @@
 """TLS in transit (issue 27 §1): the settings every server and client takes, and the
 `ssl.SSLContext` each one builds from them.
 
-Owns: the per-component TLS settings, mixed into each component's pydantic settings under its
+Owns: the check of a component's PostgreSQL DSN (`database_url_problem`: verified TLS to any
+server that is not on this machine, and no explicit `sslmode` that skips verification), the
+per-component TLS settings, mixed into each component's pydantic settings under its
 own prefix (`<PREFIX>_TLS_CERT_FILE` / `<PREFIX>_TLS_KEY_FILE` for a server, `<PREFIX>_TLS_CA_FILE`
 / `<PREFIX>_TLS_VERIFY` for a client; docs/security.md, "Encryption in transit"), the refusal of a
 client that turns verification off outside experiment mode (the FR-29 pattern), and the server
@@ -14,9 +16,12 @@ client context without verification unless the settings passed their experiment-
 
 from __future__ import annotations
 
+import ipaddress
+import os
 import ssl
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 from pydantic import model_validator
 from pydantic_settings import BaseSettings
@@ -82,6 +87,12 @@ class ServerTLS(BaseSettings):
     def uvicorn_ssl(self) -> dict[str, Any]:
         return uvicorn_ssl(self.tls_cert_file, self.tls_key_file)
 
+    def server_context(self) -> ssl.SSLContext | None:
+        """The context a non-uvicorn server wraps its socket with; None: plain HTTP."""
+        if not self.tls_cert_file or not self.tls_key_file:
+            return None
+        return server_context(self.tls_cert_file, self.tls_key_file)
+
 
 class ClientTLS(BaseSettings):
     """What a client trusts: `tls_ca_file` (PEM), or the system's trust store when unset.
@@ -109,3 +120,67 @@ class ClientTLS(BaseSettings):
         if self.tls_ca_file:
             return client_context(self.tls_ca_file)
         return True
+
+
+#: libpq's modes that encrypt (or may) without verifying the server: a path can read and change
+#: the session. asyncpg's `no-verify` is the same.
+UNVERIFIED_SSLMODES = frozenset({"allow", "prefer", "require", "no-verify"})
+#: The modes that verify the server's chain against `sslrootcert` (verify-full also its name;
+#: verify-ca is what Cloud SQL documents for a connection by IP address).
+VERIFIED_SSLMODES = frozenset({"verify-ca", "verify-full"})
+
+
+def _hosts(url: str) -> list[str]:
+    """Every host a DSN may connect to: the netloc's (a multi-host list) and `?host=` ones."""
+    parts = urlsplit(url)
+    hosts: list[str] = []
+    for item in parts.netloc.rpartition("@")[2].split(","):
+        host = item.strip()
+        if host.startswith("["):
+            host = host[1:].partition("]")[0]
+        elif host.count(":") == 1:
+            host = host.partition(":")[0]
+        hosts.append(host)
+    for value in parse_qs(parts.query).get("host", []):
+        hosts += [h.strip() for h in value.split(",")]
+    return hosts
+
+
+def _is_local(host: str) -> bool:
+    """A Unix socket (a path, or no host at all) or a loopback address: nothing on a network."""
+    if not host or host.startswith("/") or host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def database_url_problem(url: str, variable: str) -> str | None:
+    """Why the PostgreSQL DSN in `variable` would let the session be read or redirected on its
+    way, or None. Refused: an `sslmode` that encrypts without verifying (whatever the host),
+    and anything short of verify-ca/verify-full to a host that is not this machine (libpq's and
+    asyncpg's default, `prefer`, takes any certificate and falls back to plaintext). Allowed:
+    loopback and Unix sockets without TLS (a sidecar such as the Cloud SQL Auth Proxy, the
+    tests' own server), since nothing crosses a network there. `PGSSLMODE` counts when the DSN
+    names no mode, as it does for asyncpg."""
+    query = parse_qs(urlsplit(url).query)
+    mode = (query.get("sslmode") or query.get("ssl") or [os.environ.get("PGSSLMODE", "")])[0]
+    fix = "use sslmode=verify-full with sslrootcert=<the CA that issued the server's certificate>"
+    if mode in UNVERIFIED_SSLMODES:
+        return f"{variable} asks for sslmode={mode}, TLS without verifying the server; {fix}"
+    remote = [h for h in _hosts(url) if not _is_local(h)]
+    if remote and mode not in VERIFIED_SSLMODES:
+        shown = f"sslmode={mode}" if mode else "no sslmode"
+        return f"{variable} reaches {remote[0]} with {shown}, not verified TLS; {fix}"
+    return None
+
+
+def refuse_unverified_database_url(
+    url: str | None, variable: str, *, experiment_mode: bool = False
+) -> None:
+    """A settings validator's half: raise TLSSettingsError for `database_url_problem`, unless
+    the component's own experiment mode allows it (the FR-29 pattern)."""
+    problem = database_url_problem(url, variable) if url else None
+    if problem and not experiment_mode:
+        raise TLSSettingsError(f"{problem} (refused outside experiment mode, FR-29)")

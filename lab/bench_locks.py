@@ -49,6 +49,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 from opentelemetry import trace
@@ -65,7 +66,13 @@ from lockservice.api import Grant, LockBackend
 from lockservice.backends import create_backend
 from lockservice.client import LockClient
 from lockservice.grants import generate_keypair
-from stack.embedded import EmbeddedEtcd, EmbeddedPostgres, free_port
+from stack.embedded import (
+    EmbeddedEtcd,
+    EmbeddedPostgres,
+    PostgresTLS,
+    free_port,
+    start_tls_front,
+)
 from stack.pki import StackTLS, issue_stack_tls
 from stack.replication import ReplicatedPostgres
 
@@ -314,19 +321,40 @@ def _etcd(work: Path) -> Iterator[list[str]]:
 
 
 @contextlib.asynccontextmanager
-async def _postgres(work: Path) -> AsyncIterator[str]:
+async def _postgres(work: Path, tls: PostgresTLS) -> AsyncIterator[tuple[str, str]]:
+    """A fresh database, as a plaintext DSN (the floors, the plain side) and as the TLS DSN the
+    defaults' side uses: the embedded server's TCP port, and a TLS front (stack.pgtls, as in
+    every local stack) on another port in front of the same server's socket. With DATABASE_URL,
+    both are that server's DSN as given."""
     server_url = os.environ.get("DATABASE_URL")
-    embedded = None
+    embedded, front = None, None
     if not server_url:
         embedded = EmbeddedPostgres(data_dir=work / "pg")
         server_url = await asyncio.to_thread(embedded.start)
     try:
         db = await create_database(server_url, prefix="lockbench")
+        tls_db = db
+        if embedded is not None:
+            port = free_port()
+            front = start_tls_front(port, embedded.socket_path, tls, work / "pg-tls.json")
+            parts = urlsplit(db)
+            tls_db = urlunsplit(
+                (
+                    parts.scheme,
+                    f"postgres@127.0.0.1:{port}",
+                    parts.path,
+                    tls.url_query(),
+                    "",
+                )
+            )
         try:
-            yield db
+            yield db, tls_db
         finally:
             await drop_database(server_url, db)
     finally:
+        if front is not None:
+            front.terminate()
+            await asyncio.to_thread(front.wait)
         if embedded is not None:
             await asyncio.to_thread(embedded.stop, "immediate")
 
@@ -341,7 +369,10 @@ async def run(n: int) -> dict[str, Any]:
         # The backend class measured in-process emits its events, as in the server: to a file.
         events = stack.enter_context((work / "backend-events.log").open("a"))
         configure_logging("lock-bench", stream=events)
-        async with _postgres(work) as db:
+        # The defaults' side serves TLS with certificates of a CA of its own (stack.pki), and
+        # reaches PostgreSQL through a TLS front, as a local stack's lock server does.
+        tls = issue_stack_tls(work / "tls")
+        async with _postgres(work, tls.postgres()) as (db, tls_db):
             with _etcd(work) as endpoints:
                 prefix = f"bench{uuid.uuid4().hex[:8]}/"
                 env = {
@@ -354,12 +385,12 @@ async def run(n: int) -> dict[str, Any]:
                 }
                 provider = tracing.tracer_provider("bench-locks", trace_dir=work / "traces")
                 (work / "untraced").mkdir()  # the untraced servers' own keys and tokens
-                # The defaults' side serves TLS with a certificate of a CA of its own (stack.pki).
-                shape = work, provider, issue_stack_tls(work / "tls")
+                shape = work, provider, tls
+                tls_env = {"postgres": {"DATABASE_URL": tls_db}}
                 for kind in ("etcd", "postgres"):
                     where = db, endpoints
                     result[kind] = await _one_kind(
-                        kind, env[kind], floors[kind], where, n, prefix, shape
+                        kind, env[kind], floors[kind], where, n, prefix, shape, tls_env.get(kind)
                     )
                 async with _sync_pair(work) as sync_db:
                     pg_env = {"LOCK_BACKEND": "postgres", "DATABASE_URL": sync_db}
@@ -392,13 +423,15 @@ async def _one_kind(  # noqa: PLR0917 - one backend's servers, floor, and the ru
     n: int,
     prefix: str,
     run: tuple[Path, TracerProvider | None, StackTLS],
+    tls_env: dict[str, str] | None = None,
 ) -> dict[str, float]:
     """One backend kind: a TLS+traced and a plain+untraced lock server on it, its floor and the
-    backend class in process, measured interleaved."""
+    backend class in process, measured interleaved. `tls_env`: what the TLS side is given
+    instead (the PostgreSQL DSN through the TLS front)."""
     work, provider, tls = run
     print(f"{kind}: starting lock servers (TLS+traced, plain+untraced)", flush=True)
     server_env = {**env, "LOCK_KEY_PREFIX": prefix}
-    traced_env = {**server_env, tracing.TRACE_DIR_VAR: str(work / "traces")}
+    traced_env = {**server_env, tracing.TRACE_DIR_VAR: str(work / "traces"), **(tls_env or {})}
     plain_env = {**server_env, "OTEL_SDK_DISABLED": "true"}
     db, endpoints = where
     async with (

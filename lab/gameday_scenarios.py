@@ -262,12 +262,12 @@ async def _confirm_fenced_out(ctx: Ctx) -> bool:
 async def _plant_discrepancy(ctx: Ctx) -> None:
     """A scratch database (never the stack's payment database) where a payout claims POSTED
     with no rail movement; the real reconciler runs against it and exports what it found."""
-    scratch = ScratchReconciler(ctx.stack.database_url)
+    scratch = ScratchReconciler(ctx.stack.database_url, ctx.stack.server_context("worker"))
     ctx.scratch = scratch
     scratch.start()
     # In production the workers serve reconcile_* (the ReconcileWorkflow runs there): the
     # exporter is one more target of the shipped worker job, not a job of its own.
-    ctx.prom.extra_targets["worker"] = [scratch.url.removeprefix("http://")]
+    ctx.prom.extra_targets["worker"] = [scratch.url.split("://", 1)[1]]
     ctx.prom.refresh_targets()
     await scratch.create()
     await scratch.plant()

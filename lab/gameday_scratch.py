@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import ssl
 import threading
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -76,17 +77,20 @@ class _Handler(BaseHTTPRequestHandler):
 class ScratchReconciler:
     """One scratch database, the reconciler run against it, and its scrape target."""
 
-    def __init__(self, admin_dsn: str) -> None:
+    def __init__(self, admin_dsn: str, tls: ssl.SSLContext | None = None) -> None:
         self.admin_dsn = admin_dsn
         self.name = f"gameday_scratch_{uuid.uuid4().hex[:8]}"
         self.dsn = _with_database(admin_dsn, self.name)
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        # One more target of the shipped worker job, so served as a worker is: https with TLS on.
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
         registry = CollectorRegistry(auto_describe=True)
         for collector in (DISCREPANCIES, RUNS, LAST_COMPLETED):
             registry.register(collector)
         handler = type("ScratchHandler", (_Handler,), {"registry": registry})
         self._server = ThreadingHTTPServer(("127.0.0.1", self.port), handler)
+        if tls is not None:
+            self._server.socket = tls.wrap_socket(self._server.socket, server_side=True)
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self.planted: str | None = None
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from common.tls import ServerTLS, TLSSettingsError
+from common.tls import ServerTLS, TLSSettingsError, refuse_unverified_database_url
 
 if TYPE_CHECKING:
     from lockservice.backends.etcd_client import EtcdTLSFiles
@@ -93,6 +93,12 @@ class LockSettings(ServerTLS, BaseSettings):
         if not self.etcd_ca_file:
             return None
         return EtcdTLSFiles(self.etcd_ca_file, self.etcd_cert_file, self.etcd_key_file)
+
+    @model_validator(mode="after")
+    def _database_tls(self) -> LockSettings:
+        # The lock server has no experiment mode: its grants are never to cross a path unverified.
+        refuse_unverified_database_url(self.database_url, "LOCK_DATABASE_URL")
+        return self
 
     @model_validator(mode="after")
     def _etcd_tls_complete(self) -> LockSettings:

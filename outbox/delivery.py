@@ -24,7 +24,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from common import tracing
 from common.backoff import full_jitter
 from common.credentials import auth_headers
-from common.tls import ClientTLS
+from common.tls import ClientTLS, ServerTLS
 
 
 class OutboxError(Exception):
@@ -66,7 +66,7 @@ def _default_publisher_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-class OutboxSettings(ClientTLS, BaseSettings):
+class OutboxSettings(ServerTLS, ClientTLS, BaseSettings):
     """Publisher settings, env prefix `OUTBOX_` (e.g. `OUTBOX_BASE_DELAY_S`)."""
 
     model_config = SettingsConfigDict(env_prefix="OUTBOX_", extra="ignore")

@@ -29,9 +29,10 @@ from common.credentials import (
     operator_token,
     refuse_unreadable_token,
 )
-from common.exiting import load_settings
+from common.exiting import load_settings, refuse
 from common.logs import configure_logging
 from common.pgutil import create_pool
+from common.tls import database_url_problem
 from outbox.delivery import OPERABLE, OutboxError, OutboxSettings, Status
 from outbox.ops import list_rows, operator_action, outbox_summary
 from outbox.publisher import Publisher
@@ -46,7 +47,13 @@ async def _run(url: str, settings: OutboxSettings) -> int:
     publisher_pool = await create_pool(url, min_size=1, max_size=min(settings.batch_size, 10) + 2)
     publisher = Publisher(publisher_pool, settings)
     if settings.metrics_port:
-        start_http_server(settings.metrics_port, registry=publisher.metrics.registry)
+        # OUTBOX_TLS_CERT_FILE / OUTBOX_TLS_KEY_FILE: https only (prometheus_client's own TLS).
+        start_http_server(
+            settings.metrics_port,
+            registry=publisher.metrics.registry,
+            certfile=settings.tls_cert_file,
+            keyfile=settings.tls_key_file,
+        )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -63,9 +70,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
     settings = load_settings("outbox", OutboxSettings)
     # Before anything starts: the publisher reads its token only after opening its pool.
     refuse_unreadable_token(settings.token_file, "OUTBOX_TOKEN_FILE", "outbox")
+    url = database_url(args, "OUTBOX_DATABASE_URL")
+    problem = database_url_problem(url, "OUTBOX_DATABASE_URL")
+    if problem:  # the publisher has no experiment mode
+        refuse("outbox", f"{problem}: refusing to start")
     configure_logging("outbox", level=settings.log_level, service=True)
     tracing.setup("outbox")  # each delivery joins the trace of the work that staged its row
-    return asyncio.run(_run(database_url(args, "OUTBOX_DATABASE_URL"), settings))
+    return asyncio.run(_run(url, settings))
 
 
 async def _list(url: str, status: Status | None, limit: int, as_json: bool) -> int:

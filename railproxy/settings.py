@@ -9,7 +9,7 @@ from typing import Self
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from common.tls import ClientTLS, ServerTLS
+from common.tls import ClientTLS, ServerTLS, refuse_unverified_database_url
 
 
 def _default_replica_id() -> str:
@@ -111,6 +111,13 @@ class ProxySettings(ServerTLS, ClientTLS, BaseSettings):
     #: This proxy's own token for the rail (`RAILPROXY_TOKEN_FILE`): the rail authenticates its
     #: client. A file path, never the token itself.
     token_file: str | None = None
+
+    @model_validator(mode="after")
+    def _database_tls(self) -> Self:
+        refuse_unverified_database_url(
+            self.database_url, "RAILPROXY_DATABASE_URL", experiment_mode=self.experiment_mode
+        )
+        return self
 
     @model_validator(mode="after")
     def _breaker_can_open(self) -> Self:

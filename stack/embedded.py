@@ -188,6 +188,32 @@ class PostgresTLS:
         return f"sslmode=verify-full&sslrootcert={quote(str(self.ca_file), safe='/')}"
 
 
+def start_tls_front(
+    port: int, upstream_socket: Path, tls: PostgresTLS, log_path: Path, *, timeout: float = 60
+) -> subprocess.Popen[bytes]:
+    """`python -m stack.pgtls` on 127.0.0.1:`port` in front of a server's Unix socket, once it
+    listens; it exits with this process (and on SIGTERM)."""
+    with open(log_path, "ab") as log:
+        front = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "stack.pgtls",
+                *("--listen", f"127.0.0.1:{port}"),
+                *("--upstream-socket", str(upstream_socket)),
+                *("--cert-file", str(tls.cert_file), "--key-file", str(tls.key_file)),
+                "--exit-with-parent",  # a stack killed outright leaves no front behind
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # a signal to the server's group never reaches it
+            cwd=Path(__file__).resolve().parent.parent,
+        )
+    wait_for_port(port, timeout=timeout, what="PostgreSQL's TLS front", proc=front)
+    return front
+
+
 @dataclass
 class EmbeddedPostgres:
     """One PostgreSQL 16 cluster (from pgserver's binaries) on 127.0.0.1:port, trust auth.
@@ -220,6 +246,12 @@ class EmbeddedPostgres:
     def socket_path(self) -> Path:
         """The server's Unix socket (always there; with `tls`, its only listener)."""
         return self.data_dir / f".s.PGSQL.{self.port}"
+
+    @property
+    def front_pid(self) -> int | None:
+        """The TLS front's pid while it runs (None without `tls`)."""
+        front = self._front
+        return front.pid if front is not None and front.poll() is None else None
 
     @property
     def front_log_path(self) -> Path:
@@ -320,26 +352,10 @@ class EmbeddedPostgres:
         return self.url
 
     def _start_front(self, timeout: float) -> None:
-        tls = self.tls
-        assert tls is not None
-        with open(self.front_log_path, "ab") as log:
-            self._front = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "stack.pgtls",
-                    *("--listen", f"127.0.0.1:{self.port}"),
-                    *("--upstream-socket", str(self.socket_path)),
-                    *("--cert-file", str(tls.cert_file), "--key-file", str(tls.key_file)),
-                    "--exit-with-parent",  # a stack killed outright leaves no front behind
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # a signal to the server's group never reaches it
-                cwd=Path(__file__).resolve().parent.parent,
-            )
-        wait_for_port(self.port, timeout=timeout, what="PostgreSQL's TLS front", proc=self._front)
+        assert self.tls is not None
+        self._front = start_tls_front(
+            self.port, self.socket_path, self.tls, self.front_log_path, timeout=timeout
+        )
 
     def stop_front(self) -> None:
         """Stop the TLS front (if any); the server itself is not touched."""

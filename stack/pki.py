@@ -6,9 +6,9 @@ across runs like the grant-signing key, and a server certificate per component
 client certificate; for etcd (mutual TLS, client and peer), a certificate per member that it
 serves to clients and presents to its peers, and a client certificate for each of its clients
 (the lock server's, and the stack's own: its leader checks, the local Prometheus, the operator's
-shell). Must never: be imported by a component (production
-certificates come from the deployment's CA), hand a CA key to any process, or issue a
-certificate without the SANs its clients check.
+shell); for PostgreSQL, the certificate its TLS front serves (stack.pgtls). Must never: be
+imported by a component (production certificates come from the deployment's CA), hand a CA key
+to any process, or issue a certificate without the SANs its clients check.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from common.tls import client_context
-from stack.embedded import EtcdMemberTLS
+from stack.embedded import EtcdMemberTLS, PostgresTLS
 
 if TYPE_CHECKING:
     from lockservice.backends.etcd_client import EtcdTLSFiles
@@ -165,8 +165,11 @@ class StackPKI:
         return files
 
 
-#: Every HTTP server of the stack: a certificate each (server and client authentication).
-SERVERS = ("lock-server", "railstub", "railproxy", "finledger")
+#: Every HTTP server of the stack: a certificate each (server and client authentication); the
+#: workers (one certificate for all) and the outbox publishers serve their /metrics and /health.
+SERVERS = ("lock-server", "railstub", "railproxy", "finledger", "worker", "outbox")
+#: The embedded PostgreSQL's TLS front (stack.pgtls); every node of a replicated pair serves it.
+POSTGRES = "postgres"
 #: etcd's clients, a client certificate each: the lock server, and the stack itself (its
 #: leader checks, the local Prometheus scraping etcd's /metrics, the operator's etcdctl).
 ETCD_CLIENTS = ("lock-server", "stack")
@@ -198,6 +201,11 @@ class StackTLS:
 
     def client_context(self) -> ssl.SSLContext:
         return client_context(str(self.ca_file))
+
+    def postgres(self) -> PostgresTLS:
+        """What the embedded PostgreSQL's TLS front presents, and the CA its clients verify."""
+        files = self.certs[POSTGRES]
+        return PostgresTLS(self.ca_file, files.cert, files.key)
 
     @property
     def has_etcd(self) -> bool:
@@ -231,12 +239,12 @@ def issue_stack_tls(
     directory: Path, ca_dir: Path | None = None, *, etcd_members: Sequence[str] = ()
 ) -> StackTLS:
     """The CA under `ca_dir` (default `directory`; kept across runs) and a fresh certificate
-    per entry of SERVERS under `directory`; with `etcd_members`, one per member and one per
-    entry of ETCD_CLIENTS too."""
+    per entry of SERVERS and for PostgreSQL under `directory`; with `etcd_members`, one per
+    member and one per entry of ETCD_CLIENTS too."""
     pki = StackPKI(ca_dir or directory)
     pki.ensure_ca()
     directory.mkdir(parents=True, exist_ok=True)
-    names = [*SERVERS]
+    names = [*SERVERS, POSTGRES]
     if etcd_members:
         names += [_etcd_member_cert(m) for m in etcd_members]
         names += [_etcd_client_cert(c) for c in ETCD_CLIENTS]

@@ -148,6 +148,9 @@ class ServiceFactory:
         tls = self.addr.tls
         return tls.server_env(prefix, name) if tls else {}
 
+    def _scheme(self) -> str:
+        return "https" if self.addr.tls else "http"
+
     def _client_tls(self, prefix: str) -> dict[str, str]:
         tls = self.addr.tls
         return tls.client_env(prefix) if tls else {}
@@ -373,7 +376,7 @@ class ServiceFactory:
         """One outbox publisher; replicas claim disjoint batches (FOR UPDATE SKIP LOCKED,
         outbox.ops), and the ledger answers a redelivered event as a duplicate."""
         port = port or self.config.ports.outbox_metrics
-        url = f"http://127.0.0.1:{port}"
+        url = f"{self._scheme()}://127.0.0.1:{port}"
         own = {
             **self._db("outbox", "OUTBOX_DATABASE_URL"),
             "OUTBOX_FINLEDGER_URL": self.addr.finledger_url,
@@ -382,12 +385,13 @@ class ServiceFactory:
             "OUTBOX_PUBLISHER_ID": name,
             "OUTBOX_TOKEN_FILE": str(self.credentials.tokens["outbox"]),
             **self._client_tls("OUTBOX_"),  # the finance ledger's certificate
+            **self._server_tls("OUTBOX_", "outbox"),  # its own /metrics
         }
         return self._python(
             name,
             ["-m", "payouts.cli", "outbox", "run"],
             own,
-            http_check(f"{url}/metrics"),
+            self._check(f"{url}/metrics"),
             f"GET {url}/metrics",
             url=url,
             port=port,
@@ -465,13 +469,14 @@ class ServiceFactory:
             "RECONCILE_RAIL_ADMIN_URL": self.addr.railstub_url,
             # The lock server's, the proxy's and (for the reconcile activity) the rail's.
             **self._client_tls("WORKER_"),
+            **self._server_tls("WORKER_", "worker"),  # its own /metrics and /health
         }
-        url = f"http://127.0.0.1:{metrics_port}"
+        url = f"{self._scheme()}://127.0.0.1:{metrics_port}"
         proc = self._python(
             name,
             [str(WORKER_SCRIPT)],
             own,
-            http_check(f"{url}/health"),
+            self._check(f"{url}/health"),
             f"GET {url}/health (Temporal connected, lock session not past its deadline)",
             url=url,
             port=metrics_port,

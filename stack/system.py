@@ -34,6 +34,7 @@ from common.credentials import auth_headers, read_token
 from common.db_roles import DSN_VARS, RoleFiles, generate_role_files, role_url
 from common.logs import get_logger
 from common.migrate import migrate
+from common.tls import server_context
 from railproxy.settings import ProxySettings
 from stack.balancer import Pool, replica_names, service_of
 from stack.config import (
@@ -49,6 +50,7 @@ from stack.embedded import (
     EmbeddedPostgres,
     EmbeddedServerError,
     EtcdMember,
+    PostgresTLS,
     free_port,
 )
 from stack.envfile import ENV_FILE_NAME, stack_environment, write_env_file
@@ -161,6 +163,14 @@ class Stack:
         """The CA every server's certificate chains to (None: TLS off or not started)."""
         return self._tls.ca_file if self._tls else None
 
+    def server_context(self, name: str) -> ssl.SSLContext | None:
+        """A server context with the certificate the stack issued to `name` (stack.pki.SERVERS),
+        for a driver's own endpoint that stands in for that server; None with TLS off."""
+        if self._tls is None:
+            return None
+        files = self._tls.certs[name]
+        return server_context(str(files.cert), str(files.key))
+
     def etcd_client_tls(self) -> EtcdTLSFiles | None:
         """The files the stack's own etcd client presents (its leader checks; a driver's check
         of the cluster): None when etcd is plaintext, external or not used."""
@@ -243,6 +253,14 @@ class Stack:
             out["postgres-standby"] = ProcessInfo(
                 "postgres-standby", standby_pid, sb.log_path, sb.url
             )
+        # The TLS fronts (stack.pgtls): their own processes, whose CPU the benches charge apart.
+        nodes = [("postgres", self._pg)]
+        if self._ha is not None:
+            nodes.append(("postgres-standby", self._ha.standby))
+        for name, node in nodes:
+            front = node.front_pid if node is not None else None
+            if node is not None and front is not None:
+                out[f"{name}-tls"] = ProcessInfo(f"{name}-tls", front, node.front_log_path)
         if self._etcd is not None:
             for i, m in enumerate(self._etcd.members):
                 if m.proc is not None and m.proc.poll() is None:
@@ -674,10 +692,15 @@ class Stack:
             await self._start_replicated()
         else:
             assert cfg.ports.postgres is not None
-            # No TLS here yet: pgserver's build has none ("SSL is not supported by this build";
-            # docs/security.md, "What still depends on network isolation").
-            pg = EmbeddedPostgres(data_dir=self.run_dir / "pg", port=cfg.ports.postgres)
-            self._progress(f"starting embedded PostgreSQL on 127.0.0.1:{pg.port} (log {pg._log})")
+            # pgserver's build has no SSL: with TLS on, the server listens on its Unix socket
+            # only and its TLS front (stack.pgtls) on the port; every DSN says verify-full.
+            pg = EmbeddedPostgres(
+                data_dir=self.run_dir / "pg", port=cfg.ports.postgres, tls=self._pg_tls()
+            )
+            how = "behind its TLS front" if pg.tls else "plaintext"
+            self._progress(
+                f"starting embedded PostgreSQL on 127.0.0.1:{pg.port}, {how} (log {pg._log})"
+            )
             self._pg = pg
             try:
                 await _in_thread(lambda: pg.start(timeout=cfg.health_timeout_s))
@@ -693,11 +716,16 @@ class Stack:
         self._write_state(stopped=False)
         return url, roles
 
+    def _pg_tls(self) -> PostgresTLS | None:
+        return self._tls.postgres() if self._tls else None
+
     async def _start_replicated(self) -> None:
         cfg = self.config
         assert cfg.ports.postgres is not None
         ha = ReplicatedPostgres(
-            base_dir=self.run_dir / "pg-ha", synchronous=cfg.postgres_standby == "sync"
+            base_dir=self.run_dir / "pg-ha",
+            synchronous=cfg.postgres_standby == "sync",
+            tls=self._pg_tls(),
         )
         ha.primary.port = cfg.ports.postgres  # the standby takes a free port
         self._progress(

@@ -36,3 +36,23 @@ resource "google_secret_manager_secret" "credential" {
   labels     = { env = "dev", app = "payouts" }
   depends_on = [google_billing_budget.dev, google_project_service.apis]
 }
+
+# The deployment's TLS CA (deploy/k8s_tls.py; docs/deploy-gcp.md, "TLS"): its private key and,
+# beside it, its certificate (public, kept here so that the operator who issues a certificate
+# fetches the pair from one versioned place). Containers only, like the grant-signing key. No
+# workload is granted either (iam.tf): the cluster gets the CA's certificate through ConfigMap
+# payouts-ca and each server's key through its own Kubernetes Secret.
+resource "google_secret_manager_secret" "tls_ca" {
+  # checkov:skip=CKV_GCP_125: Google-managed encryption keys; a CMEK would outlive destroy (NFR-14).
+  for_each  = toset(["tls-ca-key", "tls-ca-cert"])
+  secret_id = each.value
+  replication {
+    user_managed {
+      replicas {
+        location = var.region
+      }
+    }
+  }
+  labels     = { env = "dev", app = "payouts" }
+  depends_on = [google_billing_budget.dev, google_project_service.apis]
+}

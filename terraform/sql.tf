@@ -1,7 +1,12 @@
 # Cloud SQL for PostgreSQL 16, regional HA with point-in-time recovery (NFR-05, INV-04 runbook in
 # docs/deploy-gcp.md). Private IP only; IAM database authentication, so no password exists.
+# Every connection goes through the Cloud SQL Auth Proxy (each database pod's sidecar): TLS 1.3
+# with an ephemeral client certificate per IAM identity, the server's identity checked against
+# the instance's CA, which the proxy fetches itself (docs/deploy-gcp.md, "TLS"). The instance
+# refuses everything else: connector_enforcement (no direct connection at all) and ssl_mode (a
+# direct one, were it allowed, would need TLS and a trusted client certificate).
 resource "google_sql_database_instance" "paydb" {
-  # checkov:skip=CKV_GCP_6: TLS is enforced by the Cloud SQL Auth Proxy (ssl_mode below requires it for direct connections too).
+  # checkov:skip=CKV_GCP_6: TLS is enforced: connector_enforcement = REQUIRED (Auth Proxy only) and ssl_mode TRUSTED_CLIENT_CERTIFICATE_REQUIRED below.
   # checkov:skip=CKV_GCP_79: PostgreSQL 16 is the major version the project tests against (pgserver ships 16).
   # checkov:skip=CKV2_GCP_20: The instance has no public IP (ipv4_enabled = false); the check wants ssl too, which ssl_mode covers.
   name                = "payouts-dev"
@@ -13,6 +18,8 @@ resource "google_sql_database_instance" "paydb" {
     tier              = "db-custom-1-3840"
     edition           = "ENTERPRISE"
     availability_type = "REGIONAL"
+    # Only the Cloud SQL Auth Proxy and the Cloud SQL connectors may connect (TLS 1.3, IAM).
+    connector_enforcement = "REQUIRED"
     disk_autoresize   = true
     user_labels       = { env = "dev", app = "payouts" }
 
@@ -28,7 +35,7 @@ resource "google_sql_database_instance" "paydb" {
     ip_configuration {
       ipv4_enabled    = false
       private_network = google_compute_network.vpc.id
-      ssl_mode        = "ENCRYPTED_ONLY"
+      ssl_mode        = "TRUSTED_CLIENT_CERTIFICATE_REQUIRED"
     }
     database_flags {
       name  = "cloudsql.iam_authentication"

@@ -33,6 +33,11 @@ class Component:
     extra: frozenset[str] = field(default_factory=frozenset)
 
 
+#: What a process that connects to Temporal's frontend reads for its TLS (common.temporal_tls
+#: reads them from a mapping, which the literal scan below cannot see).
+TEMPORAL_CLIENT = frozenset(temporal_tls.VARIABLES)
+
+
 #: Every component the image runs. Temporal, PostgreSQL and etcd are third-party images.
 COMPONENTS: tuple[Component, ...] = (
     Component(
@@ -61,6 +66,7 @@ COMPONENTS: tuple[Component, ...] = (
         "worker",
         ("python", "/app/worker_main.py"),
         settings=("worker_main:WorkerSettings",),
+        extra=TEMPORAL_CLIENT,
     ),
     Component("migrate", ("payouts", "db", "migrate"), modules=("payouts.cli",), one_shot=True),
     Component(
@@ -69,6 +75,7 @@ COMPONENTS: tuple[Component, ...] = (
         settings=("reconcile.reconciler:ReconcileSettings",),
         modules=("payouts.reconcile_cli",),
         one_shot=True,
+        extra=TEMPORAL_CLIENT,
     ),
     Component(
         "reconciler",
@@ -83,27 +90,26 @@ COMPONENTS: tuple[Component, ...] = (
         settings=("invariants.checker:InvariantSettings",),
         modules=("payouts.cli", "payouts.invariants_cli", "payouts.settings"),
         one_shot=True,
+        extra=TEMPORAL_CLIENT,  # its workflow source (invariants.sources)
     ),
 )
 
 #: Read by the image itself (its HEALTHCHECK, common.healthcheck: the URL and the CA of an https
-#: one), by every process's tracing (common.tracing: the collector's address and the standard
-#: switch), or by every process's default TLS trust (SSL_CERT_FILE: httpx and OpenSSL, for the
-#: clients that have no CA variable of their own), valid in every service.
+#: one), by every process's tracing
+#: (common.tracing: the collector's address, the CA that verifies it, and the standard switch),
+#: or by every HTTPS client's default trust (httpx and Python's ssl: SSL_CERT_FILE, what the
+#: operator commands without a `<PREFIX>_TLS_CA_FILE` of their own verify against; docs/security.md),
+#: valid in every service.
 IMAGE_VARIABLES = frozenset(
     {
         "HEALTHCHECK_URL",
         "HEALTHCHECK_CA_FILE",
         "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_CERTIFICATE",
         "OTEL_SDK_DISABLED",
         "SSL_CERT_FILE",
     }
 )
-#: The Temporal CLI's TLS variables, read by every process of ours that connects to Temporal
-#: (common.temporal_tls, through the SDK's envconfig, not by a settings class): valid in any
-#: service that connects to Temporal (tests/deploy/test_compose_tls.py checks that each one
-#: does), and never required of one.
-TEMPORAL_TLS_VARIABLES = frozenset({temporal_tls.CA, temporal_tls.CERT, temporal_tls.KEY})
 
 
 def settings_variables(cls: type[BaseSettings]) -> set[str]:

@@ -35,9 +35,7 @@ def drift(component: envcontract.Component, deployed: set[str], kept: set[str]) 
     reads = envcontract.variables(component)
     problems = [
         f"{component.name}: sets {n}, which its code does not read"
-        for n in sorted(
-            deployed - reads - envcontract.IMAGE_VARIABLES - envcontract.TEMPORAL_TLS_VARIABLES
-        )
+        for n in sorted(deployed - reads - envcontract.IMAGE_VARIABLES)
     ]
     problems += [
         f"{component.name}: {n} is read by the code but neither set nor listed in "

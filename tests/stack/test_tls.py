@@ -131,3 +131,39 @@ def test_a_server_certificate_without_its_key_is_refused(tmp_path: Path) -> None
     cert = StackPKI(tmp_path).issue("railproxy")
     with pytest.raises(ValueError, match="RAILPROXY_TLS_CERT_FILE and RAILPROXY_TLS_KEY_FILE"):
         ProxySettings(tls_cert_file=str(cert.cert))
+
+
+async def test_the_embedded_postgresql_speaks_only_verified_tls(tls_stack: Stack) -> None:
+    """The stack's own PostgreSQL (behind its TLS front, stack.pgtls): every DSN it hands out
+    says verify-full with the stack's CA, the servers started on them (the lock server's
+    backend is PostgreSQL), and the same port refuses a plaintext startup."""
+    if os.environ.get("DATABASE_URL"):
+        pytest.skip("the stack was given DATABASE_URL: its server is not the embedded one")
+    import asyncpg
+
+    assert tls_stack.addresses is not None
+    dsns = {"DATABASE_URL": tls_stack.database_url, **tls_stack.addresses.role_urls}
+    for variable, dsn in dsns.items():
+        assert "sslmode=verify-full" in dsn, variable
+        assert f"sslrootcert={tls_stack.tls_ca_file}" in dsn, variable
+    conn = await asyncpg.connect(tls_stack.database_url)
+    try:
+        assert conn._transport.get_extra_info("ssl_object") is not None  # type: ignore[attr-defined]
+        assert await conn.fetchval("SELECT count(*) FROM pg_stat_activity") > 0
+    finally:
+        await conn.close()
+    plain = tls_stack.database_url.split("?", 1)[0] + "?sslmode=disable"
+    with pytest.raises(asyncpg.InvalidAuthorizationSpecificationError, match="TLS connections"):
+        await asyncpg.connect(plain)
+
+
+async def test_the_outbox_publishers_metrics_are_https_only(tls_stack: Stack) -> None:
+    """The publisher's /metrics (prometheus_client's own TLS): the stack's CA verifies it, a
+    plaintext request gets no HTTP answer. (A worker's endpoint: tests/activities.)"""
+    url = tls_stack.processes["outbox"].url
+    assert url is not None and url.startswith("https://127.0.0.1:"), url
+    async with httpx.AsyncClient(timeout=10, verify=tls_stack.client_verify()) as http:
+        assert (await http.get(f"{url}/metrics")).status_code == 200
+    async with httpx.AsyncClient(timeout=10) as plain:
+        with pytest.raises(httpx.TransportError):
+            await plain.get(f"{url.replace('https://', 'http://', 1)}/metrics")

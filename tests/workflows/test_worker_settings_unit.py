@@ -21,17 +21,26 @@ def test_reads_the_reconcilers_variables_under_their_own_names(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     _clear(monkeypatch)
-    monkeypatch.setenv("RECONCILE_DATABASE_URL", "postgresql://payouts_reconciler@db/payouts")
+    monkeypatch.setenv(
+        "RECONCILE_DATABASE_URL", "postgresql://payouts_reconciler@db/payouts?sslmode=verify-full"
+    )
     monkeypatch.setenv("RECONCILE_RAIL_ADMIN_URL", "http://railstub:8710")
     monkeypatch.setenv("RECONCILE_TOKEN_FILE", "/run/credentials/reconciler.token")
     monkeypatch.setenv("RECONCILE_AMBIGUITY_SLA_S", "60")
-    monkeypatch.setenv("WORKER_DATABASE_URL", "postgresql://payouts_paydb@db/payouts")
+    monkeypatch.setenv(
+        "WORKER_DATABASE_URL", "postgresql://payouts_paydb@db/payouts?sslmode=verify-full"
+    )
     settings = WorkerSettings()
-    assert settings.reconcile_database_url == "postgresql://payouts_reconciler@db/payouts"
+    assert (
+        settings.reconcile_database_url
+        == "postgresql://payouts_reconciler@db/payouts?sslmode=verify-full"
+    )
     assert settings.reconcile_rail_admin_url == "http://railstub:8710"
     assert settings.reconcile_token_file == "/run/credentials/reconciler.token"
     assert settings.reconcile_ambiguity_sla_s == 60.0
-    assert settings.database_url == "postgresql://payouts_paydb@db/payouts"  # its own, apart
+    assert (
+        settings.database_url == "postgresql://payouts_paydb@db/payouts?sslmode=verify-full"
+    )  # its own, apart
 
 
 def test_the_same_variable_unset_means_the_same_as_for_the_reconciler(
