@@ -8,12 +8,17 @@ password, the lock service's Ed25519 grant-signing key pair, and the bearer toke
 credentials files (common.credentials): one token per identity under
 `deploy/secrets/credentials/tokens/` and one credentials file per server under
 `deploy/secrets/credentials/`, for the same identities and servers as the local stack
-(stack/services.py). Must never: print a secret, overwrite an existing file (a second
-run keeps what the running databases were initialised with and the tokens the services accept;
-`--force` replaces the env file, never a role's password file, the key pair or a token), or
-write anywhere but under `deploy/`.
+(stack/services.py); and the compose deployment's TLS (issue 27): a private CA and one
+certificate per service for its compose DNS name, 127.0.0.1 and localhost under
+`deploy/secrets/tls/` (`stack.pki.StackPKI`, the local stack's issuer; keys 0600). Must never:
+print a secret, overwrite an existing file (a second run keeps what the running databases were
+initialised with, the tokens the services accept and the CA and certificates they present;
+`--force` replaces the env file, never a role's password file, the key pair, a token or a TLS
+file; `--reissue-tls` re-issues the certificates from the kept CA, `--new-tls-ca` replaces the
+CA too), or write anywhere but under `deploy/`.
 
-Run: `make compose-env` (or `.venv/bin/python deploy/gen_env.py [--force] [--credentials-only]`).
+Run: `make compose-env` (or `.venv/bin/python deploy/gen_env.py [--force] [--credentials-only]
+[--reissue-tls | --new-tls-ca]`).
 """
 
 from __future__ import annotations
@@ -31,11 +36,32 @@ from common.credentials import issue_tokens, write_credentials  # noqa: E402 - p
 from common.db_roles import ROLE_NAMES  # noqa: E402 - same reason
 from lockservice.grants import generate_keypair  # noqa: E402 - after the path set-up above
 from stack.credentials import STACK_ACCEPTS, STACK_IDENTITIES  # noqa: E402 - same reason
+from stack.pki import StackPKI  # noqa: E402 - same reason
 
 ENV_PATH = ROOT / "compose.env"
 SECRETS_DIR = ROOT / "secrets"
 #: Key id of the compose stack's grant-signing key (RAILPROXY_/WORKER_GRANT_PUBLIC_KEYS name it).
 KEY_ID = "compose-k1"
+
+#: One certificate per compose service that serves TLS or presents a client certificate, named
+#: after it (its compose DNS name, which is the SAN its clients check; 127.0.0.1 and localhost
+#: too, for its own healthcheck). deploy/compose/install-tls.sh installs each into that service's
+#: own volume `tls-<service>` only. `prometheus` and `operator` are etcd clients (etcd requires a
+#: client certificate); the lock server's own certificate is its etcd client certificate too.
+TLS_SERVICES = (
+    "lock-server",
+    "railstub",
+    "railproxy",
+    "finledger",
+    "postgres",
+    "temporal-postgres",
+    "temporal",
+    "etcd-0",
+    "etcd-1",
+    "etcd-2",
+    "prometheus",
+    "operator",
+)
 
 #: Passwords docker-compose.yml interpolates besides the roles'.
 PASSWORDS = (
@@ -115,6 +141,29 @@ def write_credentials_files(directory: Path) -> Path:
     return directory
 
 
+def write_tls(directory: Path, *, reissue: bool = False, new_ca: bool = False) -> Path:
+    """The compose deployment's CA (`ca.pem`, its key `ca.key` 0600) and a certificate per entry
+    of TLS_SERVICES (`<service>.pem`, `<service>.key` 0600), under a 0700 directory. Kept when
+    present: a missing file is issued, an existing one is left alone unless `reissue` (every
+    certificate again, from the kept CA) or `new_ca` (a new CA, then every certificate)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    directory.parent.chmod(0o700)
+    directory.chmod(0o700)
+    pki = StackPKI(directory)
+    if new_ca:
+        for old in (directory / "ca.pem", directory / "ca.key"):
+            old.unlink(missing_ok=True)
+    fresh_ca = not pki.ca_file.exists()
+    ca = pki.ensure_ca()
+    ca.chmod(0o644)  # public: every service mounts it (compose secret tls-ca)
+    for name in TLS_SERVICES:
+        cert, key = directory / f"{name}.pem", directory / f"{name}.key"
+        if reissue or fresh_ca or not (cert.exists() and key.exists()):
+            pki.issue_to(directory, name)
+            cert.chmod(0o644)
+    return ca
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--force", action="store_true", help="replace an existing env file")
@@ -124,6 +173,17 @@ def main(argv: list[str] | None = None) -> int:
         "--credentials-only",
         action="store_true",
         help="write only the tokens and credentials files (for Secret Manager, docs/deploy-gcp.md)",
+    )
+    rotate = parser.add_mutually_exclusive_group()
+    rotate.add_argument(
+        "--reissue-tls",
+        action="store_true",
+        help="issue every service's TLS certificate again from the kept CA",
+    )
+    rotate.add_argument(
+        "--new-tls-ca",
+        action="store_true",
+        help="replace the TLS CA and issue every certificate from the new one",
     )
     args = parser.parse_args(argv)
     if args.credentials_only:
@@ -135,12 +195,14 @@ def main(argv: list[str] | None = None) -> int:
     wrote = write_env(args.env_file, roles, force=args.force)
     key = write_keys(args.secrets_dir)
     creds = write_credentials_files(args.secrets_dir / "credentials")
+    ca = write_tls(args.secrets_dir / "tls", reissue=args.reissue_tls, new_ca=args.new_tls_ca)
     state = "written" if wrote else "kept (exists; --force replaces it)"
     sys.stdout.write(
         f"{args.env_file}: {state}\n{role_dir}: database role passwords\n"
         f"{key}: grant-signing key, kid {KEY_ID}\n"
         f"{creds}: bearer tokens and credentials files; operator token: "
         f"{creds / 'tokens' / 'local-operator.token'}\n"
+        f"{ca.parent}: TLS CA ({ca.name}) and a certificate per service\n"
     )
     return 0
 

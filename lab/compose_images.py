@@ -17,6 +17,7 @@ into an image.
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 import tempfile
 from collections.abc import Callable, Sequence
@@ -38,6 +39,10 @@ PYTHON_IMAGE = "python:3.11.11-slim-bookworm"
 #: useradd, the CA certificates the official python image has.
 BASE_PACKAGES = ("python3", "python3-venv", "python-is-python3", "passwd", "ca-certificates")
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+#: The label each stand-in carries: the digest of its build context (and of the project image it
+#: takes binaries or code from), so that a stand-in built from an older context or project image
+#: is rebuilt, not reused; the layer cache keeps that cheap.
+CONTEXT_LABEL = "io.fenced-payouts.standin-context"
 
 
 @dataclass(frozen=True)
@@ -145,15 +150,51 @@ def _image_id(engine: Engine, image: str) -> str:
     return proc.stdout.strip() if proc.returncode == 0 else ""
 
 
+def context_digest(folder: Path) -> str:
+    """sha256 over the build context's files (names and contents), in a stable order."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def _label(engine: Engine, image: str) -> str:
+    proc = engine.run(
+        [
+            "podman",
+            "image",
+            "inspect",
+            "--format",
+            f'{{{{index .Labels "{CONTEXT_LABEL}"}}}}',
+            image,
+        ],
+        timeout_s=60,
+        check=False,
+    )
+    return proc.stdout.strip() if proc.returncode == 0 else ""
+
+
 def build_standin(engine: Engine, standin: Standin, progress: Callable[[str], None]) -> None:
     tags = [qualified_image(t) for t in standin.tags]
-    if all(_exists(engine, t) for t in tags):
+    context = engine.root / "deploy" / "images" / standin.context
+    digest = context_digest(context)
+    if standin.needs_project_image:  # what it takes from the project image is part of it too
+        digest = hashlib.sha256(f"{digest} {_image_id(engine, PROJECT_IMAGE)}".encode()).hexdigest()
+    if all(_exists(engine, t) and _label(engine, t) == digest for t in tags):
         progress(f"stand-in {', '.join(standin.tags)}: present")
         return
     progress(f"stand-in {', '.join(standin.tags)}: building deploy/images/{standin.context}")
     tag_args = [a for t in tags for a in ("-t", t)]
     engine.run(
-        ["podman", "build", "--pull=never", *tag_args, f"deploy/images/{standin.context}"],
+        [
+            "podman",
+            "build",
+            "--pull=never",
+            "--label",
+            f"{CONTEXT_LABEL}={digest}",
+            *tag_args,
+            f"deploy/images/{standin.context}",
+        ],
         timeout_s=1800,
     )
 

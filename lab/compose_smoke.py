@@ -4,8 +4,11 @@ Builds the images (stand-ins of the third-party ones unless `--real-images`, lab
 starts the shipped compose file (plus deploy/compose/standins.yml with stand-ins) in depends_on
 order with every healthcheck passed (lab.compose_up), then runs the doc's blocks as written
 (lab.compose_doc): seed, ~100 payouts to POSTED, the reconciler and the invariant checker (exit
-0), the pause experiment's first step; checks that Prometheus reports `up == 1` for every scrape
-job of deploy/compose/prometheus.yml; kills one worker container and sees a batch complete;
+0), the pause experiment's first step; checks, from inside the stack (the operator tool service,
+lab.compose_tlsprobe), that every server refuses a plaintext client and one trusting another CA
+and answers one trusting the deployment's CA; checks that Prometheus reports `up == 1` for every
+scrape job of deploy/compose/prometheus.yml (the https ones verified against that CA); kills
+one worker container and sees a batch complete;
 switches the lock backend to etcd as documented and checks the invariants again; and tears
 everything down, leaving no container, volume or network of its project behind, also on failure
 or Ctrl-C. Exit 0 only if every step held.
@@ -88,6 +91,28 @@ class Smoke:
     def payouts(self) -> None:
         self.doc.run_block("payouts")
         self.expect_posted(self.args.payouts)
+
+    def tls_refusals(self) -> None:
+        """Inside the stack: a plaintext request to each server (the lock server among them),
+        and a TLS client trusting another CA, are refused; the deployment's CA is answered.
+        Every check's outcome is kept in RUN_DIR/tls-probe.json."""
+        proc = self.engine.compose(
+            "--env-file", "deploy/compose.env", "--profile", "tools", "run", "--rm",
+            "--no-deps", "operator", "python", "-m", "lab.compose_tlsprobe", check=False,
+        )  # fmt: skip
+        report = _json_report(proc.stdout, "tls_probe")
+        (self.run_dir / "tls-probe.json").write_text(json.dumps(report, indent=1, sort_keys=True))
+        if proc.returncode != 0 or not report:
+            raise SmokeFailed(
+                f"tls probe exited {proc.returncode}: {report.get('failed') or proc.stdout[-800:]}"
+                f"{proc.stderr[-400:]}"
+            )
+        results: dict[str, dict[str, str]] = report["tls_probe"]
+        lock = results["lock-server"]
+        self.progress(
+            f"tls: {len(results)} servers refuse plaintext and another CA; lock-server plaintext "
+            f"{lock['plaintext'][:60]!r}, other CA {lock['other_ca'][:60]!r}"
+        )
 
     def pause_step_one(self) -> None:
         out = "".join(self.doc.run_block("pause-inspect"))
@@ -276,6 +301,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     steps = [
         smoke.start,
+        smoke.tls_refusals,
         smoke.payouts,
         smoke.pause_step_one,
         smoke.kill_a_worker,

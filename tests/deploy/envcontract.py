@@ -94,7 +94,8 @@ COMPONENTS: tuple[Component, ...] = (
     ),
 )
 
-#: Read by the image itself (its HEALTHCHECK, common.healthcheck), by every process's tracing
+#: Read by the image itself (its HEALTHCHECK, common.healthcheck: the URL and the CA of an https
+#: one), by every process's tracing
 #: (common.tracing: the collector's address, the CA that verifies it, and the standard switch),
 #: or by every HTTPS client's default trust (httpx and Python's ssl: SSL_CERT_FILE, what the
 #: operator commands without a `<PREFIX>_TLS_CA_FILE` of their own verify against; docs/security.md),
@@ -102,6 +103,7 @@ COMPONENTS: tuple[Component, ...] = (
 IMAGE_VARIABLES = frozenset(
     {
         "HEALTHCHECK_URL",
+        "HEALTHCHECK_CA_FILE",
         "OTEL_EXPORTER_OTLP_ENDPOINT",
         "OTEL_EXPORTER_OTLP_CERTIFICATE",
         "OTEL_SDK_DISABLED",

@@ -3,8 +3,11 @@ first-start script (deploy/compose/postgres-init.sh), then the migrate job's own
 (`payouts db migrate` with the superuser's DSN and DB_ROLE_PASSWORDS_DIR holding the files
 deploy/gen_env.py writes), then each compose service's DSN, read from docker-compose.yml, does
 its own work and is refused the others' (negative control: the admin runs every refused
-statement, so the refusals are privileges, not missing tables). tests/common/test_db_roles.py covers
-the role table itself on every table; this file covers what compose wires to it."""
+statement, so the refusals are privileges, not missing tables). The server speaks TLS on its TCP
+port as compose's does (here the local stack's TLS front, stack.pgtls, with a certificate for
+127.0.0.1 from a test CA), so each DSN connects as written, `sslmode=verify-full` and all, with
+only the host and the CA file's path replaced. tests/common/test_db_roles.py covers the role
+table itself on every table; this file covers what compose wires to it."""
 
 from __future__ import annotations
 
@@ -22,7 +25,8 @@ import pytest
 
 from common.db_roles import ROLE_NAMES
 from lockservice.backends.postgres import PostgresBackend
-from stack.embedded import EmbeddedPostgres, _pg_bin
+from stack.embedded import EmbeddedPostgres, PostgresTLS, _pg_bin
+from stack.pki import StackPKI
 from tests.deploy.conftest import ROOT, compose
 
 #: (service, DSN variable, statement) that the service's role must be able to run ...
@@ -59,15 +63,18 @@ def gen_env_roles(folder: Path) -> dict[str, str]:
 
 
 class Deployed:
-    def __init__(self, server: str, admin: str, passwords: dict[str, str]) -> None:
+    def __init__(self, server: str, admin: str, passwords: dict[str, str], ca_file: str) -> None:
         self.server, self.admin, self.passwords = server, admin, passwords
+        self.ca_file = ca_file
 
     def dsn(self, service: str, var: str) -> str:
         """The service's DSN as docker-compose.yml writes it, with compose.env's values
-        substituted (`${PAYOUTS_X_DB_PASSWORD:?...}`) and the test server for `postgres:5432`."""
+        substituted (`${PAYOUTS_X_DB_PASSWORD:?...}`), the test server for `postgres:5432` and
+        the test CA for the compose secret's path (`sslrootcert=/run/secrets/tls-ca`)."""
         value = str(compose()["services"][service]["environment"][var])
         env = {f"{r.upper()}_DB_PASSWORD": pw for r, pw in self.passwords.items()}
         value = re.sub(r"\$\{([A-Z_]+):\?[^}]*\}", lambda m: env[m.group(1)], value)
+        value = value.replace("sslrootcert=/run/secrets/tls-ca", f"sslrootcert={self.ca_file}")
         return value.replace("@postgres:5432/", f"@{self.server}/")
 
 
@@ -75,14 +82,19 @@ class Deployed:
 def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
     """A private server (roles are cluster-wide, so never a shared one), set up as compose does."""
     tmp = tmp_path_factory.mktemp("compose-roles")
-    pg = EmbeddedPostgres(data_dir=tmp / "pg", fast=True)
+    pki = StackPKI(tmp / "tls")
+    cert = pki.issue("postgres")
+    pg = EmbeddedPostgres(
+        data_dir=tmp / "pg", fast=True, tls=PostgresTLS(pki.ca_file, cert.cert, cert.key)
+    )
     pg.start()
     try:
         url = urllib.parse.urlsplit(pg.url)
         env = {
             **os.environ,
             "POSTGRES_USER": url.username or "postgres",
-            "PGHOST": url.hostname or "127.0.0.1",
+            # psql (pgserver's build: no SSL) over the server's socket, as the image's init does
+            "PGHOST": str(pg.socket_path.parent),
             "PGPORT": str(url.port),
             "PATH": f"{Path(_pg_bin('psql')).parent}:{os.environ['PATH']}",
         }
@@ -90,7 +102,7 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
         subprocess.run(["sh", str(script)], env=env, check=True, capture_output=True)
         passwords = gen_env_roles(tmp / "db-roles")
         server = f"{url.hostname}:{url.port}"
-        admin = f"postgresql://{url.username or 'postgres'}@{server}/payouts"
+        admin = f"postgresql://{url.username or 'postgres'}@{server}/payouts?{url.query}"
         job = {**os.environ, "DATABASE_URL": admin, "DB_ROLE_PASSWORDS_DIR": str(tmp / "db-roles")}
         for var in ("LOCK_DATABASE_URL", "PAYDB_DATABASE_URL"):
             job.pop(var, None)
@@ -100,7 +112,7 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
         )
         assert done.returncode == 0, done.stderr
         assert "paydb/" in done.stdout
-        yield Deployed(server, admin, passwords)
+        yield Deployed(server, admin, passwords, str(pki.ca_file))
     finally:
         pg.stop(mode="immediate")
 

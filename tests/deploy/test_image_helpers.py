@@ -96,3 +96,31 @@ def test_gen_env_writes_private_random_secrets_once(tmp_path: Path) -> None:
     for role in ROLE_NAMES:
         var = f"{role.upper()}_DB_PASSWORD"
         assert forced[var] == values[var], var
+
+
+def test_healthcheck_verifies_an_https_url_against_its_ca(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """HEALTHCHECK_CA_FILE (docker-compose.yml's tls-ca): the server's own CA passes, another
+    CA's certificate fails the probe (negative control), and so does plain HTTP to it."""
+    import ssl
+
+    from stack.pki import StackPKI
+
+    pki, other = StackPKI(tmp_path / "ours"), StackPKI(tmp_path / "other")
+    files = pki.issue("server")
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(files.cert, files.key)
+    httpd.socket = ctx.wrap_socket(httpd.socket, server_side=True)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"https://127.0.0.1:{httpd.server_address[1]}/health"
+    try:
+        monkeypatch.setenv("HEALTHCHECK_CA_FILE", str(pki.ca_file))
+        assert healthcheck.main([url]) == 0
+        assert healthcheck.main([url.replace("https://", "http://")]) == 1
+        monkeypatch.setenv("HEALTHCHECK_CA_FILE", str(other.ensure_ca()))
+        assert healthcheck.main([url]) == 1
+    finally:
+        httpd.shutdown()
+        httpd.server_close()

@@ -1,6 +1,8 @@
 #!/bin/sh
 # The stand-in's entrypoint (see Containerfile): the official image's contract, reduced to what
 # docker-compose.yml uses. Started as root: owns the data directory, then re-runs as postgres.
+# `postgres -c ssl=on -c ssl_cert_file=F -c ssl_key_file=K ...`: the server on its Unix socket
+# only, and PostgreSQL's TLS front (python -m stack.pgtls) on 0.0.0.0:5432 with F and K.
 set -eu
 if [ "$(id -u)" = 0 ]; then
     mkdir -p "$PGDATA"
@@ -35,8 +37,52 @@ if [ ! -s "$PGDATA/PG_VERSION" ]; then
     pg_ctl -D "$PGDATA" -m fast -w stop >/dev/null
     echo "PostgreSQL init process complete; ready for start up."
 fi
-if [ "${1:-}" = postgres ]; then
-    shift
-    exec postgres -c listen_addresses='*' -k /var/run/postgresql "$@"
+if [ "${1:-}" != postgres ]; then
+    exec "$@"
 fi
-exec "$@"
+shift
+# `-c ssl=on` with ssl_cert_file/ssl_key_file (docker-compose.yml): pgserver's build has no SSL,
+# so those settings go to the TLS front instead, and the server listens on its socket only.
+ssl=off cert= key= opts=
+while [ $# -gt 0 ]; do
+    if [ "$1" = -c ] && [ $# -ge 2 ]; then
+        case "$2" in
+            ssl=on) ssl=on ;;
+            ssl_cert_file=*) cert=${2#ssl_cert_file=} ;;
+            ssl_key_file=*) key=${2#ssl_key_file=} ;;
+            ssl=* | ssl_*) ;;
+            *) opts="$opts -c $2" ;;
+        esac
+        shift 2
+    else
+        opts="$opts $1"
+        shift
+    fi
+done
+if [ "$ssl" != on ]; then
+    # shellcheck disable=SC2086 # the options are words, as given
+    exec postgres -c listen_addresses='*' -k /var/run/postgresql $opts
+fi
+: "${cert:?ssl=on needs -c ssl_cert_file=...}" "${key:?ssl=on needs -c ssl_key_file=...}"
+# Connections from the front arrive on the socket: there, too, every login needs its password,
+# replication's too (initdb's `local ... trust` rules were for the first-start scripts only).
+sed -i 's/^\(local\s.*\s\)trust$/\1scram-sha-256/' "$PGDATA/pg_hba.conf"
+# shellcheck disable=SC2086
+postgres -c listen_addresses='' -k /var/run/postgresql $opts &
+server=$!
+trap 'kill -TERM "$server" 2>/dev/null; kill -TERM "$front" 2>/dev/null' TERM INT
+until pg_isready -q -h /var/run/postgresql; do
+    kill -0 "$server" 2>/dev/null || { wait "$server"; exit 1; }
+    sleep 0.5
+done
+python -m stack.pgtls --listen 0.0.0.0:5432 --upstream-socket /var/run/postgresql/.s.PGSQL.5432 \
+    --cert-file "$cert" --key-file "$key" &
+front=$!
+# Either one ending ends the container (its restart policy restarts both).
+while kill -0 "$server" 2>/dev/null && kill -0 "$front" 2>/dev/null; do
+    sleep 1
+done
+kill -TERM "$server" "$front" 2>/dev/null || true
+wait "$server" 2>/dev/null || true
+wait "$front" 2>/dev/null || true
+exit 1
