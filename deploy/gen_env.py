@@ -48,11 +48,16 @@ KEY_ID = "compose-k1"
 #: too, for its own healthcheck). deploy/compose/install-tls.sh installs each into that service's
 #: own volume `tls-<service>` only. `prometheus` and `operator` are etcd clients (etcd requires a
 #: client certificate); the lock server's own certificate is its etcd client certificate too.
+#: `worker` is one certificate for every replica (their /metrics and /health: Prometheus scrapes
+#: each replica by address and checks the name `worker`, its tls_config.server_name); `outbox`
+#: the publisher's /metrics.
 TLS_SERVICES = (
     "lock-server",
     "railstub",
     "railproxy",
     "finledger",
+    "worker",
+    "outbox",
     "postgres",
     "temporal-postgres",
     "temporal",

@@ -1,7 +1,9 @@
 """`python -m lab.compose_tlsprobe`: what a client on the compose network gets from each server,
 run inside the running compose stack by `make compose-smoke` (the `operator` tool service).
 
-Owns: per server of docker-compose.yml, three connections and what each must get: plaintext
+Owns: per server of docker-compose.yml (the four HTTP APIs, the outbox publisher's /metrics and
+one worker's /metrics: the name `worker` resolves to one of its replicas, which all serve the
+same certificate), three connections and what each must get: plaintext
 (refused: no HTTP answer, no gRPC frame, PostgreSQL's startup refused), TLS trusting another CA
 (refused: the server's certificate does not verify), and TLS trusting the deployment's CA
 (the positive control: the server answers; etcd also asks for a client certificate, so a client
@@ -29,7 +31,15 @@ from stack.pki import StackPKI
 
 CA = "/run/secrets/tls-ca"
 CLIENT_CERT = ("/run/tls/cert.pem", "/run/tls/key.pem")  # the operator's (etcd's client auth)
-HTTP_SERVERS = (("lock-server", 8701), ("railstub", 8710), ("railproxy", 8720), ("finledger", 8730))
+#: (host, port, path): our HTTP servers, each asked for a path it serves.
+HTTP_SERVERS = (
+    ("lock-server", 8701, "/health"),
+    ("railstub", 8710, "/health"),
+    ("railproxy", 8720, "/health"),
+    ("finledger", 8730, "/health"),
+    ("outbox", 9101, "/metrics"),
+    ("worker", 9100, "/metrics"),
+)
 TIMEOUT_S = 10.0
 SSL_REQUEST = struct.pack("!II", 8, 80877103)
 
@@ -119,11 +129,11 @@ def probe(ca_file: str, client_cert: tuple[str, str], other_ca: str) -> dict[str
     """Every check's outcome, by server."""
     ours, other = _context(ca_file), _context(other_ca)
     out: dict[str, dict[str, str]] = {}
-    for host, port in HTTP_SERVERS:
+    for host, port, path in HTTP_SERVERS:
         out[host] = {
-            "plaintext": _refused(partial(http_status, host, port, None)),
-            "other_ca": _refused(partial(http_status, host, port, other)),
-            "our_ca": _refused(partial(http_status, host, port, ours)),
+            "plaintext": _refused(partial(http_status, host, port, None, path)),
+            "other_ca": _refused(partial(http_status, host, port, other, path)),
+            "our_ca": _refused(partial(http_status, host, port, ours, path)),
         }
     out["etcd-0"] = {
         "plaintext": _refused(partial(http_status, "etcd-0", 2379, None)),

@@ -20,11 +20,15 @@ put() {  # put <service> <uid its image runs as> <certificate name under $src>
     install -o "$owner" -g "$owner" -m 0400 "$src/$3.key" "$dst/$1/key.pem"
 }
 # The project image (uid 10001): the HTTP servers; the lock server's certificate is also its
-# etcd client certificate; the operator tool's is its etcd client certificate (bump-epoch).
+# etcd client certificate; the operator tool's is its etcd client certificate (bump-epoch). The
+# workers' /metrics and /health (one certificate, one volume, for every replica) and the outbox
+# publisher's /metrics.
 put lock-server 10001 lock-server
 put railstub 10001 railstub
 put railproxy 10001 railproxy
 put finledger 10001 finledger
+put worker 10001 worker
+put outbox 10001 outbox
 put operator 10001 operator
 # postgres:16.4 runs the server as uid 999 (postgres); the stand-in too.
 put postgres 999 postgres

@@ -1,10 +1,13 @@
 """docker-compose.yml encrypts and verifies every connection between its services (issue 27 §1),
 statically: every component DSN is `sslmode=verify-full` against the deployment's CA, every URL
 that names another compose service is https (etcd's endpoints and its own flags too), every
-client of Temporal sets the CA, every server of ours is given its certificate, and each service
-mounts only its own certificate volume, which the `tls` job fills from what deploy/gen_env.py
-issued (the real script, run here). Each check has a negative control. `make compose-smoke`
-proves the same for real (a plaintext request and a client trusting another CA refused).
+client of Temporal sets the CA, every HTTP server of ours (the workers' and the outbox's metrics
+endpoints too) is given its certificate and health-checked over https, Prometheus scrapes them
+and etcd over https for a name of their certificates (only the Temporal SDK's exporter and
+Temporal's metrics plain), and each service mounts only its own certificate volume, which the
+`tls` job fills from what deploy/gen_env.py issued (the real script, run here). Each check has a
+negative control. `make compose-smoke` proves the same for real (a plaintext request and a
+client trusting another CA refused).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import copy
 import importlib.util
 import os
 import re
+import socket
 import ssl
 import stat
 import subprocess
@@ -23,19 +27,27 @@ from typing import Any
 from urllib.parse import parse_qs
 
 import pytest
+import yaml
 from cryptography import x509
 
 from tests.deploy.conftest import ROOT, compose
 
 CA = "/run/secrets/tls-ca"
 SCRIPT = ROOT / "deploy" / "compose" / "install-tls.sh"
-#: The HTTP servers of ours and the variables that hand each its certificate (common.tls).
+#: The HTTP servers of ours and the variables that hand each its certificate (common.tls): the
+#: four APIs, the workers' /metrics and /health (every replica, one certificate) and the outbox
+#: publisher's /metrics (prometheus_client's certfile/keyfile).
 SERVERS = {
     "lock-server": "LOCK_",
     "railstub": "RAILSTUB_",
     "railproxy": "RAILPROXY_",
     "finledger": "FINLEDGER_",
+    "worker": "WORKER_",
+    "outbox": "OUTBOX_",
 }
+#: Scrape jobs of endpoints that are plain HTTP by design: the Temporal SDK's exporter (its
+#: PrometheusConfig takes no certificate) and Temporal's own metrics.
+PLAIN_JOBS = {"worker-sdk", "temporal"}
 URL = re.compile(r"\b([a-z][a-z0-9+.-]*)://([^/\s,:@]+(?::[^/\s,@]*)?@)?([A-Za-z0-9_.-]+)")
 
 
@@ -122,6 +134,11 @@ def test_every_connection_in_the_compose_file_is_tls_and_verified() -> None:
     bad["lock-server"]["environment"]["LOCK_ETCD_ENDPOINTS"] = "etcd-0:2379"
     del bad["reconcile-schedule"]["environment"]["TEMPORAL_TLS_SERVER_CA_CERT_PATH"]
     del bad["railstub"]["environment"]["RAILSTUB_TLS_KEY_FILE"]
+    # The metrics endpoints back on plain HTTP: the outbox without its certificate, a worker's
+    # healthcheck plain again, the outbox's not verifying against the CA.
+    del bad["outbox"]["environment"]["OUTBOX_TLS_CERT_FILE"]
+    bad["worker"]["environment"]["HEALTHCHECK_URL"] = "http://127.0.0.1:9100/health"
+    del bad["outbox"]["environment"]["HEALTHCHECK_CA_FILE"]
     bad["etcd-1"]["command"] = [
         c.replace("https://etcd-2", "http://etcd-2") for c in bad["etcd-1"]["command"]
     ]
@@ -132,6 +149,9 @@ def test_every_connection_in_the_compose_file_is_tls_and_verified() -> None:
             "lock-server: LOCK_ETCD_ENDPOINTS has a plaintext endpoint",
             "reconcile-schedule: connects to Temporal without its CA",
             "railstub: does not serve TLS with its own certificate",
+            "outbox: does not serve TLS with its own certificate",
+            "worker: its healthcheck is not https",
+            "outbox: its healthcheck does not verify against the CA",
             "etcd-1: http://etcd-2 is not https",
         ]
     )
@@ -145,6 +165,73 @@ def test_etcd_members_require_client_and_peer_certificates() -> None:
         assert {f"--trusted-ca-file={CA}", f"--peer-trusted-ca-file={CA}"} <= flags, member
     lock = services["lock-server"]["environment"]
     assert lock["LOCK_ETCD_CA_FILE"] == CA and lock["LOCK_ETCD_CERT_FILE"] == "/run/tls/cert.pem"
+
+
+# --- Prometheus: every https endpoint scraped over TLS, for a name of its certificate ---------
+
+
+def scraped_names(job: dict[str, Any]) -> list[tuple[str, str | None]]:
+    """(the compose service behind each target, the name the TLS handshake checks). A static
+    target is checked for its host; a DNS-discovered one is scraped by address, so only a
+    tls_config.server_name gives it a name."""
+    tls = job.get("tls_config") or {}
+    out: list[tuple[str, str | None]] = []
+    for config in job.get("static_configs", []):
+        for target in config["targets"]:
+            host = target.rsplit(":", 1)[0]
+            out.append((host, tls.get("server_name", host)))
+    for config in job.get("dns_sd_configs", []):
+        out += [(name, tls.get("server_name")) for name in config["names"]]
+    return out
+
+
+def scrape_problems(config: dict[str, Any]) -> list[str]:
+    """Each job of our servers and etcd is https, verified against the CA for the name the
+    certificate of the service behind it carries (gen_env issues each for its service name);
+    the plain-by-design jobs stay plain."""
+    problems = []
+    for job in config["scrape_configs"]:
+        name = job["job_name"]
+        if name in PLAIN_JOBS:
+            if job.get("scheme", "http") != "http":
+                problems.append(f"{name}: scheme changed; its endpoint is plain HTTP by design")
+            continue
+        if job.get("scheme") != "https":
+            problems.append(f"{name}: not scraped over https")
+        if (job.get("tls_config") or {}).get("ca_file") != CA:
+            problems.append(f"{name}: not verified against {CA}")
+        if any(service != checked for service, checked in scraped_names(job)):
+            problems.append(f"{name}: not scraped for a name of its certificate")
+    return problems
+
+
+def test_prometheus_scrapes_every_server_of_ours_and_etcd_over_tls() -> None:
+    config = yaml.safe_load((ROOT / "deploy" / "compose" / "prometheus.yml").read_text())
+    assert scrape_problems(config) == []
+    jobs = {j["job_name"]: j for j in config["scrape_configs"]}
+    assert set(SERVERS) | {"etcd"} <= set(jobs)
+    assert {n for n, j in jobs.items() if "scheme" not in j} == PLAIN_JOBS
+    assert "tls-ca" in compose()["services"]["prometheus"]["secrets"]
+    # Negative controls.
+    bad = copy.deepcopy(config)
+    for job in bad["scrape_configs"]:
+        if job["job_name"] == "worker":  # by address, no name: the handshake would fail
+            del job["tls_config"]["server_name"]
+        if job["job_name"] == "outbox":
+            del job["scheme"]
+        if job["job_name"] == "lock-server":  # another service's name
+            job["tls_config"]["server_name"] = "railstub"
+        if job["job_name"] == "finledger":
+            del job["tls_config"]
+        if job["job_name"] == "worker-sdk":  # https to a plain exporter: every scrape fails
+            job["scheme"] = "https"
+    assert scrape_problems(bad) == [
+        "lock-server: not scraped for a name of its certificate",
+        "finledger: not verified against /run/secrets/tls-ca",
+        "outbox: not scraped over https",
+        "worker: not scraped for a name of its certificate",
+        "worker-sdk: scheme changed; its endpoint is plain HTTP by design",
+    ]
 
 
 # --- certificates: issued, installed, each service only its own ----------------------------
@@ -189,9 +276,14 @@ def test_each_service_mounts_only_its_own_certificate() -> None:
     assert set(installed_by_script()) == set(gen_env().TLS_SERVICES)
     bad = copy.deepcopy(services)
     bad["railproxy"]["volumes"].append("tls-lock-server:/run/lock-tls:ro")
-    assert mount_problems(bad) == [
+    # The worker names /run/tls/ without its volume; the outbox starts before the tls job.
+    bad["worker"]["volumes"].remove("tls-worker:/run/tls:ro")
+    del bad["outbox"]["depends_on"]["tls"]
+    assert sorted(mount_problems(bad)) == [
+        "outbox: starts before the tls job has installed its certificate",
         "railproxy: mounts ['tls-railproxy:/run/tls:ro', 'tls-lock-server:/run/lock-tls:ro'], "
-        "not only its own certificate read-only"
+        "not only its own certificate read-only",
+        "worker: mounts [], not only its own certificate read-only",
     ]
 
 
@@ -252,6 +344,71 @@ def test_tls_job_installs_each_services_files_readable_by_it_only(
     assert uids["etcd-0"] == 0 and uids["prometheus"] == 65534
 
 
+def _get_by_address(port: int, path: str, ca: Path, server_name: str) -> bytes:
+    """GET `path` from 127.0.0.1:`port` as Prometheus's dns_sd jobs do: by address, the
+    certificate checked against `ca` for `server_name` (tls_config.server_name)."""
+    context = ssl.create_default_context(cafile=str(ca))
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
+        context.wrap_socket(raw, server_hostname=server_name) as tls,
+    ):
+        tls.sendall(f"GET {path} HTTP/1.0\r\nHost: {server_name}\r\n\r\n".encode())
+        chunks = []
+        while chunk := tls.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_the_metrics_endpoints_serve_the_issued_certificates(issued: Path, tmp_path: Path) -> None:
+    """The workers' and the outbox's real servers (worker_http with common.tls; prometheus_client's
+    start_http_server with certfile/keyfile, as payouts/outbox_cli.py) given the files gen_env
+    issues for them: the healthcheck's https://127.0.0.1 URL verifies against the CA
+    (common.healthcheck with HEALTHCHECK_CA_FILE), the name Prometheus checks (the worker job's
+    server_name `worker`, the outbox's host `outbox`) verifies, and a plaintext client and one
+    trusting another CA are refused (lab.compose_tlsprobe's clients). Negative control: each
+    serves its own certificate, not one for the other's name."""
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from activities import worker_http
+    from common.healthcheck import check
+    from common.tls import server_context
+    from lab import compose_tlsprobe as probe
+    from stack.pki import StackPKI
+
+    ca = issued / "ca.pem"
+    worker = worker_http.serve(
+        worker_http.HealthSnapshot(),
+        0,
+        tls=server_context(str(issued / "worker.pem"), str(issued / "worker.key")),
+    )
+    outbox, _ = start_http_server(
+        0,
+        addr="127.0.0.1",
+        registry=CollectorRegistry(),
+        certfile=str(issued / "outbox.pem"),
+        keyfile=str(issued / "outbox.key"),
+    )
+    other = probe._context(str(StackPKI(tmp_path / "other").ensure_ca()))
+    try:
+        ports = {"worker": worker.server_address[1], "outbox": outbox.server_port}
+        for name, port in ports.items():
+            assert check(f"https://127.0.0.1:{port}/metrics", ca_file=str(ca)) is None, name
+            assert _get_by_address(port, "/metrics", ca, name).startswith(b"HTTP/1.0 200"), name
+            plain = probe._refused(partial(probe.http_status, "127.0.0.1", port, None, "/metrics"))
+            wrong = probe._refused(partial(probe.http_status, "localhost", port, other, "/metrics"))
+            assert plain.startswith("refused"), (name, plain)
+            assert "CERTIFICATE_VERIFY_FAILED" in wrong, (name, wrong)
+        with pytest.raises(ssl.SSLCertVerificationError):
+            _get_by_address(ports["worker"], "/metrics", ca, "outbox")
+        with pytest.raises(ssl.SSLCertVerificationError):
+            _get_by_address(ports["outbox"], "/metrics", ca, "worker")
+    finally:
+        worker.shutdown()
+        worker.server_close()
+        outbox.shutdown()
+        outbox.server_close()
+
+
 # --- the compose smoke run's probe (lab.compose_tlsprobe), against a local TLS server ---------
 
 
@@ -297,3 +454,16 @@ def test_the_probe_tells_a_refusal_from_an_answer(tmp_path: Path) -> None:
     assert probe.verdicts(results) == []
     results["lock-server"]["plaintext"] = "answered: 200"
     assert probe.verdicts(results) == ["lock-server plaintext: answered: 200"]
+
+
+def test_the_probe_covers_every_http_server_of_ours_on_its_compose_port() -> None:
+    """The smoke's in-stack refusals include each server of SERVERS (the outbox's and a worker's
+    metrics endpoints too), on the port its compose service serves."""
+    from lab import compose_tlsprobe as probe
+
+    services = compose()["services"]
+    assert {host for host, _, _ in probe.HTTP_SERVERS} == set(SERVERS)
+    for host, port, path in probe.HTTP_SERVERS:
+        url = str(services[host]["environment"]["HEALTHCHECK_URL"])
+        assert url.startswith(f"https://127.0.0.1:{port}/"), (host, url)
+        assert path in ("/health", "/metrics"), (host, path)
