@@ -478,8 +478,11 @@ def tracing_cost(on: dict[str, Any], off: dict[str, Any]) -> dict[str, Any]:
         ),
         "cpu_ms_per_payout": {"on": total_on, "off": total_off},
         "cpu_ratio": round(total_on / total_off, 3) if total_on and total_off else None,
+        # A process of one side only counts whole: the PostgreSQL TLS front (`postgres-tls`)
+        # runs only with TLS on.
         "cpu_added_ms_per_payout": {
-            k: round(cpu_on[k] - cpu_off.get(k, 0.0), 1) for k in cpu_on if k in cpu_off
+            k: round(cpu_on.get(k, 0.0) - cpu_off.get(k, 0.0), 1)
+            for k in [*cpu_on, *(k for k in cpu_off if k not in cpu_on)]
         },
     }
 

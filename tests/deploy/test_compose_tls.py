@@ -360,19 +360,20 @@ def _get_by_address(port: int, path: str, ca: Path, server_name: str) -> bytes:
 
 
 def test_the_metrics_endpoints_serve_the_issued_certificates(issued: Path, tmp_path: Path) -> None:
-    """The workers' and the outbox's real servers (worker_http with common.tls; prometheus_client's
-    start_http_server with certfile/keyfile, as payouts/outbox_cli.py) given the files gen_env
+    """The workers' and the outbox's real servers (worker_http with common.tls; the publisher's
+    payouts.outbox_cli.serve_metrics) given the files gen_env
     issues for them: the healthcheck's https://127.0.0.1 URL verifies against the CA
     (common.healthcheck with HEALTHCHECK_CA_FILE), the name Prometheus checks (the worker job's
     server_name `worker`, the outbox's host `outbox`) verifies, and a plaintext client and one
     trusting another CA are refused (lab.compose_tlsprobe's clients). Negative control: each
     serves its own certificate, not one for the other's name."""
-    from prometheus_client import CollectorRegistry, start_http_server
+    from prometheus_client import CollectorRegistry
 
     from activities import worker_http
     from common.healthcheck import check
     from common.tls import server_context
     from lab import compose_tlsprobe as probe
+    from payouts.outbox_cli import serve_metrics
     from stack.pki import StackPKI
 
     ca = issued / "ca.pem"
@@ -381,12 +382,10 @@ def test_the_metrics_endpoints_serve_the_issued_certificates(issued: Path, tmp_p
         0,
         tls=server_context(str(issued / "worker.pem"), str(issued / "worker.key")),
     )
-    outbox, _ = start_http_server(
+    outbox = serve_metrics(
         0,
-        addr="127.0.0.1",
-        registry=CollectorRegistry(),
-        certfile=str(issued / "outbox.pem"),
-        keyfile=str(issued / "outbox.key"),
+        CollectorRegistry(),
+        server_context(str(issued / "outbox.pem"), str(issued / "outbox.key")),
     )
     other = probe._context(str(StackPKI(tmp_path / "other").ensure_ca()))
     try:

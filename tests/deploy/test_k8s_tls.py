@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
 from activities import worker_http
 from common.tls import client_context, server_context
+from payouts.outbox_cli import serve_metrics
 from tests.deploy.conftest import ROOT
 
 SCRIPT = ROOT / "deploy" / "k8s_tls.py"
@@ -124,17 +125,15 @@ def scrape(port: int, path: str, ca: Path, server_name: str) -> bytes:
 
 
 def test_the_metrics_endpoints_serve_their_certificates_to_prometheus(issued: Path) -> None:
-    """The workers' and the outbox's own servers (worker_http with common.tls; prometheus_client's
-    start_http_server with certfile/keyfile, as payouts/outbox_cli.py) loaded with the issued
+    """The workers' and the outbox's own servers (worker_http with common.tls; the publisher's
+    payouts.outbox_cli.serve_metrics) loaded with the issued
     files answer a client that verifies the name of their Prometheus job's server_name."""
     ca = issued / "ca.pem"
     worker = worker_http.serve(
         worker_http.HealthSnapshot(), 0, tls=server_context(*files(issued, "worker"))
     )
     cert, key = files(issued, "outbox")
-    outbox, _ = start_http_server(
-        0, addr="127.0.0.1", registry=CollectorRegistry(), certfile=cert, keyfile=key
-    )
+    outbox = serve_metrics(0, CollectorRegistry(), server_context(cert, key))
     try:
         worker_port, outbox_port = worker.server_address[1], outbox.server_port
         assert scrape(worker_port, "/metrics", ca, "worker.payouts.svc").startswith(b"HTTP/1.0 200")
