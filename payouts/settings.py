@@ -17,6 +17,7 @@ import sys
 from collections.abc import MutableMapping
 from pathlib import Path
 
+from common.tls import database_url_problem
 from payouts.errors import EXIT_USAGE, CommandError
 
 DEFAULT_TEMPORAL = "127.0.0.1:7233"
@@ -59,13 +60,19 @@ def load_stack_env(argv: list[str], environ: MutableMapping[str, str] = os.envir
 
 def database_url(args: argparse.Namespace, *own_vars: str) -> str:
     """--database-url, else the command's own role DSN variable(s) (e.g. $PAYDB_DATABASE_URL,
-    docs/database-roles.md), else $DATABASE_URL; a clear error when none is set."""
-    url = getattr(args, "database_url", None)
+    docs/database-roles.md), else $DATABASE_URL; a clear error when none is set, and a refusal
+    (exit 2, before anything connects) of a DSN whose session could be read or redirected on the
+    path, as the components refuse one (common.tls.database_url_problem, docs/security.md)."""
+    url, source = getattr(args, "database_url", None), "--database-url"
     for var in (*own_vars, "DATABASE_URL"):
-        url = url or os.environ.get(var)
+        if not url:
+            url, source = os.environ.get(var), var
     if not url:
         names = " or ".join(f"${v}" for v in (*own_vars, "DATABASE_URL"))
         raise CommandError(f"{names} is not set (or pass --database-url)", EXIT_USAGE)
+    problem = database_url_problem(str(url), source)
+    if problem:
+        raise CommandError(problem, EXIT_USAGE)
     return str(url)
 
 

@@ -114,3 +114,23 @@ def test_each_component_refuses_to_start_with_an_unverified_dsn(
     result = _entry(argv, {variable: "postgresql://u@db.example.internal:5432/payouts"})
     assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
     assert f"{variable} reaches db.example.internal with no sslmode" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["payout", "list"],
+        ["reconcile", "run"],
+        ["check-invariants"],
+        ["db", "migrate"],
+    ],
+)
+def test_operator_commands_refuse_an_unverified_dsn_before_connecting(argv: list[str]) -> None:
+    """The operator's commands read their DSN through one function (payouts.settings) and refuse
+    as the components do: exit 2, the source named, nothing connected (the host does not exist,
+    so a command that tried would have failed otherwise)."""
+    result = _entry(
+        [PAYOUTS, *argv, "--database-url", "postgresql://u@db.example.internal/payouts"], {}
+    )
+    assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
+    assert "--database-url reaches db.example.internal with no sslmode" in result.stderr
