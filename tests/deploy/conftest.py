@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from common.tls import client_context
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -44,3 +47,19 @@ def main_container(doc: dict[str, Any]) -> dict[str, Any]:
     template = pod_template(doc)
     assert template is not None
     return template["spec"]["containers"][0]  # type: ignore[no-any-return]
+
+
+def scrape(port: int, path: str, ca: Path, server_name: str) -> bytes:
+    """GET `path` from 127.0.0.1:`port` as Prometheus does with `tls_config.server_name` (its
+    dns_sd and pod-discovery jobs): by address, the certificate checked against `ca` for
+    `server_name`. The raw HTTP/1.0 answer."""
+    context = client_context(str(ca))
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
+        context.wrap_socket(raw, server_hostname=server_name) as tls,
+    ):
+        tls.sendall(f"GET {path} HTTP/1.0\r\nHost: {server_name}\r\n\r\n".encode())
+        chunks = []
+        while chunk := tls.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)

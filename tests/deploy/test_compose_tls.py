@@ -16,7 +16,6 @@ import copy
 import importlib.util
 import os
 import re
-import socket
 import ssl
 import stat
 import subprocess
@@ -30,7 +29,7 @@ import pytest
 import yaml
 from cryptography import x509
 
-from tests.deploy.conftest import ROOT, compose
+from tests.deploy.conftest import ROOT, compose, scrape
 
 CA = "/run/secrets/tls-ca"
 SCRIPT = ROOT / "deploy" / "compose" / "install-tls.sh"
@@ -344,21 +343,6 @@ def test_tls_job_installs_each_services_files_readable_by_it_only(
     assert uids["etcd-0"] == 0 and uids["prometheus"] == 65534
 
 
-def _get_by_address(port: int, path: str, ca: Path, server_name: str) -> bytes:
-    """GET `path` from 127.0.0.1:`port` as Prometheus's dns_sd jobs do: by address, the
-    certificate checked against `ca` for `server_name` (tls_config.server_name)."""
-    context = ssl.create_default_context(cafile=str(ca))
-    with (
-        socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
-        context.wrap_socket(raw, server_hostname=server_name) as tls,
-    ):
-        tls.sendall(f"GET {path} HTTP/1.0\r\nHost: {server_name}\r\n\r\n".encode())
-        chunks = []
-        while chunk := tls.recv(65536):
-            chunks.append(chunk)
-    return b"".join(chunks)
-
-
 def test_the_metrics_endpoints_serve_the_issued_certificates(issued: Path, tmp_path: Path) -> None:
     """The workers' and the outbox's real servers (worker_http with common.tls; the publisher's
     payouts.outbox_cli.serve_metrics) given the files gen_env
@@ -392,15 +376,15 @@ def test_the_metrics_endpoints_serve_the_issued_certificates(issued: Path, tmp_p
         ports = {"worker": worker.server_address[1], "outbox": outbox.server_port}
         for name, port in ports.items():
             assert check(f"https://127.0.0.1:{port}/metrics", ca_file=str(ca)) is None, name
-            assert _get_by_address(port, "/metrics", ca, name).startswith(b"HTTP/1.0 200"), name
+            assert scrape(port, "/metrics", ca, name).startswith(b"HTTP/1.0 200"), name
             plain = probe._refused(partial(probe.http_status, "127.0.0.1", port, None, "/metrics"))
             wrong = probe._refused(partial(probe.http_status, "localhost", port, other, "/metrics"))
             assert plain.startswith("refused"), (name, plain)
             assert "CERTIFICATE_VERIFY_FAILED" in wrong, (name, wrong)
         with pytest.raises(ssl.SSLCertVerificationError):
-            _get_by_address(ports["worker"], "/metrics", ca, "outbox")
+            scrape(ports["worker"], "/metrics", ca, "outbox")
         with pytest.raises(ssl.SSLCertVerificationError):
-            _get_by_address(ports["outbox"], "/metrics", ca, "worker")
+            scrape(ports["outbox"], "/metrics", ca, "worker")
     finally:
         worker.shutdown()
         worker.server_close()

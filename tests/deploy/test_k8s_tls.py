@@ -6,7 +6,6 @@ workers' and the outbox's metrics servers serve theirs on loopback to a Promethe
 from __future__ import annotations
 
 import runpy
-import socket
 import ssl
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from prometheus_client import CollectorRegistry
 from activities import worker_http
 from common.tls import client_context, server_context
 from payouts.outbox_cli import serve_metrics
-from tests.deploy.conftest import ROOT
+from tests.deploy.conftest import ROOT, scrape
 
 SCRIPT = ROOT / "deploy" / "k8s_tls.py"
 k8s_tls = runpy.run_path(str(SCRIPT))  # a script, not a package module (like gen_env.py)
@@ -107,21 +106,6 @@ def test_each_server_is_verified_by_its_in_cluster_names_only(issued: Path, name
         handshake(server, client, other)
     with pytest.raises(ssl.SSLCertVerificationError):
         handshake(server, client_context(str(issued / f"{other}.pem")), name)
-
-
-def scrape(port: int, path: str, ca: Path, server_name: str) -> bytes:
-    """GET `path` from 127.0.0.1:`port` as Prometheus does with `tls_config.server_name`: by
-    address, the certificate checked against `ca` for `server_name`."""
-    context = client_context(str(ca))
-    with (
-        socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
-        context.wrap_socket(raw, server_hostname=server_name) as tls,
-    ):
-        tls.sendall(f"GET {path} HTTP/1.0\r\nHost: {server_name}\r\n\r\n".encode())
-        chunks = []
-        while chunk := tls.recv(65536):
-            chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def test_the_metrics_endpoints_serve_their_certificates_to_prometheus(issued: Path) -> None:
