@@ -20,7 +20,7 @@ from typing import Any
 import asyncpg
 
 from lab.cpu import process_cpu_s
-from stack.embedded import EmbeddedPostgres, PostgresTLS
+from stack.embedded import EmbeddedPostgres
 from stack.pki import StackPKI
 
 CONNECTIONS = 4
@@ -59,9 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-pgtls-") as d:
         work = Path(d)
         work.chmod(0o755)  # the embedded PostgreSQL runs as an unprivileged user under root
-        pki = StackPKI(work / "tls")
-        files = pki.issue("postgres")
-        tls = PostgresTLS(pki.ca_file, files.cert, files.key)
+        tls = StackPKI(work / "tls").postgres_tls()
         pg = EmbeddedPostgres(data_dir=work / "pg", fast=True, tls=tls)
         pg.start()
         try:

@@ -121,6 +121,13 @@ class StackPKI:
         _write_cert(self.ca_file, cert)
         return self.ca_file
 
+    def postgres_tls(self) -> PostgresTLS:
+        """A fresh certificate for a PostgreSQL TLS front (stack.pgtls) in this CA's directory,
+        with the CA its clients verify it against: a server outside a stack (the tests' own,
+        the benchmarks')."""
+        files = self.issue(POSTGRES)
+        return PostgresTLS(self.ca_file, files.cert, files.key)
+
     def issue(self, name: str, *, extra_hosts: tuple[str, ...] = ()) -> CertFiles:
         """`issue_to` this CA's own directory."""
         return self.issue_to(self.directory, name, extra_hosts=extra_hosts)

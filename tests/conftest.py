@@ -32,7 +32,7 @@ from common.db_roles import LOCKSERVICE, role_url
 from common.migrate import migrate
 from common.pgutil import create_database, drop_database
 from ledger import WorkContext
-from stack.embedded import EmbeddedEtcd, EmbeddedPostgres, PostgresTLS, temporal_binary
+from stack.embedded import EmbeddedEtcd, EmbeddedPostgres, temporal_binary
 from stack.pki import StackPKI
 from workflows.search_attributes import SEARCH_ATTRIBUTES
 
@@ -92,9 +92,7 @@ def pg_server_url(run_dir: Path) -> Iterator[str]:
         yield external
         return
     # Behind its TLS front, as in every local stack: the suite's DSNs say verify-full too.
-    pki = StackPKI(run_dir / "pg-tls")
-    files = pki.issue("postgres")
-    tls = PostgresTLS(pki.ca_file, files.cert, files.key)
+    tls = StackPKI(run_dir / "pg-tls").postgres_tls()
     server = EmbeddedPostgres(data_dir=run_dir / "pg", fast=True, tls=tls)
     server.start()
     try:

@@ -25,7 +25,7 @@ import pytest
 
 from common.db_roles import ROLE_NAMES
 from lockservice.backends.postgres import PostgresBackend
-from stack.embedded import EmbeddedPostgres, PostgresTLS, _pg_bin
+from stack.embedded import EmbeddedPostgres, _pg_bin
 from stack.pki import StackPKI
 from tests.deploy.conftest import ROOT, compose
 
@@ -82,11 +82,8 @@ class Deployed:
 def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
     """A private server (roles are cluster-wide, so never a shared one), set up as compose does."""
     tmp = tmp_path_factory.mktemp("compose-roles")
-    pki = StackPKI(tmp / "tls")
-    cert = pki.issue("postgres")
-    pg = EmbeddedPostgres(
-        data_dir=tmp / "pg", fast=True, tls=PostgresTLS(pki.ca_file, cert.cert, cert.key)
-    )
+    tls = StackPKI(tmp / "tls").postgres_tls()
+    pg = EmbeddedPostgres(data_dir=tmp / "pg", fast=True, tls=tls)
     pg.start()
     try:
         url = urllib.parse.urlsplit(pg.url)
@@ -112,7 +109,7 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
         )
         assert done.returncode == 0, done.stderr
         assert "paydb/" in done.stdout
-        yield Deployed(server, admin, passwords, str(pki.ca_file))
+        yield Deployed(server, admin, passwords, str(tls.ca_file))
     finally:
         pg.stop(mode="immediate")
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from stack.embedded import EmbeddedPostgres, PostgresTLS, free_port, port_is_open
+from stack.embedded import EmbeddedPostgres, free_port, port_is_open
 from stack.pgtls import GSSENC_REQUEST, SSL_REQUEST
 from stack.pki import StackPKI
 from tests.waiting import wait_for
@@ -42,11 +42,6 @@ async def _until(check: Callable[[], bool], timeout_s: float = 60.0) -> None:
     await wait_for(predicate, timeout_s, every_s=0.1)
 
 
-def _tls(pki: StackPKI) -> PostgresTLS:
-    files = pki.issue("postgres")
-    return PostgresTLS(pki.ca_file, files.cert, files.key)
-
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> StackPKI:
     folder = tmp_path_factory.mktemp("pg-tls-ca")
@@ -58,7 +53,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> StackPKI:
 def server(tmp_path_factory: pytest.TempPathFactory, pki: StackPKI) -> Iterator[EmbeddedPostgres]:
     folder = tmp_path_factory.mktemp("pg-tls")
     folder.chmod(0o755)
-    pg = EmbeddedPostgres(data_dir=folder / "pg", fast=True, tls=_tls(pki))
+    pg = EmbeddedPostgres(data_dir=folder / "pg", fast=True, tls=pki.postgres_tls())
     pg.start()
     try:
         yield pg
@@ -98,7 +93,7 @@ async def test_a_server_certificate_of_another_ca_is_refused(tmp_path: Path, pki
     folder = tmp_path / "run"
     folder.mkdir(mode=0o755)
     impostor = EmbeddedPostgres(
-        data_dir=folder / "pg", fast=True, tls=_tls(StackPKI(tmp_path / "impostor"))
+        data_dir=folder / "pg", fast=True, tls=StackPKI(tmp_path / "impostor").postgres_tls()
     )
     impostor.start()
     try:
@@ -158,7 +153,7 @@ async def test_a_killed_server_closes_its_fronts_connections(tmp_path: Path, pki
     to the next host instead of hanging."""
     folder = tmp_path / "run"
     folder.mkdir(mode=0o755)
-    pg = EmbeddedPostgres(data_dir=folder / "pg", fast=True, tls=_tls(pki))
+    pg = EmbeddedPostgres(data_dir=folder / "pg", fast=True, tls=pki.postgres_tls())
     pg.start()
     try:
         pid = int((pg.data_dir / "postmaster.pid").read_text().split()[0])
