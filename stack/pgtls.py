@@ -99,7 +99,7 @@ class Front:
                 await writer.drain()
                 continue
             if length == _SHORT and code == SSL_REQUEST:
-                await self._tls_session(reader, writer)
+                await self._tls_session(writer)
                 return
             if length == _CANCEL_LEN and code == CANCEL_REQUEST:
                 rest = await asyncio.wait_for(reader.readexactly(8), _NEGOTIATION_TIMEOUT_S)
@@ -111,11 +111,9 @@ class Front:
         writer.write(PLAINTEXT_REFUSED)
         await writer.drain()
 
-    async def _tls_session(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
+    async def _tls_session(self, writer: asyncio.StreamWriter) -> None:
         loop = asyncio.get_running_loop()
-        client, server = _Half("client"), _Half("server")
+        client, server = _Half(), _Half()
         client.peer, server.peer = server, client
         # The server's socket first: if it is down, the client's connection closes before any
         # "S", as it would against the server itself (asyncpg and libpq then try the next host
@@ -158,8 +156,7 @@ class _Half(asyncio.Protocol):
     interleaved runs of `python -m lab.bench_pgtls`, docs/performance.md). A full write buffer
     on one side pauses reading on the other; either side closing closes both."""
 
-    def __init__(self, name: str) -> None:
-        self.name = name
+    def __init__(self) -> None:
         self.peer: _Half | None = None
         self.transport: asyncio.Transport | None = None
         #: What arrived for this side before its transport was attached (the client's TLS
