@@ -34,6 +34,7 @@ from invariants.blocked import HOLD_BOUND_S
 from lab.chaos_downstream import downstream
 from lab.chaos_faults import RAIL_BASELINE, ChaosError, FaultInjector
 from lab.chaos_locks import hold_source, wait_for_free_locks, workers_outage_window
+from lab.chaos_replicas import HeldPayout
 from lab.chaos_schedule import Fault, make_schedule
 from lab.chaos_summary import TERMINAL, Evidence, summarize
 from lab.experiments import FAST_WORKFLOW, WORKER_ENV, isolated_ports, json_events
@@ -441,7 +442,7 @@ async def _start_under_faults(
             await start_workflows(address, queue, held, **CHAOS_WORKFLOW)
             started_held.set()
 
-    injector.replicas.held_payout = start_held if held else None
+    injector.replicas.held_payout = HeldPayout(held[0].payout_id, start_held) if held else None
     t0 = time.monotonic()
     await start_workflows(address, queue, specs[:1], **first)
     url = stack.database_url

@@ -12,7 +12,10 @@ lasts PROXY_KILL_RAIL_MS at the rail), starts the payout the runner held back fo
 one of the run's own payouts, whose workflow starts only now, so a submission is certain to come),
 waits until some proxy replica has recorded an attempt it has not yet answered, and kills THAT
 replica: the SIGKILL lands between "attempt recorded" and "rail answered", i.e. mid-forward,
-whatever the machine's speed. The worker then sees its connection drop, the payout goes
+whatever the machine's speed. The wait is judged on the held payout's progress, not on a clock:
+it lasts while that payout has not yet reached the rail (PENDING or CLAIMED), however slowly a
+loaded machine brings it there (a CI run once took longer than a fixed 30 s), up to
+PROXY_KILL_HELD_WAIT_S. The worker then sees its connection drop, the payout goes
 RAIL_AMBIGUOUS, and only the rail's evidence (looked up through the surviving replica) may settle
 it.
 """
@@ -24,6 +27,7 @@ import contextlib
 import signal
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
@@ -36,9 +40,15 @@ from stack.system import Stack
 #: a poll every PROXY_POLL_S to see the attempt unanswered, far inside the submit deadline.
 PROXY_KILL_RAIL_MS = 1500
 PROXY_POLL_S = 0.05
-#: How long the proxy fault waits for any submission at all (a run past its submissions has
-#: none): it then kills its seeded replica and reports `mid_forward: false`.
+#: How long the proxy fault waits for any submission at all when no payout was held back for
+#: it (a run past its submissions has none): it then kills its seeded replica and reports
+#: `mid_forward: false`.
 PROXY_KILL_WAIT_S = 30.0
+#: With a held payout, the wait lasts while that payout is still on its way to the rail; this
+#: only bounds a payout that never gets there (a bug, which the run's record then shows).
+PROXY_KILL_HELD_WAIT_S = 300.0
+#: The held payout's states before its submission is recorded by a proxy.
+_BEFORE_RAIL = ("PENDING", "CLAIMED")
 
 #: The newest attempt a proxy replica recorded and has not answered yet (outcome still NULL).
 _IN_FLIGHT = """
@@ -46,6 +56,18 @@ SELECT replica_id FROM railproxy.attempts
  WHERE outcome IS NULL AND replica_id = ANY($1::text[]) AND attempt_id > $2
  ORDER BY attempt_id DESC LIMIT 1
 """
+
+
+@dataclass(frozen=True)
+class HeldPayout:
+    """The payout the runner held back for the proxy fault: its id, and how to start it."""
+
+    payout_id: str
+    start: Callable[[], Awaitable[None]]
+
+
+#: The held payout's state.
+_STATE = "SELECT state FROM paydb.payouts WHERE payout_id = $1"
 
 
 class ReplicaFaults:
@@ -66,8 +88,8 @@ class ReplicaFaults:
         self._rail, self._rail_latency_ms = rail, rail_latency_ms
         self._etcd_leader_kill = etcd_leader_kill
         self.progress = progress
-        #: Starts the payout the runner held back for the proxy fault (None: none held back).
-        self.held_payout: Callable[[], Awaitable[None]] | None = None
+        #: The payout the runner held back for the proxy fault (None: none held back).
+        self.held_payout: HeldPayout | None = None
 
     def _replica(self, service: str, target: int) -> str:
         names = self.stack.service_replicas(service)
@@ -106,24 +128,50 @@ class ReplicaFaults:
         pool = await self._db()
         newest = await pool.fetchval("SELECT coalesce(max(attempt_id), 0) FROM railproxy.attempts")
         await self._rail({"latency_fixed_ms": PROXY_KILL_RAIL_MS})
+        held = self.held_payout
+        started = time.monotonic()
         victim: str | None = None
         try:
-            if self.held_payout is not None:
-                await self.held_payout()
-            deadline = time.monotonic() + PROXY_KILL_WAIT_S
-            while victim is None and time.monotonic() < deadline:
-                with contextlib.suppress(OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
-                    victim = await pool.fetchval(_IN_FLIGHT, names, newest)
-                if victim is None:
-                    await asyncio.sleep(PROXY_POLL_S)
+            if held is not None:
+                await held.start()
+            victim, held_state = await self._forward_in_flight(pool, names, newest, held)
             mid_forward = victim is not None
             name = victim or self._replica("railproxy", fault.target)
+            waited_s = round(time.monotonic() - started, 2)
             record = await self._down_then_restart(name, fault.duration_s)
         finally:
             await self._rail({"latency_fixed_ms": self._rail_latency_ms})
         if not mid_forward:
-            self.progress(f"  no submission in flight within {PROXY_KILL_WAIT_S:.0f}s: killed idle")
-        return {**record, "mid_forward": mid_forward}
+            self.progress(
+                f"  no submission in flight after {waited_s:.0f}s"
+                f" (held payout: {held_state or 'none'}): killed idle"
+            )
+        return {**record, "mid_forward": mid_forward, "waited_s": waited_s}
+
+    async def _forward_in_flight(
+        self, pool: asyncpg.Pool, names: list[str], newest: int, held: HeldPayout | None
+    ) -> tuple[str | None, str | None]:
+        """The replica of a submission recorded after `newest` and not yet answered, polled
+        while the held payout is still on its way to the rail (without one, for
+        PROXY_KILL_WAIT_S); and the held payout's last state seen."""
+        started = time.monotonic()
+        cap = PROXY_KILL_HELD_WAIT_S if held is not None else PROXY_KILL_WAIT_S
+        state: str | None = None
+        reported = started
+        while time.monotonic() - started < cap:
+            with contextlib.suppress(OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+                victim = await pool.fetchval(_IN_FLIGHT, names, newest)
+                if victim is not None:
+                    return victim, state
+                if held is not None:
+                    state = await pool.fetchval(_STATE, held.payout_id)
+            if held is not None and state is not None and state not in _BEFORE_RAIL:
+                return None, state  # it reached the rail between two polls, unseen
+            if time.monotonic() - reported >= 15:
+                reported = time.monotonic()
+                self.progress(f"  waiting for a submission in flight (held payout: {state})")
+            await asyncio.sleep(PROXY_POLL_S)
+        return None, state
 
     async def replica_freeze(self, fault: Fault) -> dict[str, Any]:
         """SIGSTOP one replica for longer than a lease and every client timeout: requests on
