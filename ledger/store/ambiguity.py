@@ -1,8 +1,9 @@
 """Into and out of RAIL_AMBIGUOUS: the indeterminate submission, the lookup's two verdicts, and the
 operator's break-glass abandon, with the audit rows of actions that change no state.
 
-All are fenced like every other step (`ledger.store.fenced`); abandon also needs the lock
-service's operator assertion when the store verifies them.
+All are fenced like every other step, through the `FencedWriter` this object is given
+(`ledger.store.fenced`); abandon also needs the lock service's operator assertion when the store
+verifies them. The audit rows of `record_audit` change no state and are not fenced.
 """
 
 from __future__ import annotations
@@ -17,12 +18,23 @@ from ledger.context import WorkContext
 from ledger.errors import InvalidOperatorAssertion
 from ledger.records import AlreadyAdvanced, Payout, check_text
 from ledger.store.base import GrantLike, S
-from ledger.store.fenced import FencedWrites
-from lockservice.assertions import AssertionRefused
+from ledger.store.fenced import FencedWriter
+from lockservice.assertions import AssertionRefused, AssertionVerifier
+
+__all__ = ["AmbiguityActions"]
 
 
-class AmbiguityActions(FencedWrites):
+class AmbiguityActions:
     """RAIL_SUBMITTED -> RAIL_AMBIGUOUS -> RAIL_ACKED, FAILED or ABANDONED; operator audit rows."""
+
+    def __init__(
+        self, pool: asyncpg.Pool, writer: FencedWriter, assertions: AssertionVerifier | None
+    ) -> None:
+        self._pool = pool
+        self._writer = writer
+        # None: operator assertions are not verified (see `PayoutStore`); the abandon's
+        # operator and reason are audited as given.
+        self._assertions = assertions
 
     async def mark_ambiguous(
         self,
@@ -35,7 +47,7 @@ class AmbiguityActions(FencedWrites):
     ) -> Payout | AlreadyAdvanced:
         """RAIL_SUBMITTED -> RAIL_AMBIGUOUS: money may have moved; never submitted again."""
         check_text(reason, "reason")
-        return await self._simple(
+        return await self._writer.transition(
             "mark_ambiguous",
             payout_id,
             token,
@@ -50,7 +62,7 @@ class AmbiguityActions(FencedWrites):
         self, payout_id: str, token: int, ctx: WorkContext, *, grant: GrantLike = None
     ) -> Payout | AlreadyAdvanced:
         """RAIL_AMBIGUOUS -> RAIL_ACKED: a lookup by client reference found it settled."""
-        return await self._simple(
+        return await self._writer.transition(
             "resolve_settled",
             payout_id,
             token,
@@ -71,7 +83,7 @@ class AmbiguityActions(FencedWrites):
     ) -> Payout | AlreadyAdvanced:
         """RAIL_AMBIGUOUS -> FAILED: a lookup says the rail definitively never had it."""
         check_text(reason, "reason")
-        return await self._simple(
+        return await self._writer.transition(
             "resolve_absent",
             payout_id,
             token,
@@ -133,7 +145,7 @@ class AmbiguityActions(FencedWrites):
             operator, reason = a.identity, a.reason
         check_text(operator, "operator")
         check_text(reason, "reason")
-        return await self._simple(
+        return await self._writer.transition(
             "abandon",
             payout_id,
             token,

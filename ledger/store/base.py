@@ -1,7 +1,9 @@
-"""What every part of the payout store shares: the pool, the fencing switch, the verifiers.
+"""What every part of the payout store reads alike: the grant type, the state alias, the one
+logger, and the lookups of a payout's account and of a customer account. Nothing here writes.
 
-The parts (`ledger.store.fenced`, `.steps`, `.ambiguity`, `.seeding`, `.reads`) are mixins over
-this base, composed into `PayoutStore` in `ledger.store`. Nothing here writes.
+No class here: each part of the store (`ledger.store.fenced`, `.steps`, `.ambiguity`,
+`.commands`, `.seeding`, `.reads`) is an object of its own, handed what it uses (the pool, the
+fenced writer, the assertion verifier) by `PayoutStore` (`ledger.store.payout_store`).
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from common.logs import get_logger
 from ledger.errors import InvalidIdentifier, UnknownAccount, UnknownPayout
 from ledger.journal import SYSTEM_ACCOUNTS
 from ledger.states import PayoutState
-from lockservice.assertions import AssertionVerifier
-from lockservice.grants import GrantVerifier, SignedGrant
+from lockservice.grants import SignedGrant
+
+__all__ = ["GrantLike", "S", "customer_account", "log", "payout_account"]
 
 S = PayoutState
 #: What a fenced write may present: the signed grant (or its wire form); None = no grant.
@@ -25,56 +28,20 @@ GrantLike = SignedGrant | Mapping[str, Any] | None
 log = get_logger("ledger.store")
 
 
-class StoreBase:
-    """The store's state, set once: the pool, the grant and assertion verifiers, and the switch."""
+async def payout_account(conn: asyncpg.Connection, payout_id: str) -> tuple[str, int]:
+    """The payout's account and amount; `UnknownPayout` if there is no such payout."""
+    row = await conn.fetchrow(
+        "SELECT account_id, amount FROM paydb.payouts WHERE payout_id = $1", payout_id
+    )
+    if row is None:
+        raise UnknownPayout(f"unknown payout {payout_id!r}")
+    return row["account_id"], int(row["amount"])
 
-    def __init__(
-        self,
-        pool: asyncpg.Pool,
-        *,
-        enforce_fencing: bool = True,
-        verifier: GrantVerifier | None = None,
-        verify_assertions: bool = True,
-    ) -> None:
-        self._pool = pool
-        # Break-glass commands sent as Temporal signals (abandon) are authenticated by the lock
-        # service's operator assertion, checked with the same public keys as grants. Off
-        # (`verify_assertions=False`, an experiment switch) or without a verifier (a trusted
-        # caller), the signal's free-text operator name is audited as given.
-        self._assertions = (
-            AssertionVerifier.of(verifier) if verifier is not None and verify_assertions else None
-        )
-        # INV-07: with a verifier, every fenced write needs the lock service's signed grant for
-        # the payout's account and the presented token. The worker always passes one; None is
-        # for tests and tools that write as a trusted caller (docs/payment-database.md).
-        self._verifier = verifier
-        # FR-29: the experiment switch. Off, the fence condition is dropped from every statement
-        # and a stale holder CAN move money: only ever for the UC-03 negative control.
-        self._enforce_fencing = enforce_fencing
-        if not enforce_fencing:
-            log.warning(
-                "fencing.disabled",
-                enforcement_point="paydb",
-                detail="the fence condition is removed from every write: experiment only",
-            )
 
-    @property
-    def enforce_fencing(self) -> bool:
-        return self._enforce_fencing
-
-    async def _payout_account(self, conn: asyncpg.Connection, payout_id: str) -> tuple[str, int]:
-        row = await conn.fetchrow(
-            "SELECT account_id, amount FROM paydb.payouts WHERE payout_id = $1", payout_id
-        )
-        if row is None:
-            raise UnknownPayout(f"unknown payout {payout_id!r}")
-        return row["account_id"], int(row["amount"])
-
-    async def _customer_account(self, conn: asyncpg.Connection, account_id: str) -> None:
-        kind = await conn.fetchval(
-            "SELECT kind FROM paydb.accounts WHERE account_id = $1", account_id
-        )
-        if kind is None:
-            raise UnknownAccount(f"unknown account {account_id!r}")
-        if kind != "customer" or account_id in SYSTEM_ACCOUNTS:
-            raise InvalidIdentifier(f"{account_id} is a system account, not a customer account")
+async def customer_account(conn: asyncpg.Connection, account_id: str) -> None:
+    """Refuse anything but an existing customer account (a system account takes no payouts)."""
+    kind = await conn.fetchval("SELECT kind FROM paydb.accounts WHERE account_id = $1", account_id)
+    if kind is None:
+        raise UnknownAccount(f"unknown account {account_id!r}")
+    if kind != "customer" or account_id in SYSTEM_ACCOUNTS:
+        raise InvalidIdentifier(f"{account_id} is a system account, not a customer account")

@@ -23,8 +23,17 @@ from ledger.audit import write_audit
 from ledger.errors import InvalidIdentifier, UnknownPayout
 from ledger.records import check_payout_id, check_text
 from ledger.store.base import log
-from ledger.store.fenced import FencedWrites
-from lockservice.assertions import AssertionRefused
+from lockservice.assertions import AssertionRefused, AssertionVerifier
+
+__all__ = [
+    "ACTIONS",
+    "REFUSED",
+    "VIAS",
+    "Action",
+    "CommandVerdict",
+    "OperatorCommands",
+    "unverified",
+]
 
 Action = Literal["abandon", "revoke"]
 ACTIONS: tuple[str, ...] = ("abandon", "revoke")
@@ -70,8 +79,16 @@ class CommandVerdict:
 _COLUMNS = "command_id, nonce, action, actor, reason, outcome, detail"
 
 
-class OperatorCommands(FencedWrites):
-    """accept_command, settle_command: the life of one operator command, row by row."""
+class OperatorCommands:
+    """accept_command, settle_command: the life of one operator command, row by row.
+
+    Not fenced: a command is judged and recorded here, and carried out (an abandon) through the
+    fenced writer by `ledger.store.ambiguity`, under the payout's grant."""
+
+    def __init__(self, pool: asyncpg.Pool, assertions: AssertionVerifier | None) -> None:
+        self._pool = pool
+        # None: the experiment switch (verification off) or a trusted caller (see `PayoutStore`).
+        self._assertions = assertions
 
     async def accept_command(
         self,

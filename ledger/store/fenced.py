@@ -4,13 +4,20 @@ Fencing rule: a write presenting token T succeeds only if T >= the stored fence,
 fence = T in the same statement. Equal is accepted because tokens are unique per lock key: an
 equal token is the same grant taking its next step (claim, submit, post all present one T).
 
-Every payout mutation is ONE `UPDATE ... WHERE payout_id = $1 AND state = <from> AND fence <= T
-RETURNING ...`. When it matches nothing, the row is re-read in the same transaction to classify:
-stored fence > T -> `FencedOut` (event `lock.fenced_out`, counter); state already past the expected
-from-state -> `AlreadyAdvanced` (not an error); anything else -> `InvalidTransition`.
+`FencedWriter` is the only object of the store that writes a payout's state. Every fenced write
+opens `FencedWriter.transaction`, which, in this order and in one database transaction: checks the
+grant (`ledger.store.grant_checks`, INV-07) before anything is written, locks the account's
+balance row and stamps its fence = T (the lock protects the account's payout stream, A-15, so
+each step stamps both rows under the same T), and reports a `FencedOut` raised anywhere inside as
+FR-16 asks. Inside it, `FencedTransaction.transition` runs the one fenced statement:
+`UPDATE ... WHERE payout_id = $1 AND state = <from> AND fence <= T RETURNING ...`. When it matches
+nothing, the row is re-read in the same transaction to classify: stored fence > T -> `FencedOut`
+(event `lock.fenced_out`, counter); state already past the expected from-state ->
+`AlreadyAdvanced` (not an error); anything else -> `InvalidTransition`.
 
-The account's balance row is fenced too (`_stamp_balance`): the lock protects the account's
-payout stream (A-15), so each step stamps both rows under the same T.
+`FencedWriter.transition` is that transaction around one transition (optionally a second, and one
+more write): what most steps are. A step that writes more (claim's funds check, post's ledger
+group) opens the transaction itself and runs its own statements on `FencedTransaction.conn`.
 """
 
 from __future__ import annotations
@@ -37,7 +44,10 @@ from ledger.records import (
 )
 from ledger.states import PayoutState, check_transition, reachable_from
 from ledger.store.base import GrantLike, log
-from ledger.store.grant_checks import GrantChecks
+from ledger.store.grant_checks import GrantCheck
+from lockservice.grants import GrantVerifier
+
+__all__ = ["FencedTransaction", "FencedWriter"]
 
 
 @asynccontextmanager
@@ -56,10 +66,67 @@ async def committed(conn: asyncpg.Connection) -> AsyncIterator[list[dict[str, An
             ).inc()
 
 
-class FencedWrites(GrantChecks):
-    """The fenced statement, the classification of a miss, and the balance-row stamp."""
+class FencedWriter:
+    """The fencing switch, the grant check, the balance-row stamp, and the fenced transaction."""
 
-    async def _simple(
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        *,
+        enforce_fencing: bool = True,
+        verifier: GrantVerifier | None = None,
+    ) -> None:
+        self._pool = pool
+        # FR-29: the experiment switch. Off, the fence condition is dropped from every statement
+        # and a stale holder CAN move money: only ever for the UC-03 negative control.
+        self._enforce_fencing = enforce_fencing
+        self._grants = GrantCheck(verifier, enforce_fencing=enforce_fencing)
+        if not enforce_fencing:
+            log.warning(
+                "fencing.disabled",
+                enforcement_point="paydb",
+                detail="the fence condition is removed from every write: experiment only",
+            )
+
+    @property
+    def enforce_fencing(self) -> bool:
+        return self._enforce_fencing
+
+    @asynccontextmanager
+    async def transaction(
+        self, operation: str, payout_id: str, token: int, grant: GrantLike
+    ) -> AsyncIterator[FencedTransaction]:
+        """One database transaction of a fenced write, opened with its grant checked (before any
+        write, INV-07) and the account's balance row locked and stamped fence = T (FencedOut when
+        T is below it). A `FencedOut` raised inside is reported (FR-16) after the rollback.
+
+        Fenced on the balance row as well as on the payout row: a holder superseded on the
+        account cannot advance any of its payouts, even one the new holder has not touched yet
+        (INV-01). Transitions are logged and counted only once COMMIT succeeded (`committed`)."""
+        check_payout_id(payout_id)
+        check_token(token)
+        async with self._pool.acquire() as conn:
+            try:
+                async with committed(conn) as facts:
+                    account_id, amount = await self._grants.granted_account(
+                        conn, payout_id, token, grant, operation
+                    )
+                    balance = await self._stamp_balance(conn, account_id, token)
+                    yield FencedTransaction(
+                        conn,
+                        facts,
+                        payout_id=payout_id,
+                        token=token,
+                        account_id=account_id,
+                        amount=amount,
+                        balance=balance,
+                        enforce_fencing=self._enforce_fencing,
+                    )
+            except FencedOut as exc:
+                self._report_fenced_out(exc, payout_id, operation)
+                raise
+
+    async def transition(
         self,
         operation: str,
         payout_id: str,
@@ -75,174 +142,34 @@ class FencedWrites(GrantChecks):
         then: tuple[str, PayoutState] | None = None,
         also: Callable[[asyncpg.Connection], Awaitable[None]] | None = None,
     ) -> Payout | AlreadyAdvanced:
-        """A transition of the payout row (plus its audit and outbox rows), fenced on the payout
-        row AND on the account's balance row: the lock protects the account's payout stream
-        (A-15), so a holder superseded on the account cannot advance any of its payouts, even
-        one the new holder has not touched yet (INV-01).
+        """A transition of the payout row (plus its audit and outbox rows) in its own fenced
+        transaction (`transaction`: grant checked, balance row stamped first).
 
         `then` (operation, state): a second transition from `to_state`, in the SAME database
         transaction and fenced the same way, unless the first found the payout already moved on
         (`mark_submitted_and_acked`). `also`: one more write in the same transaction after the
         transition (not when the payout had moved on); if it raises, the transition rolls back
         (`abandon` ends its operator command with it)."""
-        check_payout_id(payout_id)
-        check_token(token)
-        async with self._pool.acquire() as conn:
-            try:
-                async with committed(conn) as facts:
-                    account_id, _ = await self._granted_account(
-                        conn, payout_id, token, grant, operation
-                    )
-                    await self._stamp_balance(conn, account_id, token, operation, payout_id)
-                    result = await self._transition(
-                        conn,
-                        operation,
-                        facts=facts,
-                        payout_id=payout_id,
-                        token=token,
-                        ctx=ctx,
-                        from_state=from_state,
-                        to_state=to_state,
-                        reason=reason,
-                        details=details,
-                        audit_actor=audit_actor,
-                    )
-                    if also is not None and not isinstance(result, AlreadyAdvanced):
-                        await also(conn)
-                    if then is None or isinstance(result, AlreadyAdvanced):
-                        return result
-                    operation, next_state = then
-                    return await self._transition(
-                        conn,
-                        operation,
-                        facts=facts,
-                        payout_id=payout_id,
-                        token=token,
-                        ctx=ctx,
-                        from_state=to_state,
-                        to_state=next_state,
-                    )
-            except FencedOut as exc:
-                self._report_fenced_out(exc, payout_id, operation)
-                raise
-
-    async def _transition(
-        self,
-        conn: asyncpg.Connection,
-        operation: str,
-        *,
-        facts: list[dict[str, Any]],
-        payout_id: str,
-        token: int,
-        ctx: WorkContext,
-        from_state: PayoutState,
-        to_state: PayoutState,
-        reason: str | None = None,
-        group_id: uuid.UUID | None = None,
-        details: dict[str, Any] | None = None,
-        audit_actor: str | None = None,
-        record_metric: bool = True,
-    ) -> Payout | AlreadyAdvanced:
-        check_transition(from_state, to_state)  # in code, before the database sees anything
-        fence_condition = " AND fence <= $4" if self._enforce_fencing else ""
-        # The one fenced statement: names the expected from-state (the DB trigger re-checks the
-        # edge) and stamps fence = T; a stale token or a moved payout matches zero rows.
-        row = await conn.fetchrow(
-            "UPDATE paydb.payouts SET state = $3, fence = $4,"
-            " failure_reason = COALESCE($5, failure_reason),"
-            " ledger_group_id = COALESCE($6, ledger_group_id)"
-            f" WHERE payout_id = $1 AND state = $2{fence_condition}"
-            f" RETURNING {PAYOUT_COLUMNS}",
-            payout_id,
-            str(from_state),
-            str(to_state),
-            token,
-            reason,
-            group_id,
-        )
-        if row is None:
-            return await self._classify_miss(conn, operation, payout_id, token, from_state)
-        payout = Payout.from_row(row)
-        await write_audit(
-            conn,
-            actor=audit_actor or ctx.actor,
-            action=operation,
-            token=token,
-            payout_id=payout_id,
-            account_id=payout.account_id,
-            from_state=from_state,
-            to_state=to_state,
-            details={"reason": reason, **(details or {}), "via": ctx.actor},
-        )
-        await write_event(
-            conn,
-            event_type=f"payout.{to_state.lower()}",
-            ctx=ctx,
-            payload={
-                "payout_id": payout_id,
-                "account_id": payout.account_id,
-                "amount": payout.amount,
-                "from_state": from_state,
-                "to_state": to_state,
-                "token": token,
-                "client_reference": payout.client_reference,
-                "failure_reason": payout.failure_reason,
-            },
-        )
-        # Stated only once COMMIT succeeded (`committed`): a rolled-back posting of a frozen
-        # worker must not leave a `payout.transition` to POSTED that never happened.
-        facts.append(
-            {
-                "payout_id": payout_id,
-                "account_id": payout.account_id,
-                "from_state": str(from_state),
-                "to_state": str(to_state),
-                "token": token,
-                "operation": operation,
-                "actor": audit_actor or ctx.actor,
-                "correlation_id": ctx.correlation_id,
-                "_count": record_metric,
-            }
-        )
-        return payout
-
-    async def _classify_miss(
-        self,
-        conn: asyncpg.Connection,
-        operation: str,
-        payout_id: str,
-        token: int,
-        from_state: PayoutState,
-    ) -> AlreadyAdvanced:
-        """Why did the fenced update match nothing? Fence first: a stale holder is always told
-        it is fenced out, even when the payout has also moved on."""
-        row = await conn.fetchrow(
-            "SELECT account_id, state, fence FROM paydb.payouts WHERE payout_id = $1 FOR SHARE",
-            payout_id,
-        )
-        if row is None:
-            raise UnknownPayout(f"unknown payout {payout_id!r}")
-        state = PayoutState(row["state"])
-        if self._enforce_fencing and row["fence"] > token:
-            raise FencedOut(lock_key(row["account_id"]), token, row["fence"])
-        if state in reachable_from(from_state):
-            metrics.ALREADY_ADVANCED.labels(operation=operation).inc()
-            log.info(
-                "payout.already_advanced",
-                payout_id=payout_id,
-                operation=operation,
-                state=str(state),
-                token=token,
-                stored_token=row["fence"],
+        async with self.transaction(operation, payout_id, token, grant) as tx:
+            result = await tx.transition(
+                operation,
+                ctx,
+                from_state=from_state,
+                to_state=to_state,
+                reason=reason,
+                details=details,
+                audit_actor=audit_actor,
             )
-            return AlreadyAdvanced(payout_id=payout_id, state=state, fence=row["fence"])
-        raise InvalidTransition(
-            f"{operation}: payout {payout_id} is {state}, not {from_state} or past it"
-        )
+            if also is not None and not isinstance(result, AlreadyAdvanced):
+                await also(tx.conn)
+            if then is None or isinstance(result, AlreadyAdvanced):
+                return result
+            next_operation, next_state = then
+            return await tx.transition(
+                next_operation, ctx, from_state=to_state, to_state=next_state
+            )
 
-    async def _stamp_balance(
-        self, conn: asyncpg.Connection, account_id: str, token: int, operation: str, payout_id: str
-    ) -> int:
+    async def _stamp_balance(self, conn: asyncpg.Connection, account_id: str, token: int) -> int:
         """Lock the account's balance row and stamp fence = T (FR-15: the balance row is an
         enforcement point too); FencedOut when T is below its fence. Returns the balance."""
         fence_condition = " AND fence <= $2" if self._enforce_fencing else ""
@@ -273,3 +200,138 @@ class FencedWrites(GrantChecks):
             enforcement_point="paydb",
         )
         metrics.FENCED_OUT.labels(operation=operation).inc()
+
+
+class FencedTransaction:
+    """One open fenced transaction of one payout under one token, made only by
+    `FencedWriter.transaction`: its grant is checked and its account's balance row is locked and
+    stamped. `conn` is for the step's own statements in the same transaction."""
+
+    def __init__(
+        self,
+        conn: asyncpg.Connection,
+        facts: list[dict[str, Any]],
+        *,
+        payout_id: str,
+        token: int,
+        account_id: str,
+        amount: int,
+        balance: int,
+        enforce_fencing: bool,
+    ) -> None:
+        self.conn = conn
+        self.payout_id = payout_id
+        self.token = token
+        #: The payout's account and amount, as read before the grant check.
+        self.account_id = account_id
+        self.amount = amount
+        #: The account's balance, read from its row as it was locked and stamped.
+        self.balance = balance
+        self._facts = facts
+        self._enforce_fencing = enforce_fencing
+
+    async def transition(
+        self,
+        operation: str,
+        ctx: WorkContext,
+        *,
+        from_state: PayoutState,
+        to_state: PayoutState,
+        reason: str | None = None,
+        group_id: uuid.UUID | None = None,
+        details: dict[str, Any] | None = None,
+        audit_actor: str | None = None,
+        record_metric: bool = True,
+    ) -> Payout | AlreadyAdvanced:
+        """The one fenced statement of a payout transition, with its audit and outbox rows."""
+        payout_id, token = self.payout_id, self.token
+        check_transition(from_state, to_state)  # in code, before the database sees anything
+        fence_condition = " AND fence <= $4" if self._enforce_fencing else ""
+        # The one fenced statement: names the expected from-state (the DB trigger re-checks the
+        # edge) and stamps fence = T; a stale token or a moved payout matches zero rows.
+        row = await self.conn.fetchrow(
+            "UPDATE paydb.payouts SET state = $3, fence = $4,"
+            " failure_reason = COALESCE($5, failure_reason),"
+            " ledger_group_id = COALESCE($6, ledger_group_id)"
+            f" WHERE payout_id = $1 AND state = $2{fence_condition}"
+            f" RETURNING {PAYOUT_COLUMNS}",
+            payout_id,
+            str(from_state),
+            str(to_state),
+            token,
+            reason,
+            group_id,
+        )
+        if row is None:
+            return await self._classify_miss(operation, from_state)
+        payout = Payout.from_row(row)
+        await write_audit(
+            self.conn,
+            actor=audit_actor or ctx.actor,
+            action=operation,
+            token=token,
+            payout_id=payout_id,
+            account_id=payout.account_id,
+            from_state=from_state,
+            to_state=to_state,
+            details={"reason": reason, **(details or {}), "via": ctx.actor},
+        )
+        await write_event(
+            self.conn,
+            event_type=f"payout.{to_state.lower()}",
+            ctx=ctx,
+            payload={
+                "payout_id": payout_id,
+                "account_id": payout.account_id,
+                "amount": payout.amount,
+                "from_state": from_state,
+                "to_state": to_state,
+                "token": token,
+                "client_reference": payout.client_reference,
+                "failure_reason": payout.failure_reason,
+            },
+        )
+        # Stated only once COMMIT succeeded (`committed`): a rolled-back posting of a frozen
+        # worker must not leave a `payout.transition` to POSTED that never happened.
+        self._facts.append(
+            {
+                "payout_id": payout_id,
+                "account_id": payout.account_id,
+                "from_state": str(from_state),
+                "to_state": str(to_state),
+                "token": token,
+                "operation": operation,
+                "actor": audit_actor or ctx.actor,
+                "correlation_id": ctx.correlation_id,
+                "_count": record_metric,
+            }
+        )
+        return payout
+
+    async def _classify_miss(self, operation: str, from_state: PayoutState) -> AlreadyAdvanced:
+        """Why did the fenced update match nothing? Fence first: a stale holder is always told
+        it is fenced out, even when the payout has also moved on."""
+        payout_id, token = self.payout_id, self.token
+        row = await self.conn.fetchrow(
+            "SELECT account_id, state, fence FROM paydb.payouts WHERE payout_id = $1 FOR SHARE",
+            payout_id,
+        )
+        if row is None:
+            raise UnknownPayout(f"unknown payout {payout_id!r}")
+        state = PayoutState(row["state"])
+        if self._enforce_fencing and row["fence"] > token:
+            raise FencedOut(lock_key(row["account_id"]), token, row["fence"])
+        if state in reachable_from(from_state):
+            metrics.ALREADY_ADVANCED.labels(operation=operation).inc()
+            log.info(
+                "payout.already_advanced",
+                payout_id=payout_id,
+                operation=operation,
+                state=str(state),
+                token=token,
+                stored_token=row["fence"],
+            )
+            return AlreadyAdvanced(payout_id=payout_id, state=state, fence=row["fence"])
+        raise InvalidTransition(
+            f"{operation}: payout {payout_id} is {state}, not {from_state} or past it"
+        )

@@ -1,5 +1,9 @@
 """Grant verification glue (INV-07): a fenced write must present the lock service's signed grant
-of the payout's account key for its token, checked before the transaction writes anything."""
+of the payout's account key for its token, checked before the transaction writes anything.
+
+`GrantCheck` is owned by the fenced writer (`ledger.store.fenced`), which calls it first in every
+fenced transaction; nothing else in the store checks grants.
+"""
 
 from __future__ import annotations
 
@@ -8,14 +12,25 @@ import asyncpg
 from common.lockkey import lock_key
 from ledger import metrics
 from ledger.errors import FencedOut, InvalidGrant
-from ledger.store.base import GrantLike, StoreBase, log
-from lockservice.grants import GrantError, GrantExpired, is_expired
+from ledger.store.base import GrantLike, log, payout_account
+from lockservice.grants import GrantError, GrantExpired, GrantVerifier, is_expired
+
+__all__ = ["GrantCheck"]
 
 
-class GrantChecks(StoreBase):
+class GrantCheck:
     """Which account a payout's write is for, once its grant is proved genuine."""
 
-    async def _granted_account(
+    def __init__(self, verifier: GrantVerifier | None, *, enforce_fencing: bool) -> None:
+        # INV-07: with a verifier, every fenced write needs the lock service's signed grant for
+        # the payout's account and the presented token. The worker always passes one; None is
+        # for tests and tools that write as a trusted caller (docs/payment-database.md).
+        self._verifier = verifier
+        # The fencing switch (FR-29), as the fenced writer holds it: off, an expired grant's
+        # holder is not told it is fenced out (the experiment's negative control).
+        self._enforce_fencing = enforce_fencing
+
+    async def granted_account(
         self,
         conn: asyncpg.Connection,
         payout_id: str,
@@ -31,15 +46,16 @@ class GrantChecks(StoreBase):
         account's fence above anything the lock service can issue, or moving a payout. Whether
         the genuine token is the newest is still the fence's decision, next.
         """
-        account_id, amount = await self._payout_account(conn, payout_id)
+        account_id, amount = await payout_account(conn, payout_id)
         if self._verifier is not None:
             try:
                 genuine = self._verifier.verify(
                     grant, key=lock_key(account_id), token=token, check_expiry=False
                 )
                 if is_expired(genuine):
-                    # A stale holder is told it is fenced out first (as `_classify_miss` does):
-                    # read-only, an expired grant moves no fence, not even to its own token.
+                    # A stale holder is told it is fenced out first (as the fenced writer's
+                    # classification of a miss does): read-only, an expired grant moves no
+                    # fence, not even to its own token.
                     await self._refuse_if_fenced(conn, account_id, token)
                     raise GrantExpired(f"grant expired at {genuine.expires_at.isoformat()}")
             except GrantError as exc:

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import asyncpg
+
 from ledger.errors import UnknownAccount, UnknownPayout
 from ledger.records import PAYOUT_COLUMNS, AuditRow, Payout
 from ledger.states import PayoutState
-from ledger.store.base import StoreBase
+
+__all__ = ["Reads"]
 
 
-class Reads(StoreBase):
+class Reads:
     """Balances and payouts as committed."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
 
     async def balance(self, account_id: str) -> int:
         async with self._pool.acquire() as conn:

@@ -23,11 +23,16 @@ from ledger.records import (
     check_amount,
     check_payout_id,
 )
-from ledger.store.base import S, StoreBase
+from ledger.store.base import S, customer_account
+
+__all__ = ["Seeding"]
 
 
-class Seeding(StoreBase):
+class Seeding:
     """Open and fund customer accounts; create PENDING payouts."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
 
     async def create_account(self, account_id: str, ctx: WorkContext) -> None:
         """Open a customer account with a zero balance and fence 0."""
@@ -58,7 +63,7 @@ class Seeding(StoreBase):
         correlation_id = f"{account_id}:funding:{group_id}"
         try:
             async with self._pool.acquire() as conn, conn.transaction():
-                await self._customer_account(conn, account_id)
+                await customer_account(conn, account_id)
                 await write_group(
                     conn,
                     group_id=group_id,
@@ -94,7 +99,7 @@ class Seeding(StoreBase):
         check_account_id(account_id)
         check_amount(amount)
         async with self._pool.acquire() as conn, conn.transaction():
-            await self._customer_account(conn, account_id)
+            await customer_account(conn, account_id)
             try:
                 row = await conn.fetchrow(
                     "INSERT INTO paydb.payouts (payout_id, account_id, amount, client_reference)"

@@ -1,9 +1,10 @@
 """The worker's steps of a payout: claim (or stamp the account's fence when it finds the payout
 past PENDING), submit, ack or decline, post (UC-01).
 
-Each step is one fenced transaction through `ledger.store.fenced` (T >= the stored fence on the
-payout row and on the account's balance row, fence stamped = T): a superseded holder is fenced
-out, and a step another holder already took returns `AlreadyAdvanced` without writing.
+Each step is one fenced transaction of the `FencedWriter` it is given (`ledger.store.fenced`: the
+grant checked first, T >= the stored fence on the payout row and on the account's balance row,
+fence stamped = T): a superseded holder is fenced out, and a step another holder already took
+returns `AlreadyAdvanced` without writing.
 """
 
 from __future__ import annotations
@@ -12,19 +13,23 @@ import uuid
 
 from ledger import metrics
 from ledger.context import WorkContext
-from ledger.errors import FencedOut
 from ledger.journal import RAIL_CLEARING, write_group
 from ledger.outbox import write_event
-from ledger.records import AlreadyAdvanced, Payout, check_payout_id, check_text, check_token
+from ledger.records import AlreadyAdvanced, Payout, check_text
 from ledger.states import IN_FLIGHT_STATES
 from ledger.store.base import GrantLike, S
-from ledger.store.fenced import FencedWrites, committed
+from ledger.store.fenced import FencedWriter
+
+__all__ = ["INSUFFICIENT_FUNDS", "WorkerSteps"]
 
 INSUFFICIENT_FUNDS = "insufficient_funds"
 
 
-class WorkerSteps(FencedWrites):
+class WorkerSteps:
     """PENDING -> CLAIMED (or FAILED) -> RAIL_SUBMITTED -> RAIL_ACKED (or FAILED) -> POSTED."""
+
+    def __init__(self, writer: FencedWriter) -> None:
+        self._writer = writer
 
     async def claim(
         self, payout_id: str, token: int, ctx: WorkContext, *, grant: GrantLike = None
@@ -34,43 +39,26 @@ class WorkerSteps(FencedWrites):
         One transaction: the account's balance row is locked and fence-stamped, available funds
         = balance - amounts of this account's in-flight payouts, then the fenced payout update.
         """
-        check_payout_id(payout_id)
-        check_token(token)
         operation = "claim"
-        async with self._pool.acquire() as conn:
-            try:
-                async with committed(conn) as facts:
-                    account_id, amount = await self._granted_account(
-                        conn, payout_id, token, grant, operation
-                    )
-                    balance = await self._stamp_balance(
-                        conn, account_id, token, operation, payout_id
-                    )
-                    in_flight = await conn.fetchval(
-                        "SELECT COALESCE(SUM(amount), 0) FROM paydb.payouts"
-                        " WHERE account_id = $1 AND state = ANY($2::text[]) AND payout_id <> $3",
-                        account_id,
-                        [str(s) for s in IN_FLIGHT_STATES],
-                        payout_id,
-                    )
-                    available = balance - int(in_flight)
-                    details = {"available": available, "amount": amount}
-                    funded = available >= amount
-                    return await self._transition(
-                        conn,
-                        operation,
-                        facts=facts,
-                        payout_id=payout_id,
-                        token=token,
-                        ctx=ctx,
-                        from_state=S.PENDING,
-                        to_state=S.CLAIMED if funded else S.FAILED,
-                        reason=None if funded else INSUFFICIENT_FUNDS,
-                        details=details,
-                    )
-            except FencedOut as exc:
-                self._report_fenced_out(exc, payout_id, operation)
-                raise
+        async with self._writer.transaction(operation, payout_id, token, grant) as tx:
+            in_flight = await tx.conn.fetchval(
+                "SELECT COALESCE(SUM(amount), 0) FROM paydb.payouts"
+                " WHERE account_id = $1 AND state = ANY($2::text[]) AND payout_id <> $3",
+                tx.account_id,
+                [str(s) for s in IN_FLIGHT_STATES],
+                payout_id,
+            )
+            available = tx.balance - int(in_flight)
+            details = {"available": available, "amount": tx.amount}
+            funded = available >= tx.amount
+            return await tx.transition(
+                operation,
+                ctx,
+                from_state=S.PENDING,
+                to_state=S.CLAIMED if funded else S.FAILED,
+                reason=None if funded else INSUFFICIENT_FUNDS,
+                details=details,
+            )
 
     async def stamp_account_fence(
         self, payout_id: str, token: int, *, grant: GrantLike = None
@@ -84,25 +72,16 @@ class WorkerSteps(FencedWrites):
         from a pause, could still advance the account's payouts at the payment database until
         the newer one happened to write (INV-01). The stamp fences it out at once.
         """
-        check_payout_id(payout_id)
-        check_token(token)
-        operation = "stamp_account_fence"
-        async with self._pool.acquire() as conn:
-            try:
-                async with conn.transaction():
-                    account_id, _ = await self._granted_account(
-                        conn, payout_id, token, grant, operation
-                    )
-                    await self._stamp_balance(conn, account_id, token, operation, payout_id)
-            except FencedOut as exc:
-                self._report_fenced_out(exc, payout_id, operation)
-                raise
+        # Opening the fenced transaction is the stamp (grant checked, balance row fenced = T);
+        # nothing else is written in it.
+        async with self._writer.transaction("stamp_account_fence", payout_id, token, grant):
+            pass
 
     async def mark_submitted(
         self, payout_id: str, token: int, ctx: WorkContext, *, grant: GrantLike = None
     ) -> Payout | AlreadyAdvanced:
         """CLAIMED -> RAIL_SUBMITTED: the proxy has durably recorded the attempt."""
-        return await self._simple(
+        return await self._writer.transition(
             "mark_submitted",
             payout_id,
             token,
@@ -116,7 +95,7 @@ class WorkerSteps(FencedWrites):
         self, payout_id: str, token: int, ctx: WorkContext, *, grant: GrantLike = None
     ) -> Payout | AlreadyAdvanced:
         """RAIL_SUBMITTED -> RAIL_ACKED: the rail acknowledged."""
-        return await self._simple(
+        return await self._writer.transition(
             "mark_acked",
             payout_id,
             token,
@@ -136,7 +115,7 @@ class WorkerSteps(FencedWrites):
         both `payout.transition` events (after COMMIT), each fenced exactly as there. Moves no
         money by itself: the proxy had already recorded the attempt and its ACKED outcome.
         """
-        return await self._simple(
+        return await self._writer.transition(
             "mark_submitted",
             payout_id,
             token,
@@ -158,7 +137,7 @@ class WorkerSteps(FencedWrites):
     ) -> Payout | AlreadyAdvanced:
         """RAIL_SUBMITTED -> FAILED: a business decline; no ledger movement."""
         check_text(reason, "reason")
-        return await self._simple(
+        return await self._writer.transition(
             "mark_declined",
             payout_id,
             token,
@@ -178,59 +157,45 @@ class WorkerSteps(FencedWrites):
         once (row lock + state condition), the ledger group is only written when it matched, and
         ledger_groups.payout_id is UNIQUE as a last line.
         """
-        check_payout_id(payout_id)
-        check_token(token)
         operation = "post"
         group_id = uuid.uuid4()
-        async with self._pool.acquire() as conn:
-            try:
-                async with committed(conn) as facts:
-                    account_id, amount = await self._granted_account(
-                        conn, payout_id, token, grant, operation
-                    )
-                    await self._stamp_balance(conn, account_id, token, operation, payout_id)
-                    result = await self._transition(
-                        conn,
-                        operation,
-                        facts=facts,
-                        payout_id=payout_id,
-                        token=token,
-                        ctx=ctx,
-                        from_state=S.RAIL_ACKED,
-                        to_state=S.POSTED,
-                        group_id=group_id,
-                        details={"group_id": str(group_id), "amount": amount},
-                        record_metric=False,
-                    )
-                    if isinstance(result, AlreadyAdvanced):
-                        return result
-                    correlation_id = f"{account_id}:{payout_id}:{group_id}"
-                    await write_group(
-                        conn,
-                        group_id=group_id,
-                        kind="payout",
-                        correlation_id=correlation_id,
-                        entries=[(account_id, -amount), (RAIL_CLEARING, amount)],
-                        payout_id=payout_id,
-                        token=token,
-                    )
-                    await write_event(
-                        conn,
-                        event_type="ledger.posted",
-                        ctx=ctx,
-                        correlation_id=correlation_id,
-                        payload={
-                            "kind": "payout",
-                            "group_id": str(group_id),
-                            "payout_id": payout_id,
-                            "account_id": account_id,
-                            "amount": amount,
-                            "entries": [[account_id, -amount], [RAIL_CLEARING, amount]],
-                        },
-                    )
-            except FencedOut as exc:
-                self._report_fenced_out(exc, payout_id, operation)
-                raise
+        async with self._writer.transaction(operation, payout_id, token, grant) as tx:
+            account_id, amount = tx.account_id, tx.amount
+            result = await tx.transition(
+                operation,
+                ctx,
+                from_state=S.RAIL_ACKED,
+                to_state=S.POSTED,
+                group_id=group_id,
+                details={"group_id": str(group_id), "amount": amount},
+                record_metric=False,
+            )
+            if isinstance(result, AlreadyAdvanced):
+                return result
+            correlation_id = f"{account_id}:{payout_id}:{group_id}"
+            await write_group(
+                tx.conn,
+                group_id=group_id,
+                kind="payout",
+                correlation_id=correlation_id,
+                entries=[(account_id, -amount), (RAIL_CLEARING, amount)],
+                payout_id=payout_id,
+                token=token,
+            )
+            await write_event(
+                tx.conn,
+                event_type="ledger.posted",
+                ctx=ctx,
+                correlation_id=correlation_id,
+                payload={
+                    "kind": "payout",
+                    "group_id": str(group_id),
+                    "payout_id": payout_id,
+                    "account_id": account_id,
+                    "amount": amount,
+                    "entries": [[account_id, -amount], [RAIL_CLEARING, amount]],
+                },
+            )
         metrics.TRANSITIONS.labels(from_state=S.RAIL_ACKED, to_state=S.POSTED).inc()
         metrics.LEDGER_GROUPS.labels(kind="payout").inc()
         return result
