@@ -12,6 +12,9 @@ terminates the connection, so a connection in an unknown state is never reused.
 Must never: hand one connection to two callers, keep session state between calls (callers run
 single statements or `transaction()` blocks; LISTEN uses its own connection), or wait for a
 connection without bound when the database is down (connect has a timeout).
+
+`LibraryPool` is the alternative this module is measured against (asyncpg's own Pool behind the
+same five calls), chosen only by the A/B of `make bench-locks` (LOCK_PG_POOL=asyncpg).
 """
 
 from __future__ import annotations
@@ -20,11 +23,13 @@ import asyncio
 import collections
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import asyncpg
 
 T = TypeVar("T")
+#: Which pool the backend runs on: this module's (the default) or asyncpg's (the A/B's other side).
+PoolKind = Literal["pgconns", "asyncpg"]
 #: How long close() waits for one idle connection to close politely.
 _CLOSE_S = 5.0
 
@@ -181,3 +186,65 @@ class PgConnections:
                 await asyncio.wait_for(conn.close(), _CLOSE_S)
             except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
                 conn.terminate()
+
+
+class LibraryPool:
+    """asyncpg's Pool behind PgConnections' calls: the other side of the A/B in
+    lab.bench_locks. Configured as a replacement would be: the same size, timeouts and connect
+    at start-up; no reset query on release (callers keep no session state, as above; asyncpg
+    still rolls back a transaction left open and discards a connection in doubt)."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    @classmethod
+    async def open(
+        cls, url: str, *, size: int, connect_timeout: float = 10, command_timeout: float = 10
+    ) -> LibraryPool:
+        pool = await asyncpg.create_pool(
+            url,
+            min_size=1,
+            max_size=size,
+            timeout=connect_timeout,
+            command_timeout=command_timeout,
+            reset=_no_reset,
+        )
+        return cls(pool)
+
+    async def fetchrow(self, query: str, *args: Any) -> Any:  # a Record, or None
+        return await self._pool.fetchrow(query, *args)
+
+    async def fetchval(self, query: str, *args: Any) -> Any:
+        return await self._pool.fetchval(query, *args)
+
+    async def fetch(self, query: str, *args: Any) -> list[asyncpg.Record]:
+        rows: list[asyncpg.Record] = await self._pool.fetch(query, *args)
+        return rows
+
+    async def execute(self, query: str, *args: Any) -> str:
+        status: str = await self._pool.execute(query, *args)
+        return status
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[asyncpg.Connection]:
+        async with self._pool.acquire() as conn, conn.transaction():
+            yield conn
+
+    async def close(self) -> None:
+        try:
+            await asyncio.wait_for(self._pool.close(), _CLOSE_S)
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            self._pool.terminate()
+
+
+async def _no_reset(conn: asyncpg.Connection) -> None:
+    """No reset query: nothing a caller does outlives its call (module doc)."""
+
+
+async def open_pool(
+    kind: PoolKind, url: str, *, size: int, command_timeout: float
+) -> PgConnections | LibraryPool:
+    """The backend's connections: this module's pool, or asyncpg's for the A/B."""
+    if kind == "asyncpg":
+        return await LibraryPool.open(url, size=size, command_timeout=command_timeout)
+    return await PgConnections.open(url, size=size, command_timeout=command_timeout)

@@ -48,7 +48,7 @@ from lockservice.api import (
     validate_wait,
 )
 from lockservice.api import next_epoch as _next_epoch
-from lockservice.backends.pgconns import PgConnections
+from lockservice.backends.pgconns import LibraryPool, PgConnections, PoolKind, open_pool
 
 _BACKEND = "postgres"
 _CHANNEL = "lockservice_release"
@@ -88,7 +88,12 @@ class PostgresBackend:
     """LockBackend over one PostgreSQL database. Create with `await PostgresBackend.start(...)`."""
 
     def __init__(
-        self, pool: PgConnections, database_url: str, prefix: str, *, replica_id: str | None = None
+        self,
+        pool: PgConnections | LibraryPool,
+        database_url: str,
+        prefix: str,
+        *,
+        replica_id: str | None = None,
     ) -> None:
         self._pool = pool
         self._url = database_url
@@ -105,20 +110,25 @@ class PostgresBackend:
 
     @classmethod
     async def start(
-        cls, database_url: str, prefix: str = "", *, replica_id: str | None = None
+        cls,
+        database_url: str,
+        prefix: str = "",
+        *,
+        replica_id: str | None = None,
+        pool: PoolKind = "pgconns",
     ) -> PostgresBackend:
         from common.migrate import migrate
 
         with _unavailable_on_connection_error():
             await migrate(database_url, schemas={"lockservice"})
-            # Not asyncpg's Pool: its per-call overhead was a sixth of the lock server's time
-            # above its floor (lockservice.backends.pgconns).
-            pool = await PgConnections.open(database_url, size=10, command_timeout=10)
-            await pool.execute(
+            # Not asyncpg's Pool unless `pool` asks for it (the A/B of make bench-locks):
+            # lockservice.backends.pgconns says why.
+            conns = await open_pool(pool, database_url, size=10, command_timeout=10)
+            await conns.execute(
                 "INSERT INTO lockservice.epochs (prefix) VALUES ($1) ON CONFLICT DO NOTHING",
                 prefix,
             )
-        backend = cls(pool, database_url, prefix, replica_id=replica_id)
+        backend = cls(conns, database_url, prefix, replica_id=replica_id)
         await backend._ensure_listener()
         return backend
 

@@ -24,6 +24,8 @@ async def test_bench_locks_prints_both_floors_as_its_last_line(
         "lab.bench_locks",
         "--n",
         "20",
+        "--ab-n",
+        "40",
         env=env,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -46,5 +48,17 @@ async def test_bench_locks_prints_both_floors_as_its_last_line(
     # The traced side was traced: at least the client's and the server's span of each pair.
     assert result["traced_spans"] >= 2 * 2 * 20
     assert result["loadavg_before"] and result["loadavg_after"]
+    # The A/B of issue 30: each side measured, with the CPU of the process that differs.
+    ab = result["ab"]
+    assert ab["n"] == 40
+    for lever, sides in {
+        "transport": ("keepalive", "httpx"),
+        "pool": ("pgconns", "asyncpg"),
+    }.items():
+        for side in sides:
+            figures = ab[lever][side]
+            assert figures["p50_ms"] > 0 and figures["cpu_ms_per_op"] > 0, (lever, side)
+            assert len(figures["cpu_rounds"]) == ab["rounds"]
+        assert isinstance(ab[lever]["hand_written_better_beyond_spread"], bool)
     added = result["postgres_sync"]["p50_ms"] - result["postgres"]["p50_ms"]
     assert result["sync_standby_added_p50_ms"] == round(added, 3)
