@@ -27,9 +27,8 @@ Must never: assert anything (it reports), or leave a process behind.
 for a synchronous standby's flush (stack.replication, NFR-05), beside its own floors on that pair;
 `sync_standby_added_p50_ms` is its p50 minus the plain PostgreSQL one. The pair is always
 embedded and private, DATABASE_URL or not.
-`ab` (lab.bench_locks_ab, skipped with `--ab-n 0`): the SDK's own transport against httpx's, and
-the PostgreSQL backend's own pool against asyncpg's, in the same run, with the CPU per operation
-of the process that differs.
+`ab` (lab.bench_locks_ab, skipped with `--ab-n 0`): the SDK's own transport against httpx's in
+the same run, with the client's CPU per operation.
 Prints progress, a table, then as its LAST line exactly one JSON object with p50/p99 and the
 floors per backend, and /proc/loadavg before and after (the machine is shared: read the figures
 beside it).
@@ -419,19 +418,13 @@ async def run(n: int, ab_n: int = 0) -> dict[str, Any]:
 
 
 async def _ab(work: Path, db: str, prefix: str, tls: StackTLS, n: int) -> dict[str, Any]:
-    """Two untraced TLS lock servers on the same database, on the backend's own pool and on
-    asyncpg's, for lab.bench_locks_ab."""
-    print(f"A/B: transport and pool, {n} per side", flush=True)
+    """An untraced TLS lock server on PostgreSQL for lab.bench_locks_ab."""
+    print(f"A/B: the SDK's transport, {n} per side", flush=True)
     (work / "ab").mkdir()
     env = {"LOCK_BACKEND": "postgres", "DATABASE_URL": db, "OTEL_SDK_DISABLED": "true"}
-    mine = {**env, "LOCK_KEY_PREFIX": f"{prefix}ab-mine/", "LOCK_PG_POOL": "pgconns"}
-    lib = {**env, "LOCK_KEY_PREFIX": f"{prefix}ab-lib/", "LOCK_PG_POOL": "asyncpg"}
-    (work / "ab" / "lib").mkdir()  # its own keys and tokens
-    async with (
-        lock_server(mine, work / "ab" / "server-pgconns.log", tls) as pgconns,
-        lock_server(lib, work / "ab" / "lib" / "server-asyncpg.log", tls) as asyncpg_pool,
-    ):
-        return await bench_locks_ab.measure_ab(pgconns, asyncpg_pool, tls.client_context(), n)
+    env["LOCK_KEY_PREFIX"] = f"{prefix}ab/"
+    async with lock_server(env, work / "ab" / "server.log", tls) as server:
+        return await bench_locks_ab.measure_ab(server, tls.client_context(), n)
 
 
 #: The PostgreSQL backend on a primary whose every commit waits for a synchronous standby's

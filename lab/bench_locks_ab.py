@@ -1,5 +1,5 @@
-"""The A/B of `make bench-locks` (issue 30): two hand-written parts of the lock path against the
-library part each replaced, measured in the same run, in alternating rounds (A B A B ...) so that
+"""The A/B of `make bench-locks` (issue 30): a hand-written part of the lock path against the
+library part it replaced, measured in the same run, in alternating rounds (A B A B ...) so that
 load from elsewhere on the shared machine lands on both sides alike.
 
 - `transport`: the SDK (lockservice.client.LockClient) on its own keep-alive transport
@@ -7,10 +7,10 @@ load from elsewhere on the shared machine lands on both sides alike.
   the same TLS context (the benchmark's CA) and limits (at most 4 idle connections, no cap on
   open ones), untraced, both to the same TLS lock server. The process that differs is the
   client: this one.
-- `pool`: the lock server on the PostgreSQL backend's own pool (LOCK_PG_POOL=pgconns, the
-  default) against asyncpg's Pool (LOCK_PG_POOL=asyncpg), two untraced TLS lock servers on the
-  same database, each reached by the SDK's default transport. The process that differs is the
-  lock server.
+
+The second lever of issue 30, the PostgreSQL backend's own pool against asyncpg's (the process
+that differs: the lock server), was measured here too (commit c09c270, LOCK_PG_POOL) and decided
+for asyncpg's Pool (lockservice.backends.pgpool), which left nothing to compare.
 
 Per side: the p50/p99 of acquire+release over all its samples, and per round the round's p50 and
 the differing process's CPU per acquire+release (lab.cpu.threads_cpu_s: on-CPU nanoseconds of
@@ -61,30 +61,16 @@ def httpx_transport(context: ssl.SSLContext) -> httpx.AsyncHTTPTransport:
     return httpx.AsyncHTTPTransport(verify=context, limits=limits)
 
 
-async def measure_ab(
-    pgconns: LockServer, asyncpg_pool: LockServer, context: ssl.SSLContext, n: int
-) -> dict[str, Any]:
-    """Both levers, `n` acquire+release pairs per side, in ROUNDS interleaved rounds."""
+async def measure_ab(server: LockServer, context: ssl.SSLContext, n: int) -> dict[str, Any]:
+    """`n` acquire+release pairs per side, in ROUNDS interleaved rounds."""
     me = os.getpid()
     async with (
-        LockClient(pgconns.url, token=pgconns.token, transport=KeepAliveTransport(context)) as ka,
-        LockClient(pgconns.url, token=pgconns.token, transport=httpx_transport(context)) as hx,
-        LockClient(
-            asyncpg_pool.url, token=asyncpg_pool.token, transport=KeepAliveTransport(context)
-        ) as lib,
+        LockClient(server.url, token=server.token, transport=KeepAliveTransport(context)) as ka,
+        LockClient(server.url, token=server.token, transport=httpx_transport(context)) as hx,
     ):
         transport = (_Side("keepalive", _pair(ka), me), _Side("httpx", _pair(hx), me))
-        pool = (
-            _Side("pgconns", _pair(ka), pgconns.pid),
-            _Side("asyncpg", _pair(lib), asyncpg_pool.pid),
-        )
-        rounds = await _rounds((*transport, *pool), n)
-    return {
-        "n": n,
-        "rounds": ROUNDS,
-        "transport": _lever(transport, rounds, "client"),
-        "pool": _lever(pool, rounds, "lock server"),
-    }
+        rounds = await _rounds(transport, n)
+    return {"n": n, "rounds": ROUNDS, "transport": _lever(transport, rounds, "client")}
 
 
 def _pair(client: LockClient) -> Callable[[], Awaitable[None]]:
@@ -148,7 +134,7 @@ def _side_stats(rounds: list[Round]) -> dict[str, Any]:
 def table(ab: dict[str, Any]) -> str:
     """The A/B as readable lines (ms)."""
     lines = [f"A/B, {ab['n']} acquire+release per side in {ab['rounds']} interleaved rounds:"]
-    for lever in ("transport", "pool"):
+    for lever in ("transport",):
         fig = ab[lever]
         for name, side in fig.items():
             if isinstance(side, dict):

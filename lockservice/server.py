@@ -388,7 +388,6 @@ def app_from_settings(settings: Any) -> FastAPI:
             etcd_compact_every_s=settings.etcd_compact_every_s,
             etcd_tls=settings.etcd_tls(),
             replica_id=state.replica_id,
-            pg_pool=settings.pg_pool,
         )
         if settings.state_dir is None:
             _log.warning("lock.restore_detection_off", why="LOCK_STATE_DIR is not set")

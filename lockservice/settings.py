@@ -78,9 +78,6 @@ class LockSettings(ServerTLS, BaseSettings):
     #: false is an experiment switch (the negative control): the worker's revoke is carried out
     #: on the signal's free-text name, audited as `worker/unverified:<name>`.
     verify_operator_assertions: bool = True
-    #: The PostgreSQL backend's connection pool. Bench only: "asyncpg" is the other side of the
-    #: A/B in `make bench-locks` (lockservice.backends.pgconns); deployments leave the default.
-    pg_pool: Literal["pgconns", "asyncpg"] = "pgconns"
     log_level: str = "INFO"
 
     def etcd_endpoint_list(self) -> list[str]:

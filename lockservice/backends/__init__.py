@@ -13,7 +13,6 @@ from lockservice.api import InvalidRequest, LockBackend
 
 if TYPE_CHECKING:
     from lockservice.backends.etcd_client import EtcdTLSFiles
-    from lockservice.backends.pgconns import PoolKind
 
 
 async def create_backend(
@@ -26,7 +25,6 @@ async def create_backend(
     etcd_compact_every_s: float | None = None,
     etcd_tls: EtcdTLSFiles | None = None,
     replica_id: str | None = None,
-    pg_pool: PoolKind = "pgconns",
 ) -> LockBackend:
     """A started backend; `prefix` namespaces every key so that users of one server never collide.
 
@@ -34,9 +32,7 @@ async def create_backend(
     server always passes them; tests that need a quiet etcd leave them out). `https://` etcd
     endpoints need `etcd_tls` (lockservice.backends.etcd_client). `replica_id` names the lock
     server in every audit record the backend writes (the lock server passes LOCK_REPLICA_ID;
-    None for writers that are no lock server, such as the offline `bump-epoch`). `pg_pool`:
-    the PostgreSQL backend's connection pool (lockservice.backends.pgconns; the other value is
-    for the A/B of `make bench-locks` only).
+    None for writers that are no lock server, such as the offline `bump-epoch`).
     Raises InvalidRequest for a missing address or an impossible retention, and
     BackendUnavailable if the server is down.
     """
@@ -45,9 +41,7 @@ async def create_backend(
             raise InvalidRequest("the postgres lock backend needs a database_url")
         from lockservice.backends.postgres import PostgresBackend
 
-        return await PostgresBackend.start(
-            database_url, prefix, replica_id=replica_id, pool=pg_pool
-        )
+        return await PostgresBackend.start(database_url, prefix, replica_id=replica_id)
     if kind == "etcd":
         if not etcd_endpoints:
             raise InvalidRequest("the etcd lock backend needs etcd_endpoints")
