@@ -27,6 +27,8 @@ Must never: assert anything (it reports), or leave a process behind.
 for a synchronous standby's flush (stack.replication, NFR-05), beside its own floors on that pair;
 `sync_standby_added_p50_ms` is its p50 minus the plain PostgreSQL one. The pair is always
 embedded and private, DATABASE_URL or not.
+`ab` (lab.bench_locks_ab, skipped with `--ab-n 0`): the SDK's own transport against httpx's in
+the same run, with the client's CPU per operation.
 Prints progress, a table, then as its LAST line exactly one JSON object with p50/p99 and the
 floors per backend, and /proc/loadavg before and after (the machine is shared: read the figures
 beside it).
@@ -60,6 +62,8 @@ from common.credentials import issue_tokens, read_token, write_credentials
 from common.logs import configure_logging
 from common.pgutil import create_database, drop_database
 from common.tracefile import read_spans
+from lab import bench_locks_ab
+from lab.bench_locks_ab import LockServer
 from lockservice import api
 from lockservice._http import KeepAliveTransport
 from lockservice.api import Grant, LockBackend
@@ -190,7 +194,7 @@ async def postgres_floor(database_url: str) -> AsyncIterator[Op]:
 @contextlib.asynccontextmanager
 async def lock_server(
     env: dict[str, str], log: Path, tls: StackTLS | None = None
-) -> AsyncIterator[tuple[str, str]]:
+) -> AsyncIterator[LockServer]:
     """A `python -m lockservice serve` subprocess on a free port (https with `tls`, as every
     local stack serves it: issue 27), and the worker token it accepts; terminated on exit."""
     port = free_port()
@@ -227,7 +231,7 @@ async def lock_server(
                 raise RuntimeError(f"lock server did not become healthy; see {log}")
         token = read_token(token_file=tokens["worker"], what="bench worker token")
         assert token is not None
-        yield url, token
+        yield LockServer(url, token, proc.pid)
     finally:
         proc.terminate()
         try:
@@ -243,7 +247,7 @@ async def measure(  # noqa: PLR0917 - the run's servers, floors and provider, in
     floor: Op,
     backend: LockBackend,
     n: int,
-    untraced: tuple[str, str],
+    untraced: LockServer,
     provider: TracerProvider | None,
     verify: ssl.SSLContext | bool = True,
 ) -> dict[str, list[float]]:
@@ -359,7 +363,8 @@ async def _postgres(work: Path, tls: PostgresTLS) -> AsyncIterator[tuple[str, st
             await asyncio.to_thread(embedded.stop, "immediate")
 
 
-async def run(n: int) -> dict[str, Any]:
+async def run(n: int, ab_n: int = 0) -> dict[str, Any]:
+    """The figures; with `ab_n`, the A/B too (lab.bench_locks_ab)."""
     result: dict[str, Any] = {"n": n, "loadavg_before": loadavg()}
     with tempfile.TemporaryDirectory(prefix="lockbench-") as d, contextlib.ExitStack() as stack:
         work = Path(d)
@@ -392,6 +397,8 @@ async def run(n: int) -> dict[str, Any]:
                     result[kind] = await _one_kind(
                         kind, env[kind], floors[kind], where, n, prefix, shape, tls_env.get(kind)
                     )
+                if ab_n:
+                    result["ab"] = await _ab(work, db, prefix, tls, ab_n)
                 async with _sync_pair(work) as sync_db:
                     pg_env = {"LOCK_BACKEND": "postgres", "DATABASE_URL": sync_db}
                     where = sync_db, []
@@ -408,6 +415,16 @@ async def run(n: int) -> dict[str, Any]:
                 result["traced_spans"] = len(read_spans(work / "traces"))
     result["loadavg_after"] = loadavg()
     return result
+
+
+async def _ab(work: Path, db: str, prefix: str, tls: StackTLS, n: int) -> dict[str, Any]:
+    """An untraced TLS lock server on PostgreSQL for lab.bench_locks_ab."""
+    print(f"A/B: the SDK's transport, {n} per side", flush=True)
+    (work / "ab").mkdir()
+    env = {"LOCK_BACKEND": "postgres", "DATABASE_URL": db, "OTEL_SDK_DISABLED": "true"}
+    env["LOCK_KEY_PREFIX"] = f"{prefix}ab/"
+    async with lock_server(env, work / "ab" / "server.log", tls) as server:
+        return await bench_locks_ab.measure_ab(server, tls.client_context(), n)
 
 
 #: The PostgreSQL backend on a primary whose every commit waits for a synchronous standby's
@@ -435,7 +452,7 @@ async def _one_kind(  # noqa: PLR0917 - one backend's servers, floor, and the ru
     plain_env = {**server_env, "OTEL_SDK_DISABLED": "true"}
     db, endpoints = where
     async with (
-        lock_server(traced_env, work / f"server-{kind}.log", tls) as (url, token),
+        lock_server(traced_env, work / f"server-{kind}.log", tls) as (url, token, _),
         lock_server(plain_env, work / "untraced" / f"server-{kind}.log") as plain,
         floor_cm() as floor,
         _backend(kind, db, endpoints, f"{prefix}direct/") as backend,
@@ -503,6 +520,8 @@ def table(result: dict[str, Any]) -> str:
             lines.append(f"{kind:<9} " + " ".join(f"{result[kind][c]:>17}" for c in cols))
     if "sync_standby_added_p50_ms" in result:
         lines.append(f"synchronous standby adds {result['sync_standby_added_p50_ms']} ms (p50)")
+    if "ab" in result:
+        lines.append(bench_locks_ab.table(result["ab"]))
     lines.append(f"loadavg before {result['loadavg_before']}  after {result['loadavg_after']}")
     return "\n".join(lines)
 
@@ -510,8 +529,11 @@ def table(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lab.bench_locks", description=__doc__)
     parser.add_argument("--n", type=int, default=2000, help="acquire+release pairs per backend")
+    parser.add_argument(
+        "--ab-n", type=int, default=2000, help="acquire+release pairs per A/B side (0: no A/B)"
+    )
     args = parser.parse_args(argv)
-    result = asyncio.run(run(args.n))
+    result = asyncio.run(run(args.n, args.ab_n))
     print(table(result), flush=True)
     print(json.dumps(result), flush=True)
     return 0

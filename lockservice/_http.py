@@ -1,10 +1,15 @@
 """A lean keep-alive HTTP/1.1 transport for the SDK (`http://`, and `https://` given an
 `ssl.SSLContext`), under httpx's API.
 
-Why: httpcore + h11 + anyio cost ~0.5 ms of pure Python per request, most of an acquire+release.
-This transport keeps a few idle connections and frames requests by hand; responses are parsed by
-`httptools` (the C parser uvicorn uses). httpx still builds requests and responses, so timeouts,
-errors and the SDK's retry rules are unchanged: every failure is an `httpx.TransportError`
+Why: httpcore + h11 + anyio cost more pure Python per request than an acquire+release's whole
+server side. Measured in the same run against httpx's own transport (`make bench-locks`, its
+`ab` key: the same TLS context and limits, ten interleaved rounds; docs/performance.md, issue
+30): the client's CPU per acquire+release was 1.67 ms against 3.17 ms, 1.74 against 3.13 and
+1.71 against 3.03 in three runs, every round of this transport below every round of httpx's;
+p50 7.99 against 9.70 ms, 8.13 against 10.61 and 9.12 against 10.88 (a shared machine, loadavg
+2.8-6.6). This transport keeps a few idle connections and frames requests by hand; responses are
+parsed by `httptools` (the C parser uvicorn uses). httpx still builds requests and responses, so
+timeouts, errors and the SDK's retry rules are unchanged: every failure is an `httpx.TransportError`
 subclass (ConnectError, ReadError, ReadTimeout, ...), which the SDK retries a bounded number of
 times exactly as before. Must never: reuse a connection whose exchange did not complete (it could
 carry a late answer to an earlier request), or retry a request on its own.

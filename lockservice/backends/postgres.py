@@ -48,7 +48,7 @@ from lockservice.api import (
     validate_wait,
 )
 from lockservice.api import next_epoch as _next_epoch
-from lockservice.backends.pgconns import PgConnections
+from lockservice.backends.pgpool import close_pool, open_pool
 
 _BACKEND = "postgres"
 _CHANNEL = "lockservice_release"
@@ -61,8 +61,8 @@ _WAIT_CAP_S = 5.0
 #: lease runs out.
 _EXPIRY_JITTER_S = 0.05
 #: A lost, closing or refused connection (common.outage), e.g. one the server dropped while it
-#: sat idle, used before its EOF was read (lockservice.backends.pgconns terminates it; the next
-#: call gets a new one).
+#: sat idle, used before its EOF was read (asyncpg's Pool terminates it; the next call gets a new
+#: one).
 _CONNECTION_ERRORS = CONNECTION_LOST
 
 
@@ -88,7 +88,7 @@ class PostgresBackend:
     """LockBackend over one PostgreSQL database. Create with `await PostgresBackend.start(...)`."""
 
     def __init__(
-        self, pool: PgConnections, database_url: str, prefix: str, *, replica_id: str | None = None
+        self, pool: asyncpg.Pool, database_url: str, prefix: str, *, replica_id: str | None = None
     ) -> None:
         self._pool = pool
         self._url = database_url
@@ -111,9 +111,7 @@ class PostgresBackend:
 
         with _unavailable_on_connection_error():
             await migrate(database_url, schemas={"lockservice"})
-            # Not asyncpg's Pool: its per-call overhead was a sixth of the lock server's time
-            # above its floor (lockservice.backends.pgconns).
-            pool = await PgConnections.open(database_url, size=10, command_timeout=10)
+            pool = await open_pool(database_url, size=10, command_timeout=10)
             await pool.execute(
                 "INSERT INTO lockservice.epochs (prefix) VALUES ($1) ON CONFLICT DO NOTHING",
                 prefix,
@@ -392,7 +390,7 @@ class PostgresBackend:
         operator, reason = validate_operator(operator, reason)
         full = self._full(key)
         with _unavailable_on_connection_error():
-            async with self._pool.transaction() as conn:
+            async with self._pool.acquire() as conn, conn.transaction():
                 await conn.execute(
                     "INSERT INTO lockservice.key_counters (key) VALUES ($1) ON CONFLICT DO NOTHING",
                     full,
@@ -434,7 +432,7 @@ class PostgresBackend:
     ) -> int:
         operator, reason = validate_operator(operator, reason)
         with _unavailable_on_connection_error():
-            async with self._pool.transaction() as conn:
+            async with self._pool.acquire() as conn, conn.transaction():
                 await conn.execute(
                     "INSERT INTO lockservice.epochs (prefix) VALUES ($1) ON CONFLICT DO NOTHING",
                     self._prefix,
@@ -577,4 +575,4 @@ class PostgresBackend:
             with contextlib.suppress(*_CONNECTION_ERRORS):
                 await self._listener.close(timeout=2)
             self._listener = None
-        await self._pool.close()  # terminates what cannot close politely (a stopped server)
+        await close_pool(self._pool)  # terminates what cannot close politely (a stopped server)

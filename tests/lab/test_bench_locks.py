@@ -1,7 +1,7 @@
 """`make bench-locks` (`python -m lab.bench_locks`) run tiny as a real subprocess against the
 suite's real PostgreSQL and etcd: it ends with one JSON line carrying, per backend, the figures
-and both floors of the same run. Figures are never asserted against a timing (the machine is
-shared); only that each was measured."""
+and both floors of the same run, and the A/B of the SDK's transport. Figures are never asserted
+against a timing (the machine is shared); only that each was measured."""
 
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ async def test_bench_locks_prints_both_floors_as_its_last_line(
         "lab.bench_locks",
         "--n",
         "20",
+        "--ab-n",
+        "40",
         env=env,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -46,5 +48,13 @@ async def test_bench_locks_prints_both_floors_as_its_last_line(
     # The traced side was traced: at least the client's and the server's span of each pair.
     assert result["traced_spans"] >= 2 * 2 * 20
     assert result["loadavg_before"] and result["loadavg_after"]
+    # The A/B of issue 30: each side of the SDK's transport measured, with the client's CPU.
+    ab = result["ab"]
+    assert ab["n"] == 40 and ab["transport"]["cpu_of"] == "client"
+    for side in ("keepalive", "httpx"):
+        figures = ab["transport"][side]
+        assert figures["p50_ms"] > 0 and figures["cpu_ms_per_op"] > 0, side
+        assert len(figures["cpu_rounds"]) == ab["rounds"]
+    assert isinstance(ab["transport"]["hand_written_better_beyond_spread"], bool)
     added = result["postgres_sync"]["p50_ms"] - result["postgres"]["p50_ms"]
     assert result["sync_standby_added_p50_ms"] == round(added, 3)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
-from lab.cpu import per_item_ms, process_cpu_s, snapshot, tree_cpu_s
+from lab.cpu import per_item_ms, process_cpu_s, snapshot, threads_cpu_s, tree_cpu_s
 
 
 def test_a_busy_child_is_charged_to_its_parents_tree() -> None:
@@ -37,3 +38,13 @@ def test_a_gone_process_reads_zero() -> None:
 def test_per_item_milliseconds_and_total() -> None:
     out = per_item_ms({"a": 1.0, "b": 2.0}, {"a": 1.5, "b": 3.0}, 10)
     assert out == {"a": 50.0, "b": 100.0, "total": 150.0}
+
+
+def test_threads_cpu_counts_this_process_busy_work_finely() -> None:
+    before = threads_cpu_s(os.getpid())
+    t = time.process_time()
+    while time.process_time() - t < 0.05:
+        pass
+    spent = threads_cpu_s(os.getpid()) - before
+    assert 0.045 <= spent < 1.0
+    assert threads_cpu_s(2**22 + 1) == 0.0  # no such process (beyond pid_max's default)
