@@ -589,7 +589,7 @@ class PayoutWorkflow:
         # The critical-section activities run on the lock holder's own task queue. If that
         # worker dies, nothing polls the queue and schedule-to-start (or the heartbeat timeout,
         # mid-activity) fires; the workflow then re-acquires with a new, higher token. Every one
-        # of these steps heartbeats for its whole duration (`_holder_step` in the activities),
+        # of these steps heartbeats for its whole duration (`HeldGrants.holding` in the activities),
         # also while it legitimately waits, e.g. post_to_ledger on the contended rail_clearing
         # balance row's lock: so the heartbeat timeout fires only when the worker is gone, and
         # start-to-close still bounds a step whose worker lives but hangs.
