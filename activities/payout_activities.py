@@ -8,7 +8,7 @@ this grant at once and never retries under the same token.
 
 One flat class, one `@activity.defn` method per activity, each delegating to a step object of
 `activities/payout/` that receives in its constructor exactly what it uses: `HeldGrants` (this
-process's grants), `FencedWriter` (every fenced write), `LockSteps`, `CriticalSteps`,
+process's grants), `HolderWriter` (every fenced write), `LockSteps`, `CriticalSteps`,
 `ExecuteStep`, `RevokeSteps`, `LookupSteps`. The workflows call these methods by reference
 (`workflow.execute_activity_method(PayoutActivities.acquire_lock, ...)`); the activity names
 (`activities.models`) are the ones recorded in every history, never to be renamed.
@@ -30,7 +30,7 @@ from temporalio.exceptions import ApplicationError
 from activities import models as m
 from activities.payout.critical import CriticalSteps
 from activities.payout.execute import ExecuteStep
-from activities.payout.fenced import FencedWriter
+from activities.payout.fenced import HolderWriter
 from activities.payout.grants import HeldGrants
 from activities.payout.lock_steps import LockSteps
 from activities.payout.lookups import LookupSteps
@@ -73,7 +73,7 @@ class PayoutActivities:
             base_url=lock_url, timeout=10.0, headers=auth_headers(token), verify=verify
         )
         self.grants = HeldGrants(locks)
-        writer = FencedWriter(store, self.grants, worker_id=worker_id, crash_at=crash_at)
+        writer = HolderWriter(store, self.grants, worker_id=worker_id, crash_at=crash_at)
         self._locking = LockSteps(
             locks=locks, grants=self.grants, worker_queue=worker_queue, temporal=temporal
         )

@@ -3,7 +3,7 @@
 
 `support`: the module-level helpers (views of a payout, the fenced/lost errors, the heartbeat of
 a running step); `grants`: `HeldGrants`, the grants this process holds (in use, released, swept
-when idle); `fenced`: `FencedWriter`, every fenced write and the store's refusals; `lock_steps`:
+when idle); `fenced`: `HolderWriter`, every fenced write and the store's refusals; `lock_steps`:
 acquire, hand-over, release; `revokes`: break-glass revoke; `critical`: the critical-section
 steps (claim, submit, recover, post, resolve, abandon); `execute`: the merged `execute_payout`
 step; `lookups`: rail lookups, escalation and audit of refused operator commands. Each object

@@ -1,7 +1,7 @@
 """The critical-section steps of UC-01 and UC-04, run under the account's grant on the holder's
 own queue: re-read and claim, submit, recover from an attempt, post, resolve, abandon.
 
-`CriticalSteps` writes only through its `FencedWriter`; `PayoutActivities` registers its steps
+`CriticalSteps` writes only through its `HolderWriter`; `PayoutActivities` registers its steps
 as activities, each inside `HeldGrants.holding` (in use, heartbeating).
 """
 
@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from temporalio.exceptions import ApplicationError
 
 from activities import models as m
-from activities.payout.fenced import FencedWriter
+from activities.payout.fenced import HolderWriter
 from activities.payout.grants import HeldGrants
 from activities.payout.lookups import rail_evidence
 from activities.payout.support import (
@@ -52,7 +52,7 @@ class CriticalSteps:
         self,
         *,
         store: PayoutStore,
-        writer: FencedWriter,
+        writer: HolderWriter,
         grants: HeldGrants,
         proxy: RailProxyClient,
         worker_id: str,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from activities import models as m
 from activities.payout.critical import CriticalSteps
-from activities.payout.fenced import FencedWriter
+from activities.payout.fenced import HolderWriter
 from activities.payout.grants import HeldGrants
 from activities.payout.support import S, payout_view, progress
 from ledger import PayoutStore
@@ -23,7 +23,7 @@ class ExecuteStep:
         self,
         *,
         store: PayoutStore,
-        writer: FencedWriter,
+        writer: HolderWriter,
         grants: HeldGrants,
         critical: CriticalSteps,
     ) -> None:

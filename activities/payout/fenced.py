@@ -19,7 +19,7 @@ from ledger import AlreadyAdvanced, FencedOut, Payout, PayoutStore, UnknownPayou
 from ledger import WorkContext as LedgerContext
 from ledger.errors import InvalidGrant, InvalidTransition
 
-__all__ = ["FencedWriter", "current_payout", "store_refusals"]
+__all__ = ["HolderWriter", "current_payout", "store_refusals"]
 
 
 @contextlib.contextmanager
@@ -46,8 +46,10 @@ async def current_payout(store: PayoutStore, payout_id: str) -> Payout:
         raise ApplicationError(str(exc), type=m.UNKNOWN_PAYOUT, non_retryable=True) from exc
 
 
-class FencedWriter:
-    """Fenced writes under this process's grants, with the worker as the audited actor."""
+class HolderWriter:
+    """The lock holder's fenced writes: each presents this process's signed grant for the
+    step's token to the payment store (whose own fence, `ledger.store`, refuses a stale one),
+    with the worker as the audited actor."""
 
     def __init__(
         self, store: PayoutStore, grants: HeldGrants, *, worker_id: str, crash_at: str = ""
