@@ -23,13 +23,13 @@ def test_the_key_is_the_accounts_payout_stream() -> None:
 
 
 def test_every_party_uses_the_one_definition() -> None:
-    import activities.payout_activities
+    import activities.payout.grants
     import invariants.rules
     import ledger.store
     import railproxy.service
 
     for module in (
-        activities.payout_activities,
+        activities.payout.grants,
         invariants.rules,
         ledger.store,
         railproxy.service,

@@ -35,6 +35,7 @@ with workflow.unsafe.imports_passed_through():
     from temporalio.converter import value_to_type
 
     from activities import models as m
+    from activities.payout_activities import PayoutActivities
     from ledger.states import TERMINAL_STATES, PayoutState
 
 #: The commands a payout workflow takes; any other signal name is refused (and audited).
@@ -225,15 +226,14 @@ class OperatorDesk:
         """End an accepted command that will not be carried out: its one audit row."""
         self._end(record, "refused", why)
         try:
-            await workflow.execute_activity(
-                m.SETTLE_OPERATOR_COMMAND,
+            await workflow.execute_activity_method(
+                PayoutActivities.settle_operator_command,
                 m.CommandSettlement(
                     command_id=record.command_id,
                     payout_id=self._input.payout_id,
                     why=why[:2000],
                     code=code,
                 ),
-                result_type=m.CommandVerdict,
                 start_to_close_timeout=_AUDIT_TIMEOUT,
                 retry_policy=self._retry,
             )
@@ -260,8 +260,8 @@ class OperatorDesk:
 
     async def _verify(self, record: m.CommandRecord) -> m.CommandVerdict:
         try:
-            verdict: m.CommandVerdict = await workflow.execute_activity(
-                m.ACCEPT_OPERATOR_COMMAND,
+            verdict: m.CommandVerdict = await workflow.execute_activity_method(
+                PayoutActivities.accept_operator_command,
                 m.CommandRequest(
                     command_id=record.command_id,
                     payout_id=self._input.payout_id,
@@ -272,7 +272,6 @@ class OperatorDesk:
                     reason=record.reason,
                     assertion=record.assertion,
                 ),
-                result_type=m.CommandVerdict,
                 start_to_close_timeout=_AUDIT_TIMEOUT,
                 retry_policy=self._retry,
             )
@@ -292,8 +291,8 @@ class OperatorDesk:
         )
         workflow.logger.warning("operator command rejected: %s (%s)", signal, why)
         try:
-            await workflow.execute_activity(
-                m.RECORD_SIGNAL_REJECTED,
+            await workflow.execute_activity_method(
+                PayoutActivities.record_signal_rejected,
                 rejection,
                 start_to_close_timeout=_AUDIT_TIMEOUT,
                 retry_policy=self._retry,
@@ -371,8 +370,8 @@ class OperatorDesk:
         """One attempt; None when it failed for an outage (the lock service or the database
         unreachable, a timeout): the command stays pending. A refusal is a verdict."""
         try:
-            verdict: m.CommandVerdict = await workflow.execute_activity(
-                m.CARRY_OUT_REVOKE,
+            verdict: m.CommandVerdict = await workflow.execute_activity_method(
+                PayoutActivities.carry_out_revoke,
                 m.RevokeRequest(
                     account_id=self._input.account_id,
                     operator=record.operator,
@@ -381,7 +380,6 @@ class OperatorDesk:
                     assertion=record.assertion,
                     command_id=record.command_id,
                 ),
-                result_type=m.CommandVerdict,
                 start_to_close_timeout=_AUDIT_TIMEOUT,
                 retry_policy=RetryPolicy(maximum_attempts=1),  # retried by `run_revokes`
             )

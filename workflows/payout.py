@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -32,6 +32,7 @@ from temporalio.exceptions import TimeoutError as ActivityTimeout
 
 with workflow.unsafe.imports_passed_through():
     from activities import models as m
+    from activities.payout_activities import PayoutActivities
     from ledger.states import TERMINAL_STATES, PayoutState
     from workflows.details import Snapshot, current_details
     from workflows.operator_desk import (
@@ -92,6 +93,8 @@ PATCH_TWO_TASK = "acquire-and-execute"
 #: What an operator sees as the merged activity's summary in the Temporal UI (UC-01 steps 3-9).
 EXECUTE_SUMMARY = "UC-01: re-read + claim -> submit (once) -> post -> release"
 RUN_SUMMARY = "UC-01: acquire -> re-read + claim -> submit (once) -> post -> release"
+#: A critical-section activity of the lock holder's queue, by method reference (`_on_holder`).
+HolderStep = Callable[[PayoutActivities, m.StepRequest], Awaitable[m.PayoutView]]
 
 # Database writes before handoff may be retried a few times; fenced rejections never are. A write
 # that still fails is not fatal: the critical section ends, the grant is released, and the run
@@ -369,8 +372,8 @@ class PayoutWorkflow:
         # The rejection is audited like any operator action (FR-30), retried until the database
         # takes it; a non-retryable failure is reported in the status, never raised.
         try:
-            await workflow.execute_activity(
-                m.RECORD_SIGNAL_REJECTED,
+            await workflow.execute_activity_method(
+                PayoutActivities.record_signal_rejected,
                 rejection,
                 start_to_close_timeout=timedelta(seconds=30),
                 retry_policy=_unlimited_retry(self._input),
@@ -381,8 +384,8 @@ class PayoutWorkflow:
     # ------------------------------------------------------------------ operator revokes
 
     async def _revoke_now(self, cmd: m.OperatorCommand) -> None:
-        await workflow.execute_activity(
-            m.REVOKE_LOCK,
+        await workflow.execute_activity_method(
+            PayoutActivities.revoke_lock,
             m.RevokeRequest(
                 account_id=self._input.account_id,
                 operator=cmd.operator,
@@ -552,15 +555,14 @@ class PayoutWorkflow:
         if workflow.patched(PATCH_ACQUIRE_HEARTBEAT):
             heartbeat = timedelta(seconds=inp.holder_heartbeat_timeout_s)
         try:
-            result: m.AcquireResult = await workflow.execute_activity(
-                m.ACQUIRE_LOCK,
+            result: m.AcquireResult = await workflow.execute_activity_method(
+                PayoutActivities.acquire_lock,
                 m.AcquireRequest(
                     payout_id=inp.payout_id,
                     account_id=inp.account_id,
                     wait_s=inp.acquire_wait_s,
                     context=self._context(inp, "acquire"),
                 ),
-                result_type=m.AcquireResult,
                 start_to_close_timeout=timedelta(seconds=inp.acquire_wait_s + 5),
                 heartbeat_timeout=heartbeat,
                 # The SDK already retries transport errors a bounded number of times with
@@ -580,7 +582,7 @@ class PayoutWorkflow:
 
     async def _on_holder(
         self,
-        activity: str,
+        activity: HolderStep,
         req: m.StepRequest,
         queue: str,
         retry: RetryPolicy,
@@ -589,15 +591,14 @@ class PayoutWorkflow:
         # The critical-section activities run on the lock holder's own task queue. If that
         # worker dies, nothing polls the queue and schedule-to-start (or the heartbeat timeout,
         # mid-activity) fires; the workflow then re-acquires with a new, higher token. Every one
-        # of these steps heartbeats for its whole duration (`_holder_step` in the activities),
+        # of these steps heartbeats for its whole duration (`HeldGrants.holding` in the activities),
         # also while it legitimately waits, e.g. post_to_ledger on the contended rail_clearing
         # balance row's lock: so the heartbeat timeout fires only when the worker is gone, and
         # start-to-close still bounds a step whose worker lives but hangs.
-        view: m.PayoutView = await workflow.execute_activity(
+        view = await workflow.execute_activity_method(
             activity,
             req,
             task_queue=queue,
-            result_type=m.PayoutView,
             retry_policy=retry,
             schedule_to_start_timeout=timedelta(seconds=self._input.holder_pickup_s),
             start_to_close_timeout=timedelta(seconds=60),
@@ -703,7 +704,10 @@ class PayoutWorkflow:
             else:
                 # FR-14: re-read after acquiring; holding the lock does not mean there is work.
                 view = await self._on_holder(
-                    m.REREAD_AND_CLAIM, self._step(inp, grant, "claim"), queue, _DB_WRITE_RETRY
+                    PayoutActivities.reread_and_claim,
+                    self._step(inp, grant, "claim"),
+                    queue,
+                    _DB_WRITE_RETRY,
                 )
             return await self._advance(inp, grant, view)
         except ActivityError as err:
@@ -746,8 +750,8 @@ class PayoutWorkflow:
         failed (a worker died or froze in it: its grant, if any, has an older token than the
         next one, and the fences refuse it), so the next acquire comes soon."""
         try:
-            run: m.RunResult = await workflow.execute_activity(
-                m.ACQUIRE_AND_EXECUTE,
+            run: m.RunResult = await workflow.execute_activity_method(
+                PayoutActivities.acquire_and_execute,
                 m.RunRequest(
                     acquire=m.AcquireRequest(
                         payout_id=inp.payout_id,
@@ -757,7 +761,6 @@ class PayoutWorkflow:
                     ),
                     submit_deadline_s=inp.submit_deadline_s,
                 ),
-                result_type=m.RunResult,
                 # The acquire's wait, then the merged step's own bound (see `_on_holder`).
                 start_to_close_timeout=timedelta(seconds=inp.acquire_wait_s + 5 + 60),
                 heartbeat_timeout=timedelta(seconds=inp.holder_heartbeat_timeout_s),
@@ -789,7 +792,7 @@ class PayoutWorkflow:
         FR-14 holds: the activity re-reads the payout under the grant before anything else.
         """
         return await self._on_holder(
-            m.EXECUTE_PAYOUT,
+            PayoutActivities.execute_payout,
             self._step(inp, grant, "execute"),
             grant.worker_queue,
             _SUBMIT_ONCE,
@@ -811,7 +814,10 @@ class PayoutWorkflow:
                     # (FR-24). The proxy itself refuses a second attempt for this payout
                     # (FR-18), so even a wrong decision here cannot pay twice.
                     view = await self._on_holder(
-                        m.SUBMIT_TO_RAIL, self._step(inp, grant, "submit"), queue, _SUBMIT_ONCE
+                        PayoutActivities.submit_to_rail,
+                        self._step(inp, grant, "submit"),
+                        queue,
+                        _SUBMIT_ONCE,
                     )
                     if view.state == PayoutState.CLAIMED.value:
                         # NOT_SUBMITTED (circuit open, admission full, ...): try again later.
@@ -819,7 +825,7 @@ class PayoutWorkflow:
                         return False
                     continue
                 view = await self._on_holder(
-                    m.RECOVER_FROM_ATTEMPT,
+                    PayoutActivities.recover_from_attempt,
                     self._step(inp, grant, "recover"),
                     queue,
                     _DB_WRITE_RETRY,
@@ -829,7 +835,7 @@ class PayoutWorkflow:
                 # Recovery by evidence: the attempt's recorded outcome decides; an attempt with
                 # no outcome becomes RAIL_AMBIGUOUS and is never resubmitted (UC-04, FR-23).
                 view = await self._on_holder(
-                    m.RECOVER_FROM_ATTEMPT,
+                    PayoutActivities.recover_from_attempt,
                     self._step(inp, grant, "recover"),
                     queue,
                     _DB_WRITE_RETRY,
@@ -837,7 +843,10 @@ class PayoutWorkflow:
                 continue
             if state == PayoutState.RAIL_ACKED.value:
                 view = await self._on_holder(
-                    m.POST_TO_LEDGER, self._step(inp, grant, "post"), queue, _DB_WRITE_RETRY
+                    PayoutActivities.post_to_ledger,
+                    self._step(inp, grant, "post"),
+                    queue,
+                    _DB_WRITE_RETRY,
                 )
                 continue
             if state == PayoutState.RAIL_AMBIGUOUS.value:
@@ -892,7 +901,7 @@ class PayoutWorkflow:
 
     async def _apply_resolution(self, inp: m.PayoutInput, grant: m.AcquireResult) -> m.PayoutView:
         view = await self._on_holder(
-            m.RESOLVE_AMBIGUOUS,
+            PayoutActivities.resolve_ambiguous,
             self._step(inp, grant, "resolve", resolution=self._resolution),
             grant.worker_queue,
             _DB_WRITE_RETRY,
@@ -907,7 +916,7 @@ class PayoutWorkflow:
         the acceptance it recorded (so an assertion that expired meanwhile does not matter)."""
         try:
             return await self._on_holder(
-                m.ABANDON_PAYOUT,
+                PayoutActivities.abandon_payout,
                 self._step(
                     inp,
                     grant,
@@ -941,7 +950,7 @@ class PayoutWorkflow:
         the command dropped, and nothing changed."""
         try:
             return await self._on_holder(
-                m.ABANDON_PAYOUT,
+                PayoutActivities.abandon_payout,
                 self._step(
                     inp,
                     grant,
@@ -974,8 +983,8 @@ class PayoutWorkflow:
         # in the holder's SDK, retried until it succeeds or the session ends (issue 24, item 6).
         limit = min(10.0, inp.holder_heartbeat_timeout_s) if short else 10.0
         try:
-            await workflow.execute_activity(
-                m.RELEASE_LOCK,
+            await workflow.execute_activity_method(
+                PayoutActivities.release_lock,
                 self._step(inp, grant, "release"),
                 task_queue=grant.worker_queue,
                 schedule_to_start_timeout=timedelta(seconds=inp.holder_pickup_s),
@@ -1029,14 +1038,13 @@ class PayoutWorkflow:
     async def _lookup(self, inp: m.PayoutInput) -> m.LookupResult:
         self._lookups += 1
         try:
-            result: m.LookupResult = await workflow.execute_activity(
-                m.LOOKUP_RAIL,
+            result: m.LookupResult = await workflow.execute_activity_method(
+                PayoutActivities.lookup_rail,
                 m.LookupRequest(
                     payout_id=inp.payout_id,
                     client_reference=self._client_reference,
                     context=self._context(inp, "lookup"),
                 ),
-                result_type=m.LookupResult,
                 start_to_close_timeout=timedelta(seconds=60),
                 retry_policy=_unlimited_retry(inp),
             )
@@ -1062,8 +1070,8 @@ class PayoutWorkflow:
         self._escalated = True
         self._publish()
         try:
-            await workflow.execute_activity(
-                m.ESCALATE_AMBIGUOUS,
+            await workflow.execute_activity_method(
+                PayoutActivities.escalate_ambiguous,
                 m.StepRequest(
                     payout_id=inp.payout_id,
                     account_id=inp.account_id,

@@ -15,14 +15,9 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey
 
 with workflow.unsafe.imports_passed_through():
-    from activities.models import RECONCILE
-    from activities.reconcile_models import (
-        REDRIVE_STRANDED,
-        ReconcileInput,
-        ReconcileReport,
-        ReconcileRequest,
-        RedriveReport,
-    )
+    from activities.reconcile import ReconcileActivities
+    from activities.reconcile_models import ReconcileInput, ReconcileReport, ReconcileRequest
+    from activities.redrive import RedriveActivities
 
 SCHEDULED_START = SearchAttributeKey.for_datetime("TemporalScheduledStartTime")
 
@@ -44,20 +39,18 @@ class ReconcileWorkflow:
     @workflow.run
     async def run(self, inp: ReconcileInput) -> ReconcileReport:
         start, end = self.window(inp)
-        report: ReconcileReport = await workflow.execute_activity(
-            RECONCILE,
+        report = await workflow.execute_activity_method(
+            ReconcileActivities.reconcile,
             ReconcileRequest(window_start=start.isoformat(), window_end=end.isoformat()),
-            result_type=ReconcileReport,
             start_to_close_timeout=timedelta(minutes=5),
             retry_policy=_READ_RETRY,
         )
         if inp.redrive_limit > 0:
             # Payouts nothing drives any more (their workflow terminated, or reset away) get a
             # new workflow, which goes on by state and evidence: never a second submit.
-            redrive: RedriveReport = await workflow.execute_activity(
-                REDRIVE_STRANDED,
+            redrive = await workflow.execute_activity_method(
+                RedriveActivities.redrive_stranded_payouts,
                 inp.redrive_limit,
-                result_type=RedriveReport,
                 start_to_close_timeout=timedelta(minutes=5),
                 retry_policy=_READ_RETRY,
             )

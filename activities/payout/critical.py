@@ -1,5 +1,8 @@
 """The critical-section steps of UC-01 and UC-04, run under the account's grant on the holder's
 own queue: re-read and claim, submit, recover from an attempt, post, resolve, abandon.
+
+`CriticalSteps` writes only through its `HolderWriter`; `PayoutActivities` registers its steps
+as activities, each inside `HeldGrants.holding` (in use, heartbeating).
 """
 
 from __future__ import annotations
@@ -7,20 +10,29 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 
-from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities import models as m
-from activities.payout.base import PayoutActivitiesBase, _holder_step
+from activities.payout.fenced import HolderWriter
+from activities.payout.grants import HeldGrants
 from activities.payout.lookups import rail_evidence
-from activities.payout.support import GrantArg, S, _fenced, _lost, _view, log
-from ledger import AlreadyAdvanced, Payout
+from activities.payout.support import (
+    GrantArg,
+    S,
+    fenced_error,
+    latest_live_attempt,
+    log,
+    lost_error,
+    payout_view,
+)
+from ledger import AlreadyAdvanced, Payout, PayoutStore
 from ledger.errors import InvalidOperatorAssertion
-from railproxy.client import SubmitResult
+from railproxy.client import RailProxyClient, SubmitResult
 from railproxy.models import (
+    AttemptRecord,
     GrantIn,
     HandoffCertainty,
     Outcome,
@@ -28,14 +40,45 @@ from railproxy.models import (
     SubmitRequest,
 )
 
+__all__ = ["CriticalSteps"]
+
 _MAX_ID = 128
 
 
-class CriticalSteps(PayoutActivitiesBase):
-    """The separate holder steps; the merged `execute_payout` (`execute.py`) reuses `_submit`."""
+class CriticalSteps:
+    """The separate holder steps; the merged `execute_payout` (`execute.py`) reuses `submit`."""
 
-    @activity.defn(name=m.REREAD_AND_CLAIM)
-    @_holder_step
+    def __init__(
+        self,
+        *,
+        store: PayoutStore,
+        writer: HolderWriter,
+        grants: HeldGrants,
+        proxy: RailProxyClient,
+        worker_id: str,
+        now: Callable[[], datetime],
+        pause_before_submit: bool = False,
+    ) -> None:
+        self._store = store
+        self._writer = writer
+        self._grants = grants
+        self._proxy = proxy
+        self._worker_id = worker_id
+        self._now = now
+        # UC-03 experiment only: freeze this process (a real SIGSTOP, like a stop-the-world GC)
+        # once, between the still_held() check and the rail call: the check-then-act gap.
+        self._pause_before_submit = pause_before_submit
+        if pause_before_submit:
+            log.warning(
+                "experiment.pause_armed",
+                worker_id=worker_id,
+                detail="this worker will SIGSTOP itself before its first submit",
+            )
+
+    async def latest_attempt(self, payout_id: str) -> AttemptRecord | None:
+        """The proxy's record of the payout's attempt that counts (FR-24 evidence), if any."""
+        return latest_live_attempt(await self._proxy.get_attempts(payout_id))
+
     async def reread_and_claim(self, req: m.StepRequest) -> m.PayoutView:
         """UC-01 steps 3-4: re-read inside the lease; claim only a PENDING payout (FR-14).
 
@@ -44,24 +87,22 @@ class CriticalSteps(PayoutActivitiesBase):
         over a payout in flight fences the older holder out of the payment database before it
         does anything else, not only once it happens to write (INV-01, FR-15).
         """
-        payout = await self._current(req.payout_id)
+        payout = await self._writer.current(req.payout_id)
         if payout.state == S.PENDING:
-            payout = await self._write(
+            payout = await self._writer.write(
                 req,
                 lambda g: self._store.claim(
-                    req.payout_id, req.token, self._ctx(req.context), grant=g
+                    req.payout_id, req.token, self._writer.ctx(req.context), grant=g
                 ),
             )
         else:
-            await self._stamp_account_fence(req)
+            await self._writer.stamp_account_fence(req)
         attempt = None
         if payout.state in (S.CLAIMED, S.RAIL_SUBMITTED):
             # Recovery evidence (FR-24): what the proxy recorded, never how much time passed.
-            attempt = await self._attempt(req.payout_id)
-        return _view(payout, attempt)
+            attempt = await self.latest_attempt(req.payout_id)
+        return payout_view(payout, attempt)
 
-    @activity.defn(name=m.SUBMIT_TO_RAIL)
-    @_holder_step
     async def submit_to_rail(self, req: m.StepRequest) -> m.PayoutView:
         """UC-01 steps 5-7. Scheduled with maximum_attempts=1 and never retried here either.
 
@@ -69,20 +110,20 @@ class CriticalSteps(PayoutActivitiesBase):
         (FR-17) and any second attempt for this payout whatever the token (FR-18), and it records
         the attempt before forwarding (FR-19), so recovery can always see it.
         """
-        # `_holder_step` heartbeats from the start: if this process stalls anywhere in the step
-        # (a GC pause, a SIGSTOP), the heartbeat timeout hands the payout to recovery within
+        # `HeldGrants.holding` heartbeats from the start: if this process stalls anywhere in the
+        # step (a GC pause, a SIGSTOP), the heartbeat timeout hands the payout to recovery within
         # seconds.
-        payout = await self._current(req.payout_id)
+        payout = await self._writer.current(req.payout_id)
         if payout.state != S.CLAIMED:
-            return _view(payout, detail="not_claimed")
-        return await self._submit(req, payout)
+            return payout_view(payout, detail="not_claimed")
+        return await self.submit(req, payout)
 
-    async def _submit(self, req: m.StepRequest, payout: Payout) -> m.PayoutView:
+    async def submit(self, req: m.StepRequest, payout: Payout) -> m.PayoutView:
         """The one submission of a CLAIMED payout, for `submit_to_rail` and `execute_payout`:
         both are scheduled with maximum_attempts=1 and call this at most once per attempt.
         The proxy refuses a second attempt for the payout (FR-18) and a token below the
         account's highest (FR-17), and records the attempt before forwarding (FR-19)."""
-        grant = await self._grant(req)
+        grant = await self._grants.signed_grant(req)
         deadline = (
             datetime.fromisoformat(req.context.deadline_at)
             if req.context.deadline_at
@@ -117,7 +158,7 @@ class CriticalSteps(PayoutActivitiesBase):
                 "experiment.resumed",
                 worker_id=self._worker_id,
                 token=req.token,
-                still_held=self._held_quietly(req),
+                still_held=self._grants.still_held(req),
             )
         # Once sent, the exchange is not cut short by an activity cancellation: cancelling an
         # HTTP call cannot un-send money, it only loses the answer. The proxy records the outcome
@@ -143,19 +184,19 @@ class CriticalSteps(PayoutActivitiesBase):
     async def _apply_submit_result(
         self, req: m.StepRequest, payout: Payout, result: SubmitResult
     ) -> m.PayoutView:
-        ctx = self._ctx(req.context)
+        ctx = self._writer.ctx(req.context)
         if result.code == "INVALID_GRANT":
             # Nothing was forwarded or recorded; our grant cannot be used there: re-acquire.
-            raise _lost(req, "rail proxy refused the grant")
+            raise lost_error(req, "rail proxy refused the grant")
         if result.code == "STALE_TOKEN":
             # The second enforcement point fenced us out: a newer grant exists.
-            raise _fenced(
+            raise fenced_error(
                 f"rail proxy: token {result.presented_token} below {result.highest_token}"
             )
         if result.handoff_certainty == HandoffCertainty.NOT_SUBMITTED or result.outcome is None:
             # Nothing left our control (or we cannot tell yet: PROXY_NO_ANSWER). The payout stays
             # CLAIMED; the next round reads the proxy's attempt record before doing anything.
-            return _view(
+            return payout_view(
                 payout,
                 detail=result.code or "not_submitted",
                 handoff_certainty=result.handoff_certainty.value,
@@ -163,14 +204,14 @@ class CriticalSteps(PayoutActivitiesBase):
         if result.outcome == Outcome.ACKED:
             # RAIL_SUBMITTED and RAIL_ACKED follow each other here: one transaction, one commit
             # (the same two audit rows and events; issue 16).
-            payout = await self._write(
+            payout = await self._writer.write(
                 req,
                 lambda g: self._store.mark_submitted_and_acked(
                     payout.payout_id, req.token, ctx, grant=g
                 ),
             )
         else:
-            payout = await self._write(
+            payout = await self._writer.write(
                 req,
                 lambda g: self._store.mark_submitted(payout.payout_id, req.token, ctx, grant=g),
             )
@@ -178,27 +219,29 @@ class CriticalSteps(PayoutActivitiesBase):
         attempt = m.AttemptView(
             attempt_id=str(result.attempt_id), outcome=result.outcome.value, token=req.token
         )
-        return _view(payout, handoff_certainty=result.handoff_certainty.value, attempt=attempt)
+        return payout_view(
+            payout, handoff_certainty=result.handoff_certainty.value, attempt=attempt
+        )
 
     async def _record_outcome(
         self, req: m.StepRequest, payout: Payout, outcome: Outcome | None
     ) -> Payout:
-        ctx = self._ctx(req.context)
+        ctx = self._writer.ctx(req.context)
         if payout.state != S.RAIL_SUBMITTED:
             return payout
         if outcome == Outcome.ACKED:
-            return await self._write(
+            return await self._writer.write(
                 req, lambda g: self._store.mark_acked(payout.payout_id, req.token, ctx, grant=g)
             )
         if outcome == Outcome.DECLINED:
-            return await self._write(
+            return await self._writer.write(
                 req,
                 lambda g: self._store.mark_declined(
                     payout.payout_id, req.token, ctx, reason="declined_by_rail", grant=g
                 ),
             )
         # UNKNOWN, or no outcome recorded: money may have moved. Never resubmitted (FR-23).
-        return await self._write(
+        return await self._writer.write(
             req,
             lambda g: self._store.mark_ambiguous(
                 payout.payout_id,
@@ -209,43 +252,39 @@ class CriticalSteps(PayoutActivitiesBase):
             ),
         )
 
-    @activity.defn(name=m.RECOVER_FROM_ATTEMPT)
-    @_holder_step
     async def recover_from_attempt(self, req: m.StepRequest) -> m.PayoutView:
         """UC-04: a payout left CLAIMED or RAIL_SUBMITTED by a holder that died or was fenced.
 
         The proxy's attempt record decides: it was recorded before forwarding, so its absence
         proves nothing was sent, and an attempt with no outcome is ambiguous, never resubmitted.
         """
-        payout = await self._current(req.payout_id)
-        attempt = await self._attempt(req.payout_id)
+        payout = await self._writer.current(req.payout_id)
+        attempt = await self.latest_attempt(req.payout_id)
         if payout.state == S.CLAIMED:
             if attempt is None:
-                return _view(payout)  # nothing was handed off: the workflow may submit
-            payout = await self._write(
+                return payout_view(payout)  # nothing was handed off: the workflow may submit
+            payout = await self._writer.write(
                 req,
                 lambda g: self._store.mark_submitted(
-                    payout.payout_id, req.token, self._ctx(req.context), grant=g
+                    payout.payout_id, req.token, self._writer.ctx(req.context), grant=g
                 ),
             )
         if payout.state == S.RAIL_SUBMITTED:
             payout = await self._record_outcome(req, payout, attempt.outcome if attempt else None)
-        return _view(payout, attempt)
+        return payout_view(payout, attempt)
 
-    @activity.defn(name=m.POST_TO_LEDGER)
-    @_holder_step
     async def post_to_ledger(self, req: m.StepRequest) -> m.PayoutView:
         """UC-01 step 8: ledger rows, balance and POSTED in one fenced transaction."""
-        payout = await self._write(
+        payout = await self._writer.write(
             req,
-            lambda g: self._store.post(req.payout_id, req.token, self._ctx(req.context), grant=g),
+            lambda g: self._store.post(
+                req.payout_id, req.token, self._writer.ctx(req.context), grant=g
+            ),
         )
-        return _view(payout)
+        return payout_view(payout)
 
-    @activity.defn(name=m.RESOLVE_AMBIGUOUS)
-    @_holder_step
     async def resolve_ambiguous(self, req: m.StepRequest) -> m.PayoutView:
-        ctx = self._ctx(req.context)
+        ctx = self._writer.ctx(req.context)
         if req.resolution == "settled":
 
             def write(g: GrantArg) -> Awaitable[Payout | AlreadyAdvanced]:
@@ -256,10 +295,8 @@ class CriticalSteps(PayoutActivitiesBase):
                 return self._store.resolve_absent(req.payout_id, req.token, ctx, grant=g)
         else:
             raise ApplicationError(f"unknown resolution {req.resolution!r}", non_retryable=True)
-        return _view(await self._write(req, write))
+        return payout_view(await self._writer.write(req, write))
 
-    @activity.defn(name=m.ABANDON_PAYOUT)
-    @_holder_step
     async def abandon_payout(self, req: m.StepRequest) -> m.PayoutView:
         """Break-glass RAIL_AMBIGUOUS -> ABANDONED, with the operator as the audited actor.
 
@@ -273,9 +310,9 @@ class CriticalSteps(PayoutActivitiesBase):
         Without it (histories before the patch): the assertion itself is verified here. A
         refused assertion or command changes nothing and is final (non-retryable
         `OperatorAssertionRefused`): the workflow records the rejection."""
-        ctx = self._ctx(req.context)  # "via" this worker; the store audits the operator
+        ctx = self._writer.ctx(req.context)  # "via" this worker; the store audits the operator
         if req.command_id:
-            current = await self._current(req.payout_id)
+            current = await self._writer.current(req.payout_id)
             if current.state == S.RAIL_AMBIGUOUS and current.client_reference:
                 found = await rail_evidence(self._proxy, current.client_reference, req.payout_id)
                 if found.status in ("settled", "declined", "absent"):
@@ -285,10 +322,10 @@ class CriticalSteps(PayoutActivitiesBase):
                         command_id=req.command_id,
                         evidence=found.status,
                     )
-                    return _view(current, evidence=found.status)
+                    return payout_view(current, evidence=found.status)
         try:
-            return _view(
-                await self._write(
+            return payout_view(
+                await self._writer.write(
                     req,
                     lambda g: self._store.abandon(
                         req.payout_id,

@@ -4,21 +4,34 @@ one activity.
 
 from __future__ import annotations
 
-from temporalio import activity
-
 from activities import models as m
-from activities.payout.base import _holder_step, store_refusals
 from activities.payout.critical import CriticalSteps
-from activities.payout.support import S, _progress, _view
-from ledger import AlreadyAdvanced, Payout
+from activities.payout.fenced import HolderWriter
+from activities.payout.grants import HeldGrants
+from activities.payout.support import S, payout_view, progress
+from ledger import PayoutStore
 from ledger.states import TERMINAL_STATES
 
+__all__ = ["ExecuteStep"]
 
-class ExecuteStep(CriticalSteps):
-    """execute_payout and its claim and finish (release of a terminal payout's grant)."""
 
-    @activity.defn(name=m.EXECUTE_PAYOUT)
-    @_holder_step
+class ExecuteStep:
+    """execute_payout and its finish (release of a terminal payout's grant); the submit is the
+    one of `CriticalSteps`, so that there is one submission code path."""
+
+    def __init__(
+        self,
+        *,
+        store: PayoutStore,
+        writer: HolderWriter,
+        grants: HeldGrants,
+        critical: CriticalSteps,
+    ) -> None:
+        self._store = store
+        self._writer = writer
+        self._grants = grants
+        self._critical = critical
+
     async def execute_payout(self, req: m.StepRequest) -> m.PayoutView:
         """UC-01 steps 3-9 in one holder activity (patch `merged-holder-steps`): re-read and
         claim, submit, post, and the release of the grant once the payout is terminal.
@@ -37,51 +50,41 @@ class ExecuteStep(CriticalSteps):
         after (the result's `steps`), and the workflow upserts the payout's state.
         """
         steps: list[str] = []
-        _progress("claim", "reading")
-        payout = await self._current(req.payout_id)
+        progress("claim", "reading")
+        payout = await self._writer.current(req.payout_id)
         claimed_here = False
         if payout.state == S.PENDING:
-            claimed_here, payout = await self._claim(req)
+            claimed_here, payout = await self._writer.claim(req)
         else:
-            await self._stamp_account_fence(req)
+            await self._writer.stamp_account_fence(req)
         steps.append("claim")
         if not claimed_here or payout.state != S.CLAIMED:
             # Found in flight (another holder's work) or FAILED at the claim (insufficient
             # funds): hand the state and its evidence to the workflow, as `reread_and_claim` does.
             attempt = None
             if payout.state in (S.CLAIMED, S.RAIL_SUBMITTED):
-                attempt = await self._attempt(req.payout_id)
-            return await self._finish(req, _view(payout, attempt), steps)
+                attempt = await self._critical.latest_attempt(req.payout_id)
+            return await self._finish(req, payout_view(payout, attempt), steps)
         # Claimed from PENDING by this attempt: no edge leads back to PENDING and a submit needs
         # CLAIMED, so nobody has submitted this payout and the proxy can hold no attempt for it.
         # The attempt read `reread_and_claim` makes here would find nothing: skipped.
-        _progress("submit", str(payout.state))
-        view = await self._submit(req, payout)
+        progress("submit", str(payout.state))
+        view = await self._critical.submit(req, payout)
         steps.append("submit")
         if view.state != S.RAIL_ACKED:
             # NOT_SUBMITTED (still CLAIMED: the workflow backs off), FAILED (declined) or
             # RAIL_AMBIGUOUS (resolved by lookups, never resubmitted).
             return await self._finish(req, view, steps)
-        _progress("post", view.state)
-        posted = await self._write(
+        progress("post", view.state)
+        posted = await self._writer.write(
             req,
-            lambda g: self._store.post(req.payout_id, req.token, self._ctx(req.context), grant=g),
+            lambda g: self._store.post(
+                req.payout_id, req.token, self._writer.ctx(req.context), grant=g
+            ),
         )
         steps.append("post")
-        done = _view(posted, view.attempt, handoff_certainty=view.handoff_certainty)
+        done = payout_view(posted, view.attempt, handoff_certainty=view.handoff_certainty)
         return await self._finish(req, done, steps)
-
-    async def _claim(self, req: m.StepRequest) -> tuple[bool, Payout]:
-        """The fenced claim of a PENDING payout; True when this call made the transition (not
-        another holder before it: then the payout is re-read)."""
-        grant = await self._grant(req)
-        ctx = self._ctx(req.context)
-        with store_refusals(req):
-            result = await self._store.claim(req.payout_id, req.token, ctx, grant=grant)
-        if isinstance(result, AlreadyAdvanced):
-            return False, await self._current(req.payout_id)
-        self._crash_if_armed(req, result)
-        return True, result
 
     async def _finish(
         self, req: m.StepRequest, view: m.PayoutView, steps: list[str]
@@ -90,8 +93,8 @@ class ExecuteStep(CriticalSteps):
         and the workflow schedules no separate release. Not terminal: the workflow goes on
         under the grant (recovery, backoff, lookups) and releases it itself."""
         if view.state in {str(s) for s in TERMINAL_STATES}:
-            _progress("release", view.state)
-            await self._release(req)
+            progress("release", view.state)
+            await self._grants.release(req)
             steps.append("release")
             view.released = True
         view.steps = steps

@@ -10,20 +10,25 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities import models as m
-from activities.payout.base import PayoutActivitiesBase
 from activities.payout.support import log
-from ledger import CommandVerdict, UnknownPayout
+from ledger import CommandVerdict, PayoutStore, UnknownPayout
 from ledger.errors import InvalidIdentifier
 from ledger.store.commands import unverified
 from railproxy.client import RailProxyClient
 from railproxy.errors import LookupUnavailable, ProxyClientError
 
+__all__ = ["LookupSteps", "rail_evidence", "verdict_of"]
 
-class LookupSteps(PayoutActivitiesBase):
+
+class LookupSteps:
     """lookup_rail, escalate_ambiguous, the operator commands' acceptance and refusals (shared
-    queue)."""
+    queue): they need no grant of this process."""
 
-    @activity.defn(name=m.LOOKUP_RAIL)
+    def __init__(self, *, store: PayoutStore, proxy: RailProxyClient, worker_id: str) -> None:
+        self._store = store
+        self._proxy = proxy
+        self._worker_id = worker_id
+
     async def lookup_rail(self, req: m.LookupRequest) -> m.LookupResult:
         """Read-only evidence for an ambiguous payout (UC-05): never submits anything.
 
@@ -33,7 +38,6 @@ class LookupSteps(PayoutActivitiesBase):
         """
         return await rail_evidence(self._proxy, req.client_reference, req.payout_id)
 
-    @activity.defn(name=m.ESCALATE_AMBIGUOUS)
     async def escalate_ambiguous(self, req: m.StepRequest) -> None:
         """The resolution SLA passed (A-10): audit it, then alert. Retried without limit by the
         workflow, so the alert follows the committed audit row: a database outage delays the
@@ -52,7 +56,6 @@ class LookupSteps(PayoutActivitiesBase):
             correlation_id=req.context.correlation_id,
         )
 
-    @activity.defn(name=m.RECORD_SIGNAL_REJECTED)
     async def record_signal_rejected(self, rej: m.SignalRejection) -> None:
         """Audit an operator command the workflow refused or could not carry out (FR-30).
         Retried without limit; the event follows the committed row, once per fact."""
@@ -74,7 +77,6 @@ class LookupSteps(PayoutActivitiesBase):
             workflow_id=workflow_id,
         )
 
-    @activity.defn(name=m.ACCEPT_OPERATOR_COMMAND)
     async def accept_operator_command(self, req: m.CommandRequest) -> m.CommandVerdict:
         """The payment store verifies the command's operator assertion (signature, action,
         payout, the lock key of its account for a revoke, expiry) and records its nonce, or
@@ -94,7 +96,6 @@ class LookupSteps(PayoutActivitiesBase):
             raise ApplicationError(str(exc), type=m.COMMAND_REFUSED, non_retryable=True) from exc
         return verdict_of(verdict)
 
-    @activity.defn(name=m.SETTLE_OPERATOR_COMMAND)
     async def settle_operator_command(self, req: m.CommandSettlement) -> m.CommandVerdict:
         """Refuse an accepted command that will not be carried out (the rail's evidence came
         first, the payout ended, ...): its one audit row, in the same transaction."""

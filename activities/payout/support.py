@@ -1,6 +1,6 @@
-"""Module-level helpers of the payout activities: the errors a fenced or lost grant raises,
-the workflow-facing views of a payout, and the heartbeat (and progress details) of a running
-step; `_holder_step`, which uses them, is in `activities/payout/base.py`.
+"""Module-level helpers of the payout activities' step objects: the errors a fenced or lost
+grant raises, the workflow-facing views of a payout, and the heartbeat (and progress details)
+of a running step; `HeldGrants.holding` (`grants.py`) wraps every holder step in them.
 """
 
 from __future__ import annotations
@@ -8,9 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -21,19 +19,34 @@ from activities import models as m
 from common.lockkey import lock_key
 from common.logs import get_logger
 from ledger import FencedOut, Payout, PayoutState
-from lockservice.client import Lease
 from lockservice.grants import SignedGrant
 from railproxy.models import AttemptRecord, Outcome
 
+__all__ = [
+    "GrantArg",
+    "S",
+    "attempt_view",
+    "fenced_error",
+    "heartbeating",
+    "latest_live_attempt",
+    "log",
+    "lost_error",
+    "past_start_to_close",
+    "payout_view",
+    "progress",
+    "reporting_progress",
+]
+
 log = get_logger("activities.payout")
 S = PayoutState
+GrantArg = SignedGrant | None
 
 
-def _fenced(err: FencedOut | str) -> ApplicationError:
+def fenced_error(err: FencedOut | str) -> ApplicationError:
     return ApplicationError(str(err), type=m.FENCED_OUT, non_retryable=True)
 
 
-def _lost(req: m.StepRequest, reason: str) -> ApplicationError:
+def lost_error(req: m.StepRequest, reason: str) -> ApplicationError:
     log.warning(
         "lock.lost_detected",
         key=lock_key(req.account_id),
@@ -46,13 +59,13 @@ def _lost(req: m.StepRequest, reason: str) -> ApplicationError:
     )
 
 
-def _latest_live_attempt(attempts: list[AttemptRecord]) -> AttemptRecord | None:
+def latest_live_attempt(attempts: list[AttemptRecord]) -> AttemptRecord | None:
     """The attempt that counts: the latest one that may have reached the rail."""
     live = [a for a in attempts if a.outcome != Outcome.NOT_SUBMITTED]
     return max(live, key=lambda a: a.attempt_id) if live else None
 
 
-def _attempt_view(a: AttemptRecord | None) -> m.AttemptView | None:
+def attempt_view(a: AttemptRecord | None) -> m.AttemptView | None:
     if a is None:
         return None
     return m.AttemptView(
@@ -63,7 +76,7 @@ def _attempt_view(a: AttemptRecord | None) -> m.AttemptView | None:
     )
 
 
-def _view(
+def payout_view(
     p: Payout, attempt: AttemptRecord | m.AttemptView | None = None, **kw: Any
 ) -> m.PayoutView:
     return m.PayoutView(
@@ -74,21 +87,21 @@ def _view(
         fence=p.fence,
         client_reference=p.client_reference,
         failure_reason=p.failure_reason,
-        attempt=attempt if isinstance(attempt, m.AttemptView) else _attempt_view(attempt),
+        attempt=attempt if isinstance(attempt, m.AttemptView) else attempt_view(attempt),
         **kw,
     )
 
 
-#: The UC-01 step a running holder activity is at (`_progress`), sent with every heartbeat: the
+#: The UC-01 step a running holder activity is at (`progress`), sent with every heartbeat: the
 #: Temporal UI and `temporal workflow describe` show it as the pending activity's last heartbeat
 #: details, so each step of the merged `execute_payout` stays identifiable while it runs long
-#: enough to heartbeat (see `_heartbeating`); the result's `steps` name them afterwards.
+#: enough to heartbeat (see `heartbeating`); the result's `steps` name them afterwards.
 _PROGRESS: contextvars.ContextVar[list[dict[str, str]] | None] = contextvars.ContextVar(
     "holder_progress", default=None
 )
 
 
-def _progress(step: str, state: str) -> None:
+def progress(step: str, state: str) -> None:
     """Record that the running holder activity is at `step`: the next heartbeat carries it."""
     details = _PROGRESS.get()
     if details is not None:
@@ -109,11 +122,11 @@ def _first_beat_s(interval_s: float) -> float:
 
 
 @contextlib.asynccontextmanager
-async def _heartbeating(
+async def heartbeating(
     interval_s: float = 1.0, details: list[dict[str, str]] | None = None
 ) -> AsyncIterator[None]:
     """Heartbeat while a long step runs, so a dead worker is noticed by its heartbeat timeout;
-    each heartbeat carries the step's current `details` (see `_progress`). A step shorter than
+    each heartbeat carries the step's current `details` (see `progress`). A step shorter than
     half its heartbeat timeout sends none (`_first_beat_s`)."""
 
     async def beat() -> None:
@@ -131,7 +144,7 @@ async def _heartbeating(
             await task
 
 
-def _past_start_to_close(info: activity.Info, margin_s: float = 1.0) -> bool:
+def past_start_to_close(info: activity.Info, margin_s: float = 1.0) -> bool:
     """Whether Temporal has (nearly) timed out this activity attempt, on this host's clock."""
     limit = info.start_to_close_timeout
     if limit is None:
@@ -139,13 +152,13 @@ def _past_start_to_close(info: activity.Info, margin_s: float = 1.0) -> bool:
     return datetime.now(UTC) >= info.started_time + limit - timedelta(seconds=margin_s)
 
 
-@dataclass
-class _HeldGrant:
-    """A grant this process holds, and how the critical-section steps are using it."""
-
-    lease: Lease
-    active: int = 0  # steps running under it now
-    idle_since: float = field(default_factory=time.monotonic)
-
-
-GrantArg = SignedGrant | None
+@contextlib.asynccontextmanager
+async def reporting_progress() -> AsyncIterator[None]:
+    """Heartbeat for the whole block, each beat carrying the step `progress` last named in it."""
+    details: list[dict[str, str]] = []
+    reset = _PROGRESS.set(details)
+    try:
+        async with heartbeating(details=details):
+            yield
+    finally:
+        _PROGRESS.reset(reset)

@@ -90,13 +90,16 @@ def _activity_env() -> ActivityEnvironment:
 
 
 @contextlib.asynccontextmanager
-async def _step(store: MockStore) -> AsyncIterator[tuple[PayoutActivities, m.StepRequest]]:
+async def _step(
+    store: MockStore, proxy: object | None = None
+) -> AsyncIterator[tuple[PayoutActivities, m.StepRequest]]:
+    """The activities over `store` and `proxy` (default: one with no attempts), and a grant."""
     transport = httpx.ASGITransport(app=create_app(FakeBackend()))
     async with LockClient("http://lock", transport=transport) as locks:
         acts = PayoutActivities(
             locks=locks,
             store=cast(Any, store),
-            proxy=cast(Any, MockProxy()),
+            proxy=cast(Any, MockProxy() if proxy is None else proxy),
             worker_queue="q-holder-test",
             worker_id="test",
             lock_url="http://lock",

@@ -81,8 +81,7 @@ async def _execute(
     store: MergedStore, proxy: CountingProxy, beats: list[Any] | None = None
 ) -> tuple[m.PayoutView, PayoutActivities, list[Any]]:
     beats = [] if beats is None else beats
-    async with _step(store) as (acts, req):
-        acts._proxy = proxy  # type: ignore[assignment]
+    async with _step(store, proxy) as (acts, req):
         env = _activity_env()
         # The workflow's holder heartbeat timeout, short: the first heartbeat comes after half.
         env.info = dataclasses.replace(env.info, heartbeat_timeout=timedelta(seconds=0.2))
@@ -107,7 +106,7 @@ async def test_unit_a_pending_payout_is_claimed_submitted_once_posted_and_releas
     assert proxy.attempt_reads == 0
     assert view.state == "POSTED" and view.released
     assert view.steps == ["claim", "submit", "post", "release"]
-    assert acts._leases == {}  # the grant was given back inside the step
+    assert not acts.grants  # the grant was given back inside the step
     # A step running past half the heartbeat timeout is named in its heartbeats (what the
     # Temporal UI shows while it runs); the quick claim before it sent none.
     named = [b["step"] for b in beats if isinstance(b, dict)]
@@ -123,7 +122,7 @@ async def test_unit_a_payout_found_claimed_is_not_submitted_but_handed_to_recove
     assert store.calls == [("stamp_account_fence", store.fence)]
     assert proxy.attempt_reads == 1
     assert view.state == "CLAIMED" and not view.released and view.steps == ["claim"]
-    assert len(acts._leases) == 1
+    assert len(acts.grants) == 1
 
 
 async def test_unit_an_unknown_outcome_is_ambiguous_and_keeps_the_grant() -> None:

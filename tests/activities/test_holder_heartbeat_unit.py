@@ -1,5 +1,5 @@
-"""UNIT test: every critical-section step heartbeats for as long as it runs (`_holder_step` in
-activities/payout/base.py), so that a step waiting on a contended row lock is not timed
+"""UNIT test: every critical-section step heartbeats for as long as it runs (`HeldGrants.holding`
+in activities/payout/grants.py), so that a step waiting on a contended row lock is not timed
 out by the workflow's short heartbeat timeout as if its worker had died; its first heartbeat
 comes after half that timeout, naming the step it is at."""
 
@@ -7,14 +7,28 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Callable, Coroutine
 from datetime import timedelta
 from typing import Any, cast
 
 from temporalio.testing import ActivityEnvironment
 
 from activities import models as m
-from activities.payout.support import _progress
-from activities.payout_activities import PayoutActivities, _holder_step
+from activities.payout.grants import HeldGrants
+from activities.payout.support import progress
+
+
+def _holder_step(
+    fn: Callable[[m.StepRequest], Coroutine[Any, Any, str]],
+) -> Callable[[m.StepRequest], Coroutine[Any, Any, str]]:
+    """`fn` run as PayoutActivities runs a holder step: inside `HeldGrants.holding` (this
+    process holds no grant here, so only the heartbeat is at work)."""
+
+    async def run(req: m.StepRequest) -> str:
+        async with HeldGrants(cast(Any, None)).holding(req):
+            return await fn(req)
+
+    return run
 
 
 async def _until(pred: Any, timeout_s: float = 30.0) -> None:
@@ -32,13 +46,12 @@ async def test_unit_a_waiting_holder_step_keeps_heartbeating_until_it_ends() -> 
     env.on_heartbeat = lambda *details: beats.append(details)
     may_end = asyncio.Event()
 
-    async def waiting_step(_self: PayoutActivities, _req: m.StepRequest) -> str:
+    async def waiting_step(_req: m.StepRequest) -> str:
         await may_end.wait()
         return "done"
 
-    acts = cast(PayoutActivities, type("Acts", (), {"_leases": {}})())
     req = m.StepRequest("p1", "acct-1", 1, m.WorkContext(correlation_id="c"))
-    step = asyncio.create_task(env.run(_holder_step(waiting_step), acts, req))
+    step = asyncio.create_task(env.run(_holder_step(waiting_step), req))
     await _until(lambda: len(beats) >= 2)
     assert not step.done()
     may_end.set()
@@ -63,25 +76,23 @@ async def test_unit_a_step_shorter_than_half_its_heartbeat_timeout_sends_no_hear
     (and a write of the workflow's state) Temporal does not need to notice a dead worker."""
     env, beats = _env(heartbeat_timeout_s=60.0)
 
-    async def quick_step(_self: PayoutActivities, _req: m.StepRequest) -> str:
-        _progress("claim", "PENDING")
+    async def quick_step(_req: m.StepRequest) -> str:
+        progress("claim", "PENDING")
         return "done"
 
-    acts = cast(PayoutActivities, type("Acts", (), {"_leases": {}})())
     req = m.StepRequest("p1", "acct-1", 1, m.WorkContext(correlation_id="c"))
-    assert await env.run(_holder_step(quick_step), acts, req) == "done"
+    assert await env.run(_holder_step(quick_step), req) == "done"
     assert beats == []
 
 
 async def test_unit_a_step_past_half_its_heartbeat_timeout_beats_naming_its_step() -> None:
     env, beats = _env(heartbeat_timeout_s=0.2)
 
-    async def slow_step(_self: PayoutActivities, _req: m.StepRequest) -> str:
-        _progress("submit", "CLAIMED")
+    async def slow_step(_req: m.StepRequest) -> str:
+        progress("submit", "CLAIMED")
         await _until(lambda: len(beats) >= 1)
         return "done"
 
-    acts = cast(PayoutActivities, type("Acts", (), {"_leases": {}})())
     req = m.StepRequest("p1", "acct-1", 1, m.WorkContext(correlation_id="c"))
-    assert await env.run(_holder_step(slow_step), acts, req) == "done"
+    assert await env.run(_holder_step(slow_step), req) == "done"
     assert beats[0] == ({"step": "submit", "state": "CLAIMED"},)

@@ -1,4 +1,4 @@
-"""UNIT tests of the idle-lease sweeper in PayoutActivities (activities/payout/lock_steps.py).
+"""UNIT tests of the idle-lease sweeper in PayoutActivities (`HeldGrants`, activities/payout/grants.py).
 
 The lock server's HTTP app runs in-process over the FAKE in-memory backend (the same one the
 SDK's unit tests use), because what is under test is the activities' bookkeeping: which grants
@@ -18,7 +18,8 @@ import httpx
 from temporalio.testing import ActivityEnvironment
 
 from activities import models as m
-from activities.payout_activities import PayoutActivities, _holder_step, lock_key
+from activities.payout_activities import PayoutActivities
+from common.lockkey import lock_key
 from lockservice.client import LockClient
 from lockservice.server import create_app
 from tests.lockservice.fake_backend import FakeBackend
@@ -72,7 +73,7 @@ async def test_unit_a_grant_won_after_temporal_timed_the_acquire_out_is_given_ba
     async with _activities() as (acts, backend):
         late = await _acquire(acts, "acct-late", started_s_ago=60.0)
         assert not late.acquired and late.reason == "late"
-        assert lock_key("acct-late") not in backend.held and not acts._leases
+        assert lock_key("acct-late") not in backend.held and not acts.grants
         in_time = await _acquire(acts, "acct-late", started_s_ago=1.0)
         assert in_time.acquired and lock_key("acct-late") in backend.held
 
@@ -96,7 +97,7 @@ async def test_unit_a_grant_no_step_uses_is_released() -> None:
             await _until(lambda: lock_key("acct-1") not in backend.held)
         finally:
             sweeper.cancel()
-        assert not acts._leases
+        assert not acts.grants
 
 
 async def test_unit_a_grant_with_a_step_running_is_kept() -> None:
@@ -106,12 +107,13 @@ async def test_unit_a_grant_with_a_step_running_is_kept() -> None:
         req = await _grant(acts, "acct-2")
         step_may_end = asyncio.Event()
 
-        async def long_step(_self: PayoutActivities, _req: m.StepRequest) -> None:
-            await step_may_end.wait()
+        async def long_step(req: m.StepRequest) -> None:
+            async with acts.grants.holding(req):  # as PayoutActivities runs a holder step
+                await step_may_end.wait()
 
         # In an activity context: holder steps heartbeat while they run.
-        step = asyncio.create_task(_activity_env().run(_holder_step(long_step), acts, req))
-        await eventually(lambda: acts._leases[(lock_key("acct-2"), req.token)].active == 1)
+        step = asyncio.create_task(_activity_env().run(long_step, req))
+        await eventually(lambda: acts.grants.steps_running(lock_key("acct-2"), req.token) == 1)
         await _grant(acts, "acct-2-idle")  # a witness with no step: proves sweeps happened
         sweeper = asyncio.create_task(acts.sweep_idle_leases(idle_s=0.05, every_s=0.01))
         try:
@@ -130,4 +132,4 @@ async def test_unit_a_released_grant_is_forgotten() -> None:
         req = await _grant(acts, "acct-3")
         await acts.release_lock(req)
         assert lock_key("acct-3") not in backend.held
-        assert not acts._leases
+        assert not acts.grants

@@ -90,7 +90,7 @@ async def test_a_grant_its_workflow_never_received_is_released_and_the_next_acqu
         # grant that this worker's live session would otherwise hold for as long as it lives.
         nxt = await other.acquire(key, wait_s=10.0)
         sessions = (other.session_id, worker.locks.session_id)
-        leases_left = len(worker.acts._leases)
+        leases_left = len(worker.acts.grants)
         await other.release(nxt)
 
     blocked, orphan, after = key_grants(system, key)

@@ -277,7 +277,7 @@ async def test_a_grant_issued_while_temporal_is_down_is_delivered_or_given_back(
         nxt = await other.acquire(key, wait_s=10.0)
         await other.release(nxt)
         sessions = (other.session_id, worker.locks.session_id)
-        leases_left = len(worker.acts._leases)
+        leases_left = len(worker.acts.grants)
     await _check(outage, system, key, payout_id, sessions, status, history, leases_left)
 
 
