@@ -35,16 +35,7 @@ class RevokeSteps:
         the revoke went through but its audit row did not can revoke a second time; that costs
         the current holder its grant (it re-acquires with a higher token), never safety.
         """
-        # The lock server verifies the operator assertion the signal carried (action, payout,
-        # expiry, its own signature) and audits the identity inside; without one it refuses.
-        body = {
-            "key": lock_key(req.account_id),
-            "operator": req.operator,
-            "reason": req.reason,
-            "payout_id": req.payout_id,
-            "assertion": req.assertion,
-        }
-        response = await self._lock_http.post("/v1/locks/revoke", json=body)
+        response = await self._post_revoke(req)
         if response.status_code >= 400:
             raise ApplicationError(
                 f"revoke refused: HTTP {response.status_code} {response.text}",
@@ -58,6 +49,19 @@ class RevokeSteps:
             account_id=req.account_id,
             details={"reason": req.reason, **revoked},
         )
+
+    async def _post_revoke(self, req: m.RevokeRequest) -> httpx.Response:
+        """The revoke request both paths send. The lock server verifies the operator assertion
+        it carries (action, payout, expiry, its own signature) and audits the identity inside;
+        without one it refuses."""
+        body = {
+            "key": lock_key(req.account_id),
+            "operator": req.operator,
+            "reason": req.reason,
+            "payout_id": req.payout_id,
+            "assertion": req.assertion,
+        }
+        return await self._lock_http.post("/v1/locks/revoke", json=body)
 
     async def carry_out_revoke(self, req: m.RevokeRequest) -> m.CommandVerdict:
         """An accepted revoke command (patch `operator-commands`), carried out once: the lock
@@ -84,14 +88,7 @@ class RevokeSteps:
                 why=f"payout reached {payout.state} before the revoke was carried out",
             )
             return verdict_of(verdict)
-        body = {
-            "key": lock_key(req.account_id),
-            "operator": req.operator,
-            "reason": req.reason,
-            "payout_id": req.payout_id,
-            "assertion": req.assertion,
-        }
-        response = await self._lock_http.post("/v1/locks/revoke", json=body)
+        response = await self._post_revoke(req)
         if response.status_code >= 500:
             raise ApplicationError(f"lock service unavailable: HTTP {response.status_code}")
         if response.status_code >= 400:
@@ -108,7 +105,7 @@ class RevokeSteps:
         verdict = await self._store.settle_command(
             command_id=req.command_id,
             outcome="carried_out",
-            why=f"revoked token {revoked.get('revoked_token')} of {body['key']}",
+            why=f"revoked token {revoked.get('revoked_token')} of {lock_key(req.account_id)}",
             details=revoked,
             audit_action="lock_revoke_requested",
         )
