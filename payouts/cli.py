@@ -25,14 +25,14 @@ from payouts.settings import database_url, load_stack_env
 #: Modules that define `register(subparsers: argparse._SubParsersAction) -> None`.
 COMMAND_MODULES: tuple[str, ...] = (
     "payouts.commands",
-    "lab.experiments_cli",
-    "lab.demo_cli",
+    "lab.experiments.cli",
+    "lab.demo.cli",
     "stack.cli",
     "payouts.reconcile_cli",
     "payouts.invariants_cli",
     "payouts.outbox_cli",
-    "lab.chaos_cli",
-    "lab.gameday_cli",
+    "lab.chaos.cli",
+    "lab.gameday.cli",
 )
 
 

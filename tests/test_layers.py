@@ -131,9 +131,9 @@ def test_no_circle_of_imports(tmp_path: Path) -> None:
     never run, excepted); the planted pair below is the negative control."""
     tree = _copy(tmp_path)
     assert _cycles(tree) == []
-    # lab.bench_outbox already imports lab.cpu: the one planted import closes the circle
-    target = tree / "lab" / "cpu.py"
+    # lab.bench.outbox already imports lab.bench.cpu: the one planted import closes the circle
+    target = tree / "lab" / "bench" / "cpu.py"
     target.write_text(
-        target.read_text() + "\nimport lab.bench_outbox  # planted: negative control\n"
+        target.read_text() + "\nimport lab.bench.outbox  # planted: negative control\n"
     )
-    assert ["lab.bench_outbox", "lab.cpu"] in _cycles(tree)
+    assert ["lab.bench.cpu", "lab.bench.outbox"] in _cycles(tree)

@@ -1,4 +1,4 @@
-"""No-op workflows of the payout's shapes, for the engine-floor benchmark (lab.bench_floor).
+"""No-op workflows of the payout's shapes, for the engine-floor benchmark (lab.bench.floor).
 
 Owns: three shapes. `FloorToday`: PayoutWorkflow's commands before the merge (one activity on
 the shared queue returning a worker queue, then claim, submit, post and release on that queue: 5

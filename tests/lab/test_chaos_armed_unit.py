@@ -1,4 +1,4 @@
-"""Unit tests of the armed pause's thaw rule (lab.chaos_faults), with a MOCKED stack, process and
+"""Unit tests of the armed pause's thaw rule (lab.chaos.faults), with a MOCKED stack, process and
 proxy record: the frozen holder is thawed only once the proxy has recorded a newer holder's
 submission of its payout, however long that takes (here: many polls), and at the latest before
 its frozen request's deadline. The real processes are the chaos runs (test_chaos_runs.py)."""
@@ -13,8 +13,8 @@ from typing import Any, cast
 
 import pytest
 
-from lab import chaos_faults
-from lab.chaos_faults import ARMED_SEND_MARGIN_S, FaultInjector
+from lab.chaos import faults as chaos_faults
+from lab.chaos.faults import ARMED_SEND_MARGIN_S, FaultInjector
 from stack.process import ManagedProcess
 from stack.system import Stack
 

@@ -11,8 +11,8 @@ from typing import Any, cast
 import httpx
 import pytest
 
-from lab.chaos_faults import RAIL_BASELINE, FaultInjector
-from lab.chaos_schedule import Fault
+from lab.chaos.faults import RAIL_BASELINE, FaultInjector
+from lab.chaos.schedule import Fault
 from stack.system import Stack
 
 

@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from lab.chaos import ChaosOptions, run_chaos
-from lab.chaos_schedule import ETCD_REPLICA_KINDS, FAULT_KINDS, REPLICA_KINDS
+from lab.chaos.run import ChaosOptions, run_chaos
+from lab.chaos.schedule import ETCD_REPLICA_KINDS, FAULT_KINDS, REPLICA_KINDS
 from stack.balancer import haproxy_available
 
 # The three runs are set up by the first test: on the shared 2-core machine at load 15 they took

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lab.gameday_prom import GamedayPrometheus, PrometheusMissingError, binary
-from lab.gameday_rules import expr_names
+from lab.gameday.prom import GamedayPrometheus, PrometheusMissingError, binary
+from lab.gameday.rules import expr_names
 from payouts.batch import PayoutSpec
 from payouts.reconcile_cli import SCHEDULE_ID
 from payouts.workload import create_payouts, seed_accounts, start_workflows
