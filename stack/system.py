@@ -415,8 +415,8 @@ class Stack:
         # which every `payouts` command would pay (payouts.cli loads stack.cli, hence this).
         from temporalio.client import Client
 
-        from payouts.reconcile_cli import SCHEDULE_ID, ensure_schedule
         from reconcile.reconciler import ReconcileSettings
+        from workflows.reconcile_schedule import SCHEDULE_ID, ensure_schedule
 
         client = await Client.connect(self.temporal_address)
         await ensure_schedule(
