@@ -345,7 +345,7 @@ def test_tls_job_installs_each_services_files_readable_by_it_only(
 
 def test_the_metrics_endpoints_serve_the_issued_certificates(issued: Path, tmp_path: Path) -> None:
     """The workers' and the outbox's real servers (worker_http with common.tls; the publisher's
-    payouts.outbox_cli.serve_metrics) given the files gen_env
+    outbox.service.serve_metrics) given the files gen_env
     issues for them: the healthcheck's https://127.0.0.1 URL verifies against the CA
     (common.healthcheck with HEALTHCHECK_CA_FILE), the name Prometheus checks (the worker job's
     server_name `worker`, the outbox's host `outbox`) verifies, and a plaintext client and one
@@ -357,7 +357,7 @@ def test_the_metrics_endpoints_serve_the_issued_certificates(issued: Path, tmp_p
     from common.healthcheck import check
     from common.tls import server_context
     from lab.compose import tlsprobe as probe
-    from payouts.outbox_cli import serve_metrics
+    from outbox.service import serve_metrics
     from stack.pki import StackPKI
 
     ca = issued / "ca.pem"
