@@ -86,7 +86,7 @@ bench-outbox: venv
 # The main job on embedded defaults: stack, 200 payouts over 50 accounts, the pause experiment,
 # reconciliation, invariants, and a report. Exits 0 only if every check holds.
 demo: venv
-	$(BIN)/payouts demo
+	$(BIN)/payouts-lab demo
 
 # Seeded fault injection over the whole system, one run per lock backend (issue 7), on the
 # production shape (issue 26): 2 lock servers, 2 rail proxies and 2 outbox publishers behind
@@ -97,8 +97,8 @@ CHAOS_ACCOUNTS ?= 200
 CHAOS_WORKERS ?= 4
 CHAOS_SEED ?= 1
 chaos: venv haproxy
-	$(BIN)/payouts chaos --payouts $(CHAOS_PAYOUTS) --accounts $(CHAOS_ACCOUNTS) --workers $(CHAOS_WORKERS) --seed $(CHAOS_SEED) --backend postgres --json
-	$(BIN)/payouts chaos --payouts $(CHAOS_PAYOUTS) --accounts $(CHAOS_ACCOUNTS) --workers $(CHAOS_WORKERS) --seed $(CHAOS_SEED) --backend etcd --json
+	$(BIN)/payouts-lab chaos --payouts $(CHAOS_PAYOUTS) --accounts $(CHAOS_ACCOUNTS) --workers $(CHAOS_WORKERS) --seed $(CHAOS_SEED) --backend postgres --json
+	$(BIN)/payouts-lab chaos --payouts $(CHAOS_PAYOUTS) --accounts $(CHAOS_ACCOUNTS) --workers $(CHAOS_WORKERS) --seed $(CHAOS_SEED) --backend etcd --json
 
 # Prometheus and promtool (issue 17): the rule tests, the dashboard check and the game day need
 # them. Installed from Debian's own `prometheus` package when absent and we are root on a Debian
@@ -111,7 +111,7 @@ prometheus:
 
 # Every game-day scenario against a real stack and a real Prometheus; appends docs/gameday.md.
 gameday: venv prometheus
-	$(BIN)/payouts gameday --all
+	$(BIN)/payouts-lab gameday --all
 
 # docker-compose.yml started for real on podman, following docs/deploy-compose.md (issue 25):
 # stand-in images of the third-party services built here, the project image from the Dockerfile,
@@ -141,7 +141,7 @@ containers:
 # The Temporal Web UI's list and a POSTED, a FAILED and a RAIL_AMBIGUOUS payout's pages, taken by
 # headless chromium on a private stack, into docs/screenshots/ (issue 28; docs/runbooks/temporal-ui.md).
 screenshots: venv chromium
-	$(BIN)/python -m lab.screenshots.cli
+	$(BIN)/payouts-lab screenshots
 
 # Debian's chromium (the screenshots and the UI test), installed when absent and we are root on a
 # Debian machine; otherwise one line says what to install, and the target fails.

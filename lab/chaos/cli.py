@@ -1,4 +1,4 @@
-"""`payouts chaos`: the seeded fault-injection run (issue 7); see docs/chaos.md.
+"""`payouts-lab chaos`: the seeded fault-injection run (issue 7); see docs/chaos.md.
 
 Progress lines (the schedule, each fault as it fires, terminal counts) go to stderr; the runner's
 own JSON events go to RUN/chaos.log; the summary goes to stdout, as the LAST line with --json.

@@ -1,4 +1,5 @@
-"""`payouts chaos`: a seeded fault-injection run over the whole local stack (issue 7, STD01-13/14).
+"""`payouts-lab chaos`: a seeded fault-injection run over the whole local stack (issue 7,
+STD01-13/14).
 
 Starts a private stack on free ports, seeds accounts, creates and starts payouts, and injects
 faults on a schedule derived only from the seed (lab.chaos.schedule): worker pauses longer

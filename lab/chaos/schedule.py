@@ -1,10 +1,10 @@
 """The chaos runner's fault schedule: a pure function of the seed (issue 7, STD01-13).
 
-Owns: which faults a `payouts chaos` run injects, in which order, at which offsets and with which
-parameters. Every random draw comes from ONE `random.Random(seed)`, so the same seed (with the
-same run shape: backend, workers, payouts) always gives the same schedule, which the run prints
-and puts in its JSON summary. Must never: read a clock, the environment or any other source of
-randomness, or perform I/O.
+Owns: which faults a `payouts-lab chaos` run injects, in which order, at which offsets and with
+which parameters. Every random draw comes from ONE `random.Random(seed)`, so the same seed (with
+the same run shape: backend, workers, payouts) always gives the same schedule, which the run
+prints and puts in its JSON summary. Must never: read a clock, the environment or any other
+source of randomness, or perform I/O.
 """
 
 from __future__ import annotations

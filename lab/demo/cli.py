@@ -1,4 +1,4 @@
-"""`payouts demo`: the main job (what `make demo` runs). See lab/demo/run.py."""
+"""`payouts-lab demo`: the main job (what `make demo` runs). See lab/demo/run.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`payouts demo` (what `make demo` runs): the main job on embedded defaults.
+"""`payouts-lab demo` (what `make demo` runs): the main job on embedded defaults.
 
 Starts the local stack, seeds accounts, runs a mixed workload (200 payouts over 50 accounts by
 default, the rail at nominal latency with 0.5% ambiguity and some declines), runs the UC-03 pause

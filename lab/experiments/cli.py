@@ -1,4 +1,4 @@
-"""`payouts experiment pause|crash`: the UC-03 and UC-04 experiments on the real local stack."""
+"""`payouts-lab experiment pause|crash`: the UC-03 and UC-04 experiments on the real local stack."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`payouts gameday`: the game day (issue 17, NFR-11). See lab/gameday/run.py."""
+"""`payouts-lab gameday`: the game day (issue 17, NFR-11). See lab/gameday/run.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`payouts gameday`: every alert caused for real and seen firing in a real Prometheus (NFR-11).
+"""`payouts-lab gameday`: every alert caused for real and seen firing in a real Prometheus (NFR-11).
 
 Owns: starting the local stack and a Prometheus that scrapes every process of it, running the
 scenarios of lab.gameday.scenarios in order, measuring detection latency (condition caused
@@ -361,7 +361,7 @@ def _runbook(alert: str) -> str:
 def append_table(doc: Path, text: str) -> None:
     if not doc.exists():
         doc.write_text(
-            "# Game days (NFR-11)\n\nEach run of `payouts gameday` appends its table here: "
+            "# Game days (NFR-11)\n\nEach run of `payouts-lab gameday` appends its table here: "
             "detection latency is condition caused -> alert firing in Prometheus's "
             "/api/v1/alerts; recovery time is recovery started -> alert no longer firing. "
             "Game-day `for:` is 3 s, scrape and evaluation every 1 s, windows and thresholds "

@@ -1,5 +1,6 @@
-"""`make screenshots`: the Temporal Web UI's payout list and the pages of a POSTED, a FAILED and
-a RAIL_AMBIGUOUS payout, captured by Debian's headless chromium into docs/screenshots/.
+"""`payouts-lab screenshots` (`make screenshots`): the Temporal Web UI's payout list and the
+pages of a POSTED, a FAILED and a RAIL_AMBIGUOUS payout, by Debian's headless chromium into
+docs/screenshots/.
 
 Owns: the private stack the captures are taken on (free ports, its own run directory, stopped
 afterwards) and the files' names. Must never: capture a stack it did not start (a developer's
@@ -13,6 +14,7 @@ import asyncio
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 from lab.screenshots.ui_pages import (
     chromium_available,
@@ -52,11 +54,7 @@ async def capture_all(out: Path, run_dir: Path) -> list[Path]:
     return written
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lab.screenshots.cli", description=__doc__)
-    parser.add_argument("--out", type=Path, default=OUT, help="folder of the PNGs")
-    parser.add_argument("--run-dir", type=Path, default=Path(".run") / "screenshots")
-    args = parser.parse_args(argv)
+def _cmd_screenshots(args: argparse.Namespace) -> int:
     if not chromium_available():
         print("chromium is absent: make screenshots installs it (Debian, as root)", file=sys.stderr)
         return 2
@@ -67,5 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "screenshots", help="the Temporal Web UI's pages, by headless chromium, into docs/"
+    )
+    p.add_argument("--out", type=Path, default=OUT, help="folder of the PNGs")
+    p.add_argument("--run-dir", type=Path, default=Path(".run") / "screenshots")
+    p.set_defaults(func=_cmd_screenshots)

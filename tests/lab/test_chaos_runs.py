@@ -116,7 +116,7 @@ def chaos_runs(run_dir: Path) -> Iterator[dict[str, Any]]:
         return path
 
     async def all_three() -> dict[str, Any]:
-        argv = [sys.executable, "-m", "payouts.cli", "chaos", "--seed", "11", "--fencing", "off"]
+        argv = [sys.executable, "-m", "lab", "chaos", "--seed", "11", "--fencing", "off"]
         argv += ["--payouts", "25", "--accounts", "5", "--workers", "2", "--json"]
         argv += ["--run-dir", str(where("off"))]
         started = asyncio.Event()

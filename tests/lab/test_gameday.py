@@ -107,7 +107,7 @@ async def test_short_game_day_fires_and_every_runbook_runs_as_written(
 
 def test_gameday_cli_has_help() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "payouts.cli", "gameday", "--help"],
+        [sys.executable, "-m", "lab", "gameday", "--help"],
         capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     assert "--all" in out.stdout and "docs/gameday.md" in out.stdout
