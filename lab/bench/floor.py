@@ -3,11 +3,12 @@ alone costs for a workflow of the payout's shape, and the dev server's transfer-
 as a lever, measured rather than assumed (issue 16, the floor part of `bench-e2e`).
 
 Owns: one fresh Temporal dev server per configuration (the stack's SQLite file and pragmas),
-W in-process workers (each with its own worker queue, like the payout workers), and bursts of
-no-op workflows of the payout's shape before the merge (workflows.floor.FloorToday: 5 activities,
-6 workflow tasks: `baseline_floor`), of its shape since (FloorExecute: 2 activities, 3 workflow
-tasks: `floor`) and of the issue's 4-task trial (FloorMerged: `merged_floor`), alternated round
-by round so all see the same machine load. Workflow tasks are counted from a history of each
+W in-process workers (each with its own worker queue, like the payout workers; the production
+worker never registers these workflows), and bursts of no-op workflows of the payout's shape
+before the merge (lab.bench.floor_workflows.FloorToday: 5 activities, 6 workflow tasks:
+`baseline_floor`), of its shape since (FloorExecute: 2 activities, 3 workflow tasks: `floor`)
+and of the issue's 4-task trial (FloorMerged: `merged_floor`), alternated round by round so all
+see the same machine load. Workflow tasks are counted from a history of each
 burst, not assumed. Must never: assert a timing (it reports), or leave a
 process behind. Prints progress, a table, and as its LAST line one JSON object.
 """
@@ -32,10 +33,10 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from lab.bench.floor_workflows import FloorExecute, FloorMerged, FloorRun, FloorToday
 from lab.bench.locks import loadavg
 from stack.embedded import temporal_binary
 from stack.services import TEMPORAL_SQLITE_PRAGMAS
-from workflows.floor import FloorExecute, FloorMerged, FloorRun, FloorToday
 
 #: Shape name -> (workflow, the workflow tasks it is built to take; `burst` counts them).
 SHAPES: dict[str, tuple[Any, int]] = {

@@ -1,5 +1,8 @@
 """No-op workflows of the payout's shapes, for the engine-floor benchmark (lab.bench.floor).
 
+Registered only by the benchmarks' own in-process workers (lab.bench.floor), never by the
+production worker (worker_main.py); they live in the lab, beside the one benchmark that runs them.
+
 Owns: three shapes. `FloorToday`: PayoutWorkflow's commands before the merge (one activity on
 the shared queue returning a worker queue, then claim, submit, post and release on that queue: 5
 activities, 6 workflow tasks; `baseline_floor`). `FloorMerged`: claim+submit+post as one holder
