@@ -5,6 +5,7 @@ Owns, one subpackage each: the demo (`lab.demo`), the pause and crash experiment
 benchmarks (`lab.bench`), the compose smoke run (`lab.compose`) and the Temporal UI screenshots
 (`lab.screenshots`), each with its command (`lab.*.cli`); and `lab.stoppable`, which those
 commands share.
-Must never: be imported by a component or the worker (it sits at the top, with `payouts/` and
-`stack/`), repair what it finds, or move money except through the system's own entry points.
+Must never: be imported by anything else, `payouts/` and `stack/` included (it sits at the very
+top, above both, which it drives), repair what it finds, or move money except through the
+system's own entry points.
 """

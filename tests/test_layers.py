@@ -67,6 +67,12 @@ def test_the_tree_keeps_its_contracts(tmp_path: Path) -> None:
         ("railproxy/store.py", "import activities.models", "Layers"),
         # a component importing the local stack: upward (what lockservice/bench.py did)
         ("lockservice/watermark.py", "import stack.embedded", "Layers"),
+        # the top is ordered lab > payouts > stack: the operator's command must not load the lab
+        # (what payouts/cli.py's importlib list did), nor the stack the operator's commands
+        # (what stack/services.py and stack/system.py did)
+        ("payouts/cli.py", "import lab.demo.cli", "Layers"),
+        ("stack/services.py", "import payouts.cli", "Layers"),
+        ("stack/cli.py", "import lab.stoppable", "Layers"),
         # one component reaching into another's internals, not its public client
         ("reconcile/reconciler.py", "import ledger.store", "independent"),
         ("railproxy/service.py", "import lockservice.server", "independent"),
