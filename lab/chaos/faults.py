@@ -11,6 +11,11 @@ promotion of its synchronous standby), the replica faults and a finance-ledger r
 ambiguity, slow lookups, latency beyond the submit deadline, clock skew) and restoring normal
 behaviour at the end. Must never: touch a process the stack did not start, or leave a worker
 stopped or the rail in a fault mode once `restore()` returned.
+
+The fault families with state of their own live beside it, each composed in: the armed pause
+(lab.chaos.armed), the rail stub's windows (lab.chaos.rail), the proxy's attempt record they
+read (lab.chaos.attempts), the lock-server outage (lab.chaos.locks), the replica faults
+(lab.chaos.replicas) and the hostile signals (lab.chaos.signals).
 """
 
 from __future__ import annotations
@@ -21,61 +26,24 @@ import signal
 import time
 import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
 
-import asyncpg
 import httpx
 
 from common.credentials import auth_headers
 from common.logs import get_logger
-from common.pgutil import create_pool
+from lab.chaos.armed import ArmedPauses
+from lab.chaos.attempts import ProxyAttempts
 from lab.chaos.locks import LockServerOutage
+from lab.chaos.rail import RAIL_BASELINE, RAIL_CLOCK_BASELINE, RailFaults
 from lab.chaos.replicas import ReplicaFaults
 from lab.chaos.schedule import Fault
 from lab.chaos.signals import HostileSignals
-from lab.experiments.pause_crash import json_events, process_state, resumed_then_submitted
+from lab.experiments.pause_crash import process_state
 from stack.process import ManagedProcess, pid_alive
 from stack.system import Stack
 
 log = get_logger("lab.chaos")
-
-#: The rail stub's behaviour outside fault windows: modest fixed latency so runs stay short, and
-#: no random ambiguity (ambiguity comes only from scheduled windows, so a seed decides it).
-RAIL_BASELINE: dict[str, Any] = {
-    "latency_mode": "fixed",
-    "latency_fixed_ms": 30,
-    "ambiguity_rate": 0.0,
-    "outage": False,
-    "visibility_delay_s": 0.0,
-}
-#: The rail clock's offset outside clock_skew windows. Sent apart from RAIL_BASELINE: a stub
-#: without the knob ignores it (its patch model drops unknown fields), and that must not fail
-#: the restore of the other fields.
-RAIL_CLOCK_BASELINE: dict[str, Any] = {"clock_skew_s": 0.0}
-ARMED_ENV = {"WORKER_EXPERIMENT_PAUSE_BEFORE_SUBMIT": "true"}
-#: How long an armed worker may take to reach its first submission before the fault gives up.
-ARMED_TRIGGER_WAIT_S = 90.0
-#: An armed worker is thawed at the latest this long before its frozen request's deadline, so the
-#: thawed request still reaches the proxy's fence checks (the proxy refuses a request whose
-#: deadline is too close before anything else).
-ARMED_SEND_MARGIN_S = 5.0
-#: After the thaw, how long the armed worker gets to make its stale attempt before it is stopped.
-ARMED_ATTEMPT_WAIT_S = 30.0
-#: A rail_slow window stays open past its seeded duration until at least one submission reached
-#: the proxy in it (a small run may have none in a few seconds), but no longer than this.
-RAIL_SLOW_MAX_OPEN_S = 30.0
-
-
-#: What a query from the injector may meet while PostgreSQL is being restarted by a fault.
-_DB_UNAVAILABLE = (
-    TimeoutError,
-    OSError,
-    asyncpg.PostgresError,
-    asyncpg.InterfaceError,
-    # A restart can leave a pooled connection mid-protocol (as in railproxy.service).
-    asyncpg.InternalClientError,
-)
 
 
 class ChaosError(RuntimeError):
@@ -101,8 +69,6 @@ class FaultInjector:
         self._lock_outage = (
             None if lock_outage_s is None else LockServerOutage(stack, lock_outage_s, progress)
         )
-        #: The payouts' submit deadline: a rail_slow window's latency exceeds it.
-        self.submit_deadline_s = submit_deadline_s
         self.worker_env = worker_env
         self.lease_s = lease_s
         self.progress = progress
@@ -112,33 +78,40 @@ class FaultInjector:
         # The harness steers the rail stub as the stack's operator; the lock probe below acts as
         # a holder and presents the worker's credential instead.
         self._http = httpx.AsyncClient(timeout=5.0, headers=stack.operator_headers())
+        self.attempts = ProxyAttempts(stack)
+        self.armed = ArmedPauses(
+            stack,
+            self.attempts,
+            worker_env=worker_env,
+            progress=progress,
+            workload_done=workload_done,
+            submit_deadline_s=submit_deadline_s,
+        )
+        self.rail_faults = RailFaults(
+            stack,
+            self._http,
+            self.attempts,
+            self.armed,
+            submit_deadline_s=submit_deadline_s,
+            workload_done=workload_done,
+        )
         self._hostile_signals = HostileSignals(stack, self._http)
         self.replicas = ReplicaFaults(
             stack,
             self._http,
-            db=self._db,
-            rail=self.rail,
+            db=self.attempts.pool,
+            rail=self.rail_faults.rail,
             rail_latency_ms=int(RAIL_BASELINE["latency_fixed_ms"]),
             etcd_leader_kill=self._etcd_leader_kill,
             progress=progress,
         )
-        self._pool: asyncpg.Pool | None = None
-        self.workload_done = workload_done
         self.slots: list[str] = []
         self.records: list[dict[str, Any]] = []
-        #: Armed pauses in progress: each runs in the background with its own extra worker, so
-        #: its long freeze (until a newer holder submits) does not hold up the rest of the schedule.
-        self._armed: list[asyncio.Task[None]] = []
-        #: Per armed pause (by fault index): set once its worker froze itself, or gave up.
-        self._armed_triggered: dict[int, asyncio.Event] = {}
         self.leader_changes: list[dict[str, Any]] = []
         #: Slot workers found dead (not killed by a fault) and replaced, e.g. after Temporal
         #: vanished: a worker whose client gives up exits, and the run reports it.
         self.workers_replaced: list[dict[str, Any]] = []
         self._probe_seq = 0
-        #: Monotonic time by which the rail has answered every submission a rail_slow window
-        #: slowed: the evidence is only complete after it (the runner waits for it).
-        self.rail_answered_by = 0.0
 
     # ------------------------------------------------------------------ fleet
 
@@ -159,24 +132,24 @@ class FaultInjector:
                 if delay > 0:
                     await asyncio.sleep(delay)
                 await self.fire(fault, t0)
-            await asyncio.gather(*self._armed)
+            await asyncio.gather(*self.armed.tasks)
         finally:
-            for task in self._armed:
+            for task in self.armed.tasks:
                 task.cancel()
-            await asyncio.gather(*self._armed, return_exceptions=True)
+            await asyncio.gather(*self.armed.tasks, return_exceptions=True)
             self.records.sort(key=lambda r: int(r["index"]))
 
     async def fire(self, fault: Fault, t0: float, armed: ManagedProcess | None = None) -> None:
         """Fire one fault; an armed pause is started here and finishes in the background."""
         if fault.kind == "pause" and fault.armed:
-            self._armed_triggered[fault.index] = asyncio.Event()
-            self._armed.append(asyncio.create_task(self._fire(fault, t0, armed)))
+            self.armed.triggered[fault.index] = asyncio.Event()
+            self.armed.tasks.append(asyncio.create_task(self._fire(fault, t0, armed)))
             return
         await self._fire(fault, t0, None)
 
     async def armed_frozen(self, fault: Fault) -> None:
         """Return once the armed pause `fault` (fired) has frozen its worker, or given up."""
-        await self._armed_triggered[fault.index].wait()
+        await self.armed.triggered[fault.index].wait()
 
     async def _fire(self, fault: Fault, t0: float, armed: ManagedProcess | None) -> None:
         started = time.monotonic()
@@ -192,13 +165,13 @@ class FaultInjector:
             "lock_server_restart": self._lock_server_restart,
             "lock_server_outage": self._lock_server_outage,
             "backend_restart": self._backend_restart,
-            "rail_outage": self._rail_window,
-            "rail_ambiguity": self._rail_window,
-            "slow_lookups": self._rail_window,
+            "rail_outage": self.rail_faults.window,
+            "rail_ambiguity": self.rail_faults.window,
+            "slow_lookups": self.rail_faults.window,
             "temporal_restart": self._temporal_restart,
-            "rail_restart": self._rail_restart,
-            "rail_slow": self._rail_slow,
-            "clock_skew": self._clock_skew,
+            "rail_restart": self.rail_faults.restart,
+            "rail_slow": self.rail_faults.slow,
+            "clock_skew": self.rail_faults.clock_skew,
             "hostile_signals": self._hostile_signals.fire,
             "db_failover": self._db_failover,
             "finledger_restart": self.replicas.finledger_restart,
@@ -209,12 +182,25 @@ class FaultInjector:
             "etcd_member_kill_frozen": self.replicas.etcd_member_kill_frozen,
         }[fault.kind]
         if fault.kind == "pause" and fault.armed:
-            record.update(await self._armed_pause(fault, armed))
+            record.update(await self.armed.pause(fault, armed))
         else:
             record.update(await handler(fault))
         record["took_s"] = round(time.monotonic() - started, 2)
         log.info("chaos.fault_fired", **record)
         self.records.append(record)
+
+    async def arm(self, fault: Fault) -> ManagedProcess:
+        """Start the armed pause's extra worker (`ArmedPauses.arm`), before the workload."""
+        return await self.armed.arm(fault)
+
+    async def rail(self, patch: dict[str, Any]) -> None:
+        """Patch the rail stub's behaviour (`RailFaults.rail`)."""
+        await self.rail_faults.rail(patch)
+
+    @property
+    def rail_answered_by(self) -> float:
+        """When the rail has answered every submission a rail_slow window slowed."""
+        return self.rail_faults.answered_by
 
     # ------------------------------------------------------------------ worker faults
 
@@ -223,112 +209,6 @@ class FaultInjector:
         async with self.stack.frozen(name):
             await asyncio.sleep(fault.duration_s)
         return {"worker": name, "stopped_s": fault.duration_s}
-
-    async def arm(self, fault: Fault) -> ManagedProcess:
-        """Start an extra worker with the UC-03 hook armed (it SIGSTOPs itself just before its
-        first rail submission). It is not a slot's worker, so the slot faults (pause, kill) never
-        touch it. Separate from `fire` so fault #0 is armed before the workload starts."""
-        return await self.stack.start_worker(None, {**self.worker_env, **ARMED_ENV})
-
-    async def _armed_pause(self, fault: Fault, proc: ManagedProcess | None) -> dict[str, Any]:
-        triggered = self._armed_triggered.setdefault(fault.index, asyncio.Event())
-        try:
-            if proc is None:
-                proc = await self.arm(fault)
-        except BaseException:
-            triggered.set()  # the worker never started: nothing will trigger
-            raise
-        try:
-            return await self._armed_freeze(proc, triggered)
-        finally:
-            triggered.set()  # whatever happened, nothing waits on this pause any longer
-            # Its one stale attempt is made (or it never froze): the fleet is the slots again.
-            with contextlib.suppress(Exception):
-                self.stack.kill(proc.name, signal.SIGCONT)
-                await self.stack.stop_worker(proc.name)
-
-    async def _armed_freeze(self, proc: ManagedProcess, triggered: asyncio.Event) -> dict[str, Any]:
-        pid = proc.pid or 0
-        deadline = time.monotonic() + ARMED_TRIGGER_WAIT_S
-        while process_state(pid) != "T":
-            if time.monotonic() > deadline or self.workload_done() or not proc.running():
-                return {"worker": proc.name, "armed": True, "triggered": False}
-            await asyncio.sleep(0.05)
-        triggered.set()
-        frozen_at = time.monotonic()
-        pausing = next(
-            (e for e in json_events(proc.log_path) if e.get("event") == "experiment.pausing"), {}
-        )
-        token, payout_id = int(pausing.get("token", 0)), str(pausing.get("payout_id", ""))
-        self.progress(
-            f"  {proc.name} froze itself before submitting {payout_id} under token {token}; "
-            "waiting for another worker to take over and submit it"
-        )
-        # Thaw only once the proxy has recorded a newer holder's submission of this payout (it
-        # records every attempt before it forwards it, FR-19): the frozen holder's submission
-        # then comes second, after the payout was submitted under a newer token, whatever the
-        # machine's speed: the check-then-act gap the fencing tokens exist for. Bounded by the
-        # frozen request's own deadline: thawed after it, the proxy would refuse the request as
-        # DEADLINE_EXCEEDED before any fence check, and the fault would prove nothing.
-        cap = self._thaw_cap(pausing, frozen_at)
-        newer = False
-        while not newer and time.monotonic() < cap and proc.running():
-            await asyncio.sleep(0.25)
-            newer = await self._newer_attempt(payout_id, token)
-        stopped_s = round(time.monotonic() - frozen_at, 2)
-        self.stack.kill(proc.name, signal.SIGCONT)
-        attempted = await self._stale_attempt_made(proc)
-        return {
-            "worker": proc.name,
-            "armed": True,
-            "triggered": True,
-            "payout_id": payout_id,
-            "token": token,
-            "taken_over": newer,
-            "stopped_s": stopped_s,
-            "stale_attempt": attempted,
-        }
-
-    def _thaw_cap(self, pausing: dict[str, Any], frozen_at: float) -> float:
-        """The monotonic time by which the frozen holder must be thawed for its request to reach
-        the proxy's fence checks: its deadline (in the `experiment.pausing` event), less a
-        margin for the thawed process to send it; the freeze plus the run's submit deadline
-        when the event has no deadline."""
-        now = time.monotonic()
-        left = self.submit_deadline_s - (now - frozen_at)
-        with contextlib.suppress(KeyError, TypeError, ValueError):
-            deadline = datetime.fromisoformat(str(pausing["deadline_at"]))
-            left = (deadline - datetime.now(UTC)).total_seconds()
-        return now + max(0.0, left - ARMED_SEND_MARGIN_S)
-
-    async def _stale_attempt_made(self, proc: ManagedProcess) -> bool:
-        """Wait (bounded) until the thawed worker's submission has had its answer: the proxy's
-        refusal (fencing on) or the rail's reply (fencing off, the duplicate)."""
-        deadline = time.monotonic() + ARMED_ATTEMPT_WAIT_S
-        while time.monotonic() < deadline and proc.running():
-            if resumed_then_submitted(json_events(proc.log_path)):
-                return True
-            await asyncio.sleep(0.25)
-        return False
-
-    async def _db(self) -> asyncpg.Pool:
-        """The injector's one small pool, created on first use."""
-        if self._pool is None:
-            self._pool = await create_pool(
-                self.stack.database_url, min_size=0, max_size=2, timeout=5
-            )
-        return self._pool
-
-    async def _newer_attempt(self, payout_id: str, token: int) -> bool:
-        """Whether the proxy has recorded a submission of the payout under a higher token."""
-        # Armed pauses run beside the other faults: PostgreSQL may be restarting right now.
-        try:
-            top = await (await self._db()).fetchval(
-                "SELECT max(token) FROM railproxy.attempts WHERE payout_id = $1", payout_id
-            )
-        except _DB_UNAVAILABLE:
-            return False
-        return top is not None and int(top) > token
 
     async def _kill(self, fault: Fault) -> dict[str, Any]:
         name = self.slots[fault.target]
@@ -453,140 +333,17 @@ class FaultInjector:
             self.progress(f"  {name} had exited ({cause}); replaced by {proc.name}")
         return replaced
 
-    async def _rail_restart(self, fault: Fault) -> dict[str, Any]:
-        """SIGKILL the rail stub and start it again with the same environment (its movement log
-        file, RAILSTUB_MOVEMENTS_PATH, when the stack sets one). A real rail keeps its records
-        through a crash: the counts before and after show whether this one did."""
-        before = await self._movement_count()
-        self.stack.kill("railstub", signal.SIGKILL)
-        await self.stack.restart("railstub")
-        after = await self._movement_count()
-        # The behaviour set over the admin API lived in the old process: the baseline again.
-        await self.rail(RAIL_BASELINE)
-        return {"movements_before": before, "movements_after": after}
-
-    async def _movement_count(self) -> int | None:
-        try:
-            r = await self._http.get(f"{self.stack.railstub_url}/admin/movements", timeout=30)
-            r.raise_for_status()
-            return len(r.json()["movements"])
-        except (httpx.HTTPError, ValueError, KeyError):
-            return None
-
-    # ------------------------------------------------------------------ rail windows
-
-    async def rail(self, patch: dict[str, Any]) -> None:
-        r = await self._http.post(f"{self.stack.railstub_url}/admin/behaviour", json=patch)
-        r.raise_for_status()
-
-    async def _rail_window(self, fault: Fault) -> dict[str, Any]:
-        windows: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
-            "rail_outage": ({"outage": True}, {"outage": False}),
-            "rail_ambiguity": ({"ambiguity_rate": fault.level}, {"ambiguity_rate": 0.0}),
-            "slow_lookups": ({"visibility_delay_s": fault.level}, {"visibility_delay_s": 0.0}),
-        }
-        on, off = windows[fault.kind]
-        await self.rail(on)
-        try:
-            await asyncio.sleep(fault.duration_s)
-        finally:
-            await self.rail(off)
-        return {"window_s": fault.duration_s, **on}
-
-    async def _rail_slow(self, fault: Fault) -> dict[str, Any]:
-        """Every submission received in the window takes longer than the submit deadline: the
-        proxy's forward times out (RAIL_AMBIGUOUS) and the workflow's lookups run while the rail
-        is still working on the movement. Only "absent" on sound evidence keeps these payouts
-        from ending FAILED while their money moves (INV-09 checks it)."""
-        latency_ms = int((self.submit_deadline_s + fault.level) * 1000)
-        on = {"latency_mode": "fixed", "latency_fixed_ms": latency_ms}
-        # Not before every armed pause has frozen its worker: slowed payouts hold their
-        # accounts for the deadline, and the armed worker might then find no submission to
-        # freeze before (the gap the fencing-off negative control relies on).
-        waited = time.monotonic()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(
-                asyncio.gather(*(e.wait() for e in self._armed_triggered.values())),
-                ARMED_TRIGGER_WAIT_S,
-            )
-        waited_s = round(time.monotonic() - waited, 2)
-        before = await self._last_attempt_id()
-        opened = time.monotonic()
-        await self.rail(on)
-        try:
-            await asyncio.sleep(fault.duration_s)
-            slowed = await self._attempts_since(before)
-            while (
-                not slowed
-                and time.monotonic() - opened < RAIL_SLOW_MAX_OPEN_S
-                and not self.workload_done()
-            ):
-                await asyncio.sleep(0.25)
-                slowed = await self._attempts_since(before)
-        finally:
-            await self.rail({"latency_fixed_ms": RAIL_BASELINE["latency_fixed_ms"]})
-            self.rail_answered_by = max(
-                self.rail_answered_by, time.monotonic() + latency_ms / 1000 + 1.0
-            )
-        return {
-            "window_s": round(time.monotonic() - opened, 2),
-            "submit_deadline_s": self.submit_deadline_s,
-            "slowed_attempts": await self._attempts_since(before),
-            "waited_for_armed_s": waited_s,
-            **on,
-        }
-
-    async def _last_attempt_id(self) -> int | None:
-        """The proxy's newest attempt id (None: the database is unreachable right now)."""
-        try:
-            value = await (await self._db()).fetchval(
-                "SELECT coalesce(max(attempt_id), 0) FROM railproxy.attempts"
-            )
-        except _DB_UNAVAILABLE:
-            return None
-        return int(value)
-
-    async def _attempts_since(self, before: int | None) -> int:
-        """Submissions the proxy recorded (and so forwarded, or tried to) after `before`."""
-        now = await self._last_attempt_id()
-        return 0 if now is None or before is None else now - before
-
-    async def _clock_skew(self, fault: Fault) -> dict[str, Any]:
-        """The rail's clock runs `level` seconds off ours for the window (the stub's
-        `clock_skew_s` knob). A stub without the knob drops the field: the record says the
-        fault was not applied and the run goes on."""
-        applied = await self._set_clock_skew(fault.level)
-        if not applied:
-            return {"clock_skew_s": fault.level, "applied": False}
-        try:
-            await asyncio.sleep(fault.duration_s)
-        finally:
-            await self._set_clock_skew(0.0)
-        return {"window_s": fault.duration_s, "clock_skew_s": fault.level, "applied": True}
-
-    async def _set_clock_skew(self, skew_s: float) -> bool:
-        """True when the stub took the offset (it echoes its whole behaviour back)."""
-        r = await self._http.post(
-            f"{self.stack.railstub_url}/admin/behaviour", json={"clock_skew_s": skew_s}
-        )
-        if r.status_code == 422:
-            return False
-        r.raise_for_status()
-        return bool(r.json().get("clock_skew_s") == skew_s)
-
     # ------------------------------------------------------------------ the end
 
     async def close(self) -> None:
         """Release the injector's client and pool (the run's end)."""
         await self._http.aclose()
-        if self._pool is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._pool.close(), 5)
+        await self.attempts.close()
 
     async def restore(self) -> None:
         """Normal behaviour again: the rail's baseline, every worker running, etcd whole."""
         await self.rail(RAIL_BASELINE)
-        await self._set_clock_skew(float(RAIL_CLOCK_BASELINE["clock_skew_s"]))
+        await self.rail_faults.set_clock_skew(float(RAIL_CLOCK_BASELINE["clock_skew_s"]))
         await self.replace_dead_workers("found dead at restore")
         for name in self.slots:
             self.stack.kill(name, signal.SIGCONT)

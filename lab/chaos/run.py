@@ -33,8 +33,9 @@ import httpx
 from common.logs import get_logger
 from invariants.blocked import HOLD_BOUND_S
 from lab.chaos.downstream import downstream
-from lab.chaos.faults import RAIL_BASELINE, ChaosError, FaultInjector
+from lab.chaos.faults import ChaosError, FaultInjector
 from lab.chaos.locks import hold_source, wait_for_free_locks, workers_outage_window
+from lab.chaos.rail import RAIL_BASELINE
 from lab.chaos.replicas import HeldPayout
 from lab.chaos.schedule import Fault, make_schedule
 from lab.chaos.summary import TERMINAL, Evidence, summarize

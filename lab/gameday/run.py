@@ -21,7 +21,8 @@ from typing import Any
 
 import httpx
 
-from lab.chaos.faults import RAIL_BASELINE, FaultInjector
+from lab.chaos.faults import FaultInjector
+from lab.chaos.rail import RAIL_BASELINE
 from lab.experiments.pause_crash import isolated_ports
 from lab.gameday.ctx import Ctx, Scenario
 from lab.gameday.prom import GamedayPrometheus

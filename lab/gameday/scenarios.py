@@ -18,7 +18,8 @@ from typing import Any
 import httpx
 
 from common.lockkey import lock_key
-from lab.chaos.faults import RAIL_BASELINE, FaultInjector
+from lab.chaos.faults import FaultInjector
+from lab.chaos.rail import RAIL_BASELINE
 from lab.chaos.schedule import Fault
 from lab.experiments.pause_crash import FAST_WORKFLOW, LOCK_TTL_S, WORKER_ENV, json_events
 from lab.gameday.ctx import Ctx, Scenario
@@ -215,14 +216,14 @@ async def _fenced_out_write(ctx: Ctx) -> None:
         ctx.stack, worker_env=dict(WORKER_ENV), lease_s=LOCK_TTL_S, progress=ctx.notes.append
     )
     fault = Fault(index=0, kind="pause", at_s=0.0, armed=True)
-    triggered = inj._armed_triggered[0] = asyncio.Event()
+    triggered = inj.armed.triggered[0] = asyncio.Event()
     pause: asyncio.Future[dict[str, Any]] | None = None
     try:
         # A worker of the stack: the shipped config's worker job scrapes it while it lives (its
         # paydb_fenced_out_total is the second enforcement point's).
         armed = await inj.arm(fault)
         ctx.prom.refresh_targets()
-        pause = asyncio.ensure_future(inj._armed_pause(fault, armed))
+        pause = asyncio.ensure_future(inj.armed.pause(fault, armed))
         while not triggered.is_set():  # one payout at a time until the armed worker takes one
             await ctx.payouts(1, workflow=FAST_WORKFLOW)
             with contextlib.suppress(TimeoutError):
