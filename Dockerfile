@@ -2,7 +2,7 @@
 # One image for every component of docs/architecture.md#processes-and-the-real-components-they-use;
 # the command picks which one runs:
 #   python -m lockservice serve | python -m railproxy | python -m railstub | python -m finledger
-#   payouts outbox run | python /app/worker_main.py | payouts db migrate (one-shot job)
+#   payouts outbox run (or python -m outbox) | python /app/worker_main.py | payouts db migrate (one-shot job)
 #   payouts reconcile schedule (one-shot job) | payouts reconcile run | payouts check-invariants
 # Linted statically (tests/deploy) and built for real by `make compose-smoke` (podman, with the
 # stand-in base image of docs/deploy-compose.md "Stand-in images" as PYTHON_IMAGE's name).

@@ -61,32 +61,32 @@ typecheck: venv
 
 # Uncontended acquire+release through SDK -> lock server -> backend, beside the raw-backend floor.
 bench-locks: venv
-	$(BIN)/python -m lab.bench_locks
+	$(BIN)/python -m lab.bench.locks
 
 # Temporal alone for no-op workflows of today's payout shape and of the merged shape, on the dev
 # server's default transfer-queue read rate and a raised one (issue 16; docs/performance.md).
 # Sizes: make bench-floor FLOOR_ARGS="--n 200 --rounds 4"
 FLOOR_ARGS ?=
 bench-floor: venv
-	$(BIN)/python -m lab.bench_floor $(FLOOR_ARGS)
+	$(BIN)/python -m lab.bench.floor $(FLOOR_ARGS)
 
 # The real system (local stack, rail fixed at 300 ms) beside the floor of its shape, alternated:
 # bursts, a steady rate at 70% of the burst throughput, a degraded rail, takeover (issue 16).
 # Sizes: make bench-e2e E2E_ARGS="--n 200 --rounds 4 --steady-s 60 --degraded-n 200"
 E2E_ARGS ?=
 bench-e2e: venv
-	$(BIN)/python -m lab.bench_e2e $(E2E_ARGS)
+	$(BIN)/python -m lab.bench.e2e $(E2E_ARGS)
 
 # CPU per payout of the outbox path (publisher + finance ledger); docs/performance.md.
 # Sizes: make bench-outbox BENCH_OUTBOX_ARGS="--n 300 --rounds 3 --batch-size 20"
 BENCH_OUTBOX_ARGS ?=
 bench-outbox: venv
-	$(BIN)/python -m lab.bench_outbox $(BENCH_OUTBOX_ARGS)
+	$(BIN)/python -m lab.bench.outbox $(BENCH_OUTBOX_ARGS)
 
 # The main job on embedded defaults: stack, 200 payouts over 50 accounts, the pause experiment,
 # reconciliation, invariants, and a report. Exits 0 only if every check holds.
 demo: venv
-	$(BIN)/payouts demo
+	$(BIN)/payouts-lab demo
 
 # Seeded fault injection over the whole system, one run per lock backend (issue 7), on the
 # production shape (issue 26): 2 lock servers, 2 rail proxies and 2 outbox publishers behind
@@ -97,8 +97,8 @@ CHAOS_ACCOUNTS ?= 200
 CHAOS_WORKERS ?= 4
 CHAOS_SEED ?= 1
 chaos: venv haproxy
-	$(BIN)/payouts chaos --payouts $(CHAOS_PAYOUTS) --accounts $(CHAOS_ACCOUNTS) --workers $(CHAOS_WORKERS) --seed $(CHAOS_SEED) --backend postgres --json
-	$(BIN)/payouts chaos --payouts $(CHAOS_PAYOUTS) --accounts $(CHAOS_ACCOUNTS) --workers $(CHAOS_WORKERS) --seed $(CHAOS_SEED) --backend etcd --json
+	$(BIN)/payouts-lab chaos --payouts $(CHAOS_PAYOUTS) --accounts $(CHAOS_ACCOUNTS) --workers $(CHAOS_WORKERS) --seed $(CHAOS_SEED) --backend postgres --json
+	$(BIN)/payouts-lab chaos --payouts $(CHAOS_PAYOUTS) --accounts $(CHAOS_ACCOUNTS) --workers $(CHAOS_WORKERS) --seed $(CHAOS_SEED) --backend etcd --json
 
 # Prometheus and promtool (issue 17): the rule tests, the dashboard check and the game day need
 # them. Installed from Debian's own `prometheus` package when absent and we are root on a Debian
@@ -111,7 +111,7 @@ prometheus:
 
 # Every game-day scenario against a real stack and a real Prometheus; appends docs/gameday.md.
 gameday: venv prometheus
-	$(BIN)/payouts gameday --all
+	$(BIN)/payouts-lab gameday --all
 
 # docker-compose.yml started for real on podman, following docs/deploy-compose.md (issue 25):
 # stand-in images of the third-party services built here, the project image from the Dockerfile,
@@ -120,7 +120,7 @@ gameday: venv prometheus
 COMPOSE_SMOKE_ARGS ?=
 PODMAN_COMPOSE_STAMP := $(VENV)/.podman-compose
 compose-smoke: venv containers $(PODMAN_COMPOSE_STAMP)
-	$(BIN)/python -m lab.compose_smoke $(COMPOSE_SMOKE_ARGS)
+	$(BIN)/python -m lab.compose.smoke $(COMPOSE_SMOKE_ARGS)
 
 # podman-compose from PyPI, pinned (Debian's 1.0.3 lacks --env-file and config); only this target
 # needs it, so it stays out of pyproject's dependencies.
@@ -141,7 +141,7 @@ containers:
 # The Temporal Web UI's list and a POSTED, a FAILED and a RAIL_AMBIGUOUS payout's pages, taken by
 # headless chromium on a private stack, into docs/screenshots/ (issue 28; docs/runbooks/temporal-ui.md).
 screenshots: venv chromium
-	$(BIN)/python -m lab.screenshots_cli
+	$(BIN)/payouts-lab screenshots
 
 # Debian's chromium (the screenshots and the UI test), installed when absent and we are root on a
 # Debian machine; otherwise one line says what to install, and the target fails.

@@ -1,18 +1,22 @@
-"""The `payouts` command line. Every subcommand is documented in the README.
+"""The `payouts` command line, the operator's. Every subcommand is documented in the README.
 
-Components register their own subcommands (`register(subparsers)` in the modules listed in
-COMMAND_MODULES), so this file stays a router and each command lives beside the code it drives.
+Components register their own subcommands (the `register(subparsers)` functions in
+COMMAND_GROUPS), so this file stays a router and each command lives beside the code it drives.
+The lab's commands (demo, experiments, chaos, game day) are not here: they have their own entry,
+`payouts-lab` (`python -m lab`, lab/cli.py), which reuses `dispatch` and `run_console` below.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import os
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from common.exiting import exit_code, exit_now
+from payouts import commands, invariants_cli, outbox_cli, reconcile_cli
 from payouts.errors import (
     EXIT_CLOSED_OUTPUT,
     EXIT_INTERRUPTED,
@@ -21,18 +25,25 @@ from payouts.errors import (
     OneLineParser,
 )
 from payouts.settings import database_url, load_stack_env
+from stack import cli as stack_cli
 
-#: Modules that define `register(subparsers: argparse._SubParsersAction) -> None`.
-COMMAND_MODULES: tuple[str, ...] = (
-    "payouts.commands",
-    "lab.experiments_cli",
-    "lab.demo_cli",
-    "stack.cli",
-    "payouts.reconcile_cli",
-    "payouts.invariants_cli",
-    "payouts.outbox_cli",
-    "lab.chaos_cli",
-    "lab.gameday_cli",
+__all__ = [
+    "HelpFormatter",
+    "build_parser",
+    "dispatch",
+    "main",
+    "run",
+    "run_console",
+    "use_help_formatter",
+]
+
+#: Each adds its subcommands to the subparsers it is given, in the order of `--help`.
+COMMAND_GROUPS: tuple[Callable[[Any], None], ...] = (
+    commands.register,
+    stack_cli.register,
+    reconcile_cli.register,
+    invariants_cli.register,
+    outbox_cli.register,
 )
 
 
@@ -67,20 +78,20 @@ class HelpFormatter(argparse.HelpFormatter):
         return f"{text} (default: %(default)s)".lstrip()
 
 
-def _use_help_formatter(parser: argparse.ArgumentParser) -> None:
+def use_help_formatter(parser: argparse.ArgumentParser) -> None:
     """Apply `HelpFormatter` to a parser and all of its subcommands, however deep."""
     parser.formatter_class = HelpFormatter
     for action in parser._actions:  # argparse exposes subparsers only through this list
         if isinstance(action, argparse._SubParsersAction):
             for child in action.choices.values():
-                _use_help_formatter(child)
+                use_help_formatter(child)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(  # its subparsers are OneLineParsers too (argparse's parser_class)
         prog="payouts",
         description="Exactly-once payout execution: run the local stack, create and follow "
-        "payouts, operate them, and prove the design (demo, experiments, chaos).",
+        "payouts, and operate them (the lab's demo, experiments and chaos: payouts-lab).",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     parser.add_argument(
@@ -99,9 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     mig.set_defaults(func=_cmd_db_migrate)
 
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
-    _use_help_formatter(parser)
+    for register in COMMAND_GROUPS:
+        register(sub)
+    use_help_formatter(parser)
     return parser
 
 
@@ -115,7 +126,12 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    return dispatch(build_parser(), argv)
+
+
+def dispatch(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
+    """Parse `argv` and run the chosen subcommand's `func`; its exit code, or 1 and one line
+    for an unexpected error (`--debug`: the traceback)."""
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))
@@ -137,8 +153,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run() -> None:
-    """Console entry point: `main()`, then `exit_now` with its code, so that the exit code is the
-    command's own and never a crash of the Temporal SDK at interpreter exit (common.exiting).
+    """Console entry point of `payouts`: `run_console(main)`."""
+    run_console(main)
+
+
+def run_console(main: Callable[[], int]) -> None:
+    """A console entry point: `main()`, then `exit_now` with its code, so that the exit code is
+    the command's own and never a crash of the Temporal SDK at interpreter exit (common.exiting).
 
     A reader that went away (`payouts payout status P | head`) ends the command quietly with
     EXIT_CLOSED_OUTPUT, the usual convention: no message, which would only go to a pipe nobody

@@ -24,15 +24,17 @@ class ExitCode:
     meaning: str
 
 
-#: Every exit code of `payouts ...`, defined once: the README's table is this list
-#: (tests/payouts/test_exit_table.py checks both the README and each command against it).
+#: Every exit code of `payouts ...` and `payouts-lab ...`, defined once: the README's table is
+#: this list (tests/payouts/test_exit_table.py checks both the README and each command against
+#: it).
 EXIT_TABLE: tuple[ExitCode, ...] = (
     ExitCode(0, "ok", "done"),
     ExitCode(
         1,
         "failed",
         "unexpected error (one line; `--debug` shows the traceback), or a check found a problem "
-        "(`reconcile run`, `check-invariants`, `demo`, `experiment`, `chaos`, `gameday`)",
+        "(`reconcile run`, `check-invariants`; `payouts-lab` `demo`, `experiment`, `chaos`, "
+        "`gameday`)",
     ),
     ExitCode(
         2,

@@ -14,92 +14,31 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import signal
-import ssl
 import sys
-import threading
 import uuid
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import asyncpg
-from prometheus_client import CollectorRegistry, make_wsgi_app
-from prometheus_client.exposition import ThreadingWSGIServer
 
-from common import tracing
 from common.credentials import (
     CredentialsError,
     authenticate_operator,
     operator_token,
-    refuse_unreadable_token,
 )
-from common.exiting import load_settings
-from common.logs import configure_logging
-from common.pgutil import create_pool
 from outbox.delivery import OPERABLE, OutboxError, OutboxSettings, Status
 from outbox.ops import list_rows, operator_action, outbox_summary
-from outbox.publisher import Publisher
+from outbox.service import load_publisher_settings, run_publisher
 from payouts.settings import database_url
-
-
-class _QuietHandler(WSGIRequestHandler):
-    #: A connection that sends no complete request (or no TLS handshake) within this long is
-    #: closed: an idle client must not hold its thread for ever.
-    timeout = 10.0
-
-    def log_message(self, format: str, *args: Any) -> None:
-        return  # scrapes every few seconds: nothing here is an event
-
-
-def serve_metrics(
-    port: int, registry: CollectorRegistry, tls: ssl.SSLContext | None
-) -> ThreadingWSGIServer:
-    """prometheus_client's WSGI app on a daemon thread, as its `start_http_server` does, except
-    that with TLS the handshake happens in the request's own thread (bounded by the handler's
-    timeout): `start_http_server` does it in the one accepting thread, where a client that
-    connects and sends nothing would stall every scrape and health check after it."""
-    # All interfaces, as prometheus_client's default: a container's scraper is another host.
-    app = make_wsgi_app(registry)
-    server = make_server("0.0.0.0", port, app, ThreadingWSGIServer, handler_class=_QuietHandler)  # noqa: S104
-    if tls is not None:
-        server.socket = tls.wrap_socket(
-            server.socket, server_side=True, do_handshake_on_connect=False
-        )
-    threading.Thread(target=server.serve_forever, name="outbox-metrics", daemon=True).start()
-    return server
 
 
 def _out(text: str) -> None:
     sys.stdout.write(text + "\n")
 
 
-async def _run(url: str, settings: OutboxSettings) -> int:
-    publisher_pool = await create_pool(url, min_size=1, max_size=min(settings.batch_size, 10) + 2)
-    publisher = Publisher(publisher_pool, settings)
-    if settings.metrics_port:
-        # OUTBOX_TLS_CERT_FILE / OUTBOX_TLS_KEY_FILE: https only.
-        serve_metrics(settings.metrics_port, publisher.metrics.registry, settings.server_context())
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await publisher.run(stop)
-    finally:
-        await publisher.aclose()
-        await publisher_pool.close()
-    return 0
-
-
 def _cmd_run(args: argparse.Namespace) -> int:
-    settings = load_settings("outbox", OutboxSettings)
-    # Before anything starts: the publisher reads its token only after opening its pool.
-    refuse_unreadable_token(settings.token_file, "OUTBOX_TOKEN_FILE", "outbox")
+    settings = load_publisher_settings()  # refusals first, before anything starts
     # Refuses a DSN that would cross a network unverified (the publisher has no experiment mode).
-    url = database_url(args, "OUTBOX_DATABASE_URL")
-    configure_logging("outbox", level=settings.log_level, service=True)
-    tracing.setup("outbox")  # each delivery joins the trace of the work that staged its row
-    return asyncio.run(_run(url, settings))
+    return run_publisher(database_url(args, "OUTBOX_DATABASE_URL"), settings)
 
 
 async def _list(url: str, status: Status | None, limit: int, as_json: bool) -> int:

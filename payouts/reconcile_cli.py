@@ -19,20 +19,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
-from temporalio.client import (
-    Client,
-    Schedule,
-    ScheduleActionStartWorkflow,
-    ScheduleAlreadyRunningError,
-    ScheduleHandle,
-    ScheduleIntervalSpec,
-    SchedulePolicy,
-    ScheduleSpec,
-    ScheduleUpdate,
-    ScheduleUpdateInput,
-)
+from temporalio.client import Client
 
-from activities.reconcile_models import ReconcileInput
 from common.credentials import CredentialsError
 from common.logs import configure_logging, get_logger
 from common.temporal_tls import TemporalTLSError, temporal_tls
@@ -45,9 +33,8 @@ from reconcile.reconciler import (
     reconcile,
     stub_movement_source,
 )
-from workflows.reconcile import ReconcileWorkflow
+from workflows.reconcile_schedule import SCHEDULE_ID, ensure_schedule
 
-SCHEDULE_ID = "reconcile-hourly"
 log = get_logger("payouts.reconcile_cli")
 
 _DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
@@ -83,53 +70,6 @@ def parse_instant(text: str) -> datetime:
 def last_closed_window(settings: ReconcileSettings, now: datetime) -> Window:
     end = now - timedelta(seconds=settings.settle_lag_s)
     return Window(start=end - timedelta(seconds=settings.window_s), end=end)
-
-
-def build_schedule(*, every: timedelta, task_queue: str, settle_lag_s: float) -> Schedule:
-    """The Schedule: one ReconcileWorkflow per interval over the interval that just closed."""
-    action = ScheduleActionStartWorkflow(
-        ReconcileWorkflow.run,
-        ReconcileInput(window_s=every.total_seconds(), settle_lag_s=settle_lag_s),
-        id="reconcile",  # Temporal appends the action time, so each run has its own id
-        task_queue=task_queue,
-        execution_timeout=timedelta(minutes=30),
-    )
-    return Schedule(
-        action=action,
-        spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=every)]),
-        # Runs missed while Temporal was down are caught up (each reconciles its own window,
-        # from its own scheduled time); a run still going makes the next one wait (default SKIP).
-        policy=SchedulePolicy(catchup_window=timedelta(days=1)),
-    )
-
-
-async def ensure_schedule(
-    client: Client,
-    *,
-    every: timedelta,
-    task_queue: str,
-    settle_lag_s: float = 300.0,
-    schedule_id: str = SCHEDULE_ID,
-) -> ScheduleHandle:
-    """Create the Schedule, or replace its definition if it already exists (idempotent)."""
-    schedule = build_schedule(every=every, task_queue=task_queue, settle_lag_s=settle_lag_s)
-    try:
-        handle = await client.create_schedule(schedule_id, schedule)
-        log.info(
-            "reconcile.schedule_created", schedule_id=schedule_id, every_s=every.total_seconds()
-        )
-        return handle
-    except ScheduleAlreadyRunningError:
-        handle = client.get_schedule_handle(schedule_id)
-
-        def replace(_: ScheduleUpdateInput) -> ScheduleUpdate:
-            return ScheduleUpdate(schedule=schedule)
-
-        await handle.update(replace)
-        log.info(
-            "reconcile.schedule_updated", schedule_id=schedule_id, every_s=every.total_seconds()
-        )
-        return handle
 
 
 def report_dict(report: ReconcileReport) -> dict[str, Any]:

@@ -5,6 +5,7 @@ configuration (`stack.config`), starting, supervising and stopping every process
 order (`stack.system.Stack`, `stack.services`, `stack.process`), refusing to start over a taken
 port or a live earlier stack (`stack.preflight`), the stack's identities and their tokens
 (`stack.credentials`) and the `payouts up` command (`stack.cli`).
-Must never: be imported by a component or the worker (it sits at the top, with `payouts/` and
-`lab/`), leave a child process behind, or download anything at run time.
+Must never: be imported by a component or the worker, import `payouts/` or `lab/` (the top is
+ordered lab > payouts > stack: both drive the stack, never the reverse), leave a child process
+behind, or download anything at run time.
 """

@@ -153,7 +153,7 @@ class _Half(asyncio.Protocol):
     """One side of a session's pipe: what its transport receives is written to the other
     side's transport, as it arrives (protocol callbacks, no task per direction). A copy loop on
     streams took a third more of the front's CPU per query (median 48 against 36 us over four
-    interleaved runs of `python -m lab.bench_pgtls`, docs/performance.md). A full write buffer
+    interleaved runs of `python -m lab.bench.pgtls`, docs/performance.md). A full write buffer
     on one side pauses reading on the other; either side closing closes both."""
 
     def __init__(self) -> None:

@@ -6,7 +6,6 @@ addresses. Must never: start anything itself, or weaken fencing unless `fencing`
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import importlib.util
 import sys
@@ -74,21 +73,6 @@ def finledger_available() -> bool:
     if (PROJECT_ROOT / "finledger" / "__init__.py").exists():
         return True
     return importlib.util.find_spec("finledger") is not None
-
-
-def outbox_available() -> bool:
-    """True when the `payouts` CLI has an `outbox` command (its module registers it)."""
-    try:
-        from payouts.cli import build_parser
-
-        parser = build_parser()
-    except Exception:  # a command module still being written must not stop the stack
-        return False
-    # argparse exposes its subcommands only through these private names.
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return "outbox" in action.choices
-    return False
 
 
 def worker_available() -> bool:
@@ -389,7 +373,7 @@ class ServiceFactory:
         }
         return self._python(
             name,
-            ["-m", "payouts.cli", "outbox", "run"],
+            ["-m", "outbox"],
             own,
             self._check(f"{url}/metrics"),
             f"GET {url}/metrics",

@@ -63,7 +63,6 @@ from stack.services import (
     Addresses,
     ServiceFactory,
     finledger_available,
-    outbox_available,
     worker_available,
 )
 
@@ -353,12 +352,9 @@ class Stack:
             await self._launch(f.finledger())
         else:
             self._skip("finledger", "module finledger is not installed yet")
-        if outbox_available():
-            for name in replica_names("outbox", cfg.replicas):
-                port = None if cfg.replicas == 1 else free_port()
-                await self._launch(f.outbox(name, port))
-        else:
-            self._skip("outbox", "the `payouts outbox` command does not exist yet")
+        for name in replica_names("outbox", cfg.replicas):
+            port = None if cfg.replicas == 1 else free_port()
+            await self._launch(f.outbox(name, port))
         if worker_available():
             for _ in range(cfg.workers):
                 await self.start_worker()
@@ -415,8 +411,8 @@ class Stack:
         # which every `payouts` command would pay (payouts.cli loads stack.cli, hence this).
         from temporalio.client import Client
 
-        from payouts.reconcile_cli import SCHEDULE_ID, ensure_schedule
         from reconcile.reconciler import ReconcileSettings
+        from workflows.reconcile_schedule import SCHEDULE_ID, ensure_schedule
 
         client = await Client.connect(self.temporal_address)
         await ensure_schedule(

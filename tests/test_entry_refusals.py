@@ -97,6 +97,12 @@ ENTRIES: dict[str, tuple[list[str], Callable[[], dict[str, str]], str]] = {
         lambda: {"OUTBOX_TOKEN_FILE": token_file("outbox"), "OUTBOX_DATABASE_URL": _nowhere()},
         "outbox: ",
     ),
+    # the same publisher as the local stack starts it
+    "outbox-module": (
+        ["-m", "outbox"],
+        lambda: {"OUTBOX_TOKEN_FILE": token_file("outbox"), "OUTBOX_DATABASE_URL": _nowhere()},
+        "outbox: ",
+    ),
     "invariants": (
         [*_PAYOUTS_CLI, "check-invariants", "--no-workflows"],
         lambda: {"INVARIANTS_TOKEN_FILE": token_file("invariants"), "DATABASE_URL": _nowhere()},

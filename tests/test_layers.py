@@ -67,6 +67,12 @@ def test_the_tree_keeps_its_contracts(tmp_path: Path) -> None:
         ("railproxy/store.py", "import activities.models", "Layers"),
         # a component importing the local stack: upward (what lockservice/bench.py did)
         ("lockservice/watermark.py", "import stack.embedded", "Layers"),
+        # the top is ordered lab > payouts > stack: the operator's command must not load the lab
+        # (what payouts/cli.py's importlib list did), nor the stack the operator's commands
+        # (what stack/services.py and stack/system.py did)
+        ("payouts/cli.py", "import lab.demo.cli", "Layers"),
+        ("stack/services.py", "import payouts.cli", "Layers"),
+        ("stack/cli.py", "import lab.stoppable", "Layers"),
         # one component reaching into another's internals, not its public client
         ("reconcile/reconciler.py", "import ledger.store", "independent"),
         ("railproxy/service.py", "import lockservice.server", "independent"),
@@ -131,9 +137,9 @@ def test_no_circle_of_imports(tmp_path: Path) -> None:
     never run, excepted); the planted pair below is the negative control."""
     tree = _copy(tmp_path)
     assert _cycles(tree) == []
-    # lab.bench_outbox already imports lab.cpu: the one planted import closes the circle
-    target = tree / "lab" / "cpu.py"
+    # lab.bench.outbox already imports lab.bench.cpu: the one planted import closes the circle
+    target = tree / "lab" / "bench" / "cpu.py"
     target.write_text(
-        target.read_text() + "\nimport lab.bench_outbox  # planted: negative control\n"
+        target.read_text() + "\nimport lab.bench.outbox  # planted: negative control\n"
     )
-    assert ["lab.bench_outbox", "lab.cpu"] in _cycles(tree)
+    assert ["lab.bench.cpu", "lab.bench.outbox"] in _cycles(tree)

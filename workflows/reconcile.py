@@ -1,5 +1,5 @@
 """ReconcileWorkflow: one reconciliation run over a closed window, started by a Temporal Schedule
-(`reconcile-hourly`, see `payouts.reconcile_cli`).
+(`reconcile-hourly`, see `workflows.reconcile_schedule`).
 
 It computes the window from the schedule's action time (the `TemporalScheduledStartTime` search
 attribute, so a delayed or re-run action still reconciles the window it was meant for), falling

@@ -1,4 +1,4 @@
-"""Unit tests of the compose smoke run's pure logic (lab.compose_plan, lab.compose_doc): the start
+"""Unit tests of the compose smoke run's pure logic (lab.compose.plan, lab.compose.doc): the start
 order read from the shipped docker-compose.yml, healthcheck budgets, image names, and the
 commands of the shipped docs/deploy-compose.md. No engine runs here (make compose-smoke does)."""
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lab.compose_doc import _subcommand, read_env_file
-from lab.compose_images import STANDINS
-from lab.compose_plan import (
+from lab.compose.doc import _subcommand, read_env_file
+from lab.compose.images import STANDINS
+from lab.compose.plan import (
     State,
     doc_block,
     doc_commands,
@@ -23,11 +23,11 @@ from lab.compose_plan import (
     reached,
     startable,
 )
-from lab.compose_smoke import STANDIN_OVERRIDE
+from lab.compose.smoke import STANDIN_OVERRIDE
 from tests.deploy.conftest import ROOT, compose
 
 DOC = (ROOT / "docs" / "deploy-compose.md").read_text()
-#: The blocks lab.compose_smoke runs, in its order.
+#: The blocks lab.compose.smoke runs, in its order.
 BLOCKS = ("start", "payouts", "pause-inspect", "switch-backend", "check", "down")
 
 
@@ -171,7 +171,7 @@ def test_no_fixed_host_port_is_published() -> None:
 def test_prometheus_must_see_every_worker_replica() -> None:
     """deploy/compose/prometheus.yml against the compose file: one target per static entry, three
     per DNS-discovered worker job (a restarted replica missing from DNS fails the check)."""
-    from lab.compose_plan import expected_targets
+    from lab.compose.plan import expected_targets
 
     config = yaml.safe_load((ROOT / "deploy" / "compose" / "prometheus.yml").read_text())
     targets = expected_targets(config, plan(compose()))

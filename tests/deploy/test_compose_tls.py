@@ -345,19 +345,19 @@ def test_tls_job_installs_each_services_files_readable_by_it_only(
 
 def test_the_metrics_endpoints_serve_the_issued_certificates(issued: Path, tmp_path: Path) -> None:
     """The workers' and the outbox's real servers (worker_http with common.tls; the publisher's
-    payouts.outbox_cli.serve_metrics) given the files gen_env
+    outbox.service.serve_metrics) given the files gen_env
     issues for them: the healthcheck's https://127.0.0.1 URL verifies against the CA
     (common.healthcheck with HEALTHCHECK_CA_FILE), the name Prometheus checks (the worker job's
     server_name `worker`, the outbox's host `outbox`) verifies, and a plaintext client and one
-    trusting another CA are refused (lab.compose_tlsprobe's clients). Negative control: each
+    trusting another CA are refused (lab.compose.tlsprobe's clients). Negative control: each
     serves its own certificate, not one for the other's name."""
     from prometheus_client import CollectorRegistry
 
     from activities import worker_http
     from common.healthcheck import check
     from common.tls import server_context
-    from lab import compose_tlsprobe as probe
-    from payouts.outbox_cli import serve_metrics
+    from lab.compose import tlsprobe as probe
+    from outbox.service import serve_metrics
     from stack.pki import StackPKI
 
     ca = issued / "ca.pem"
@@ -392,7 +392,7 @@ def test_the_metrics_endpoints_serve_the_issued_certificates(issued: Path, tmp_p
         outbox.server_close()
 
 
-# --- the compose smoke run's probe (lab.compose_tlsprobe), against a local TLS server ---------
+# --- the compose smoke run's probe (lab.compose.tlsprobe), against a local TLS server ---------
 
 
 def test_the_probe_tells_a_refusal_from_an_answer(tmp_path: Path) -> None:
@@ -402,7 +402,7 @@ def test_the_probe_tells_a_refusal_from_an_answer(tmp_path: Path) -> None:
     import http.server
     import threading
 
-    from lab import compose_tlsprobe as probe
+    from lab.compose import tlsprobe as probe
     from stack.pki import StackPKI
 
     pki, other = StackPKI(tmp_path / "ours"), StackPKI(tmp_path / "other")
@@ -442,7 +442,7 @@ def test_the_probe_tells_a_refusal_from_an_answer(tmp_path: Path) -> None:
 def test_the_probe_covers_every_http_server_of_ours_on_its_compose_port() -> None:
     """The smoke's in-stack refusals include each server of SERVERS (the outbox's and a worker's
     metrics endpoints too), on the port its compose service serves."""
-    from lab import compose_tlsprobe as probe
+    from lab.compose import tlsprobe as probe
 
     services = compose()["services"]
     assert {host for host, _, _ in probe.HTTP_SERVERS} == set(SERVERS)

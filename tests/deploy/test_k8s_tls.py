@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from activities import worker_http
 from common.tls import client_context, server_context
-from payouts.outbox_cli import serve_metrics
+from outbox.service import serve_metrics
 from tests.deploy.conftest import ROOT, scrape
 
 SCRIPT = ROOT / "deploy" / "k8s_tls.py"
@@ -110,7 +110,7 @@ def test_each_server_is_verified_by_its_in_cluster_names_only(issued: Path, name
 
 def test_the_metrics_endpoints_serve_their_certificates_to_prometheus(issued: Path) -> None:
     """The workers' and the outbox's own servers (worker_http with common.tls; the publisher's
-    payouts.outbox_cli.serve_metrics) loaded with the issued
+    outbox.service.serve_metrics) loaded with the issued
     files answer a client that verifies the name of their Prometheus job's server_name."""
     ca = issued / "ca.pem"
     worker = worker_http.serve(

@@ -89,7 +89,7 @@ def test_dockerfile_passes_hadolint_and_a_bad_one_does_not(tmp_path: Path) -> No
 
 
 def test_standin_build_files_pass_hadolint() -> None:
-    """The compose smoke run's stand-in images (deploy/images, lab/compose_images.py)."""
+    """The compose smoke run's stand-in images (deploy/images, lab/compose/images.py)."""
     files = sorted((ROOT / "deploy" / "images").glob("*/Containerfile"))
     assert len(files) == 4
     for path in files:

@@ -1,4 +1,4 @@
-"""`make bench-e2e` (`python -m lab.bench_e2e`) run tiny as a real subprocess: its own local
+"""`make bench-e2e` (`python -m lab.bench.e2e`) run tiny as a real subprocess: its own local
 stack (real PostgreSQL, lock service, rail stub and proxy, workers, Temporal dev server), the
 floor's own dev server, and the pause experiment's stack. Asserts the last line is the issue's
 JSON object, that every payout of every phase reached a terminal state, and that the histories
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from common.tracefile import read_spans
-from lab.bench_floor import SHAPES
+from lab.bench.floor import SHAPES
 
 TERMINAL = {"POSTED", "FAILED", "ABANDONED"}
 
@@ -37,7 +37,7 @@ def _assert_only_the_traced_stack_traced(run_dir: Path) -> None:
 async def test_bench_e2e_tiny_prints_the_issue_json_last(tmp_path: Path) -> None:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
-        *("-m", "lab.bench_e2e", "--n", "3", "--rounds", "1", "--workers", "1"),
+        *("-m", "lab.bench.e2e", "--n", "3", "--rounds", "1", "--workers", "1"),
         *("--steady-s", "2", "--degraded-n", "3", "--outage-max-s", "3", "--hot-n", "3"),
         *("--locks-n", "5"),
         *("--run-dir", str(tmp_path)),
@@ -120,7 +120,7 @@ async def test_bench_e2e_tiny_prints_the_issue_json_last(tmp_path: Path) -> None
 async def test_bench_e2e_refuses_bad_sizes_in_one_line() -> None:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
-        *("-m", "lab.bench_e2e", "--n", "0"),
+        *("-m", "lab.bench.e2e", "--n", "0"),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )

@@ -1,4 +1,4 @@
-"""`make bench-floor` (`python -m lab.bench_floor`) run tiny as a real subprocess on its own
+"""`make bench-floor` (`python -m lab.bench.floor`) run tiny as a real subprocess on its own
 real Temporal dev servers (the default transfer-queue read rate and a raised one): both shapes
 complete every workflow of every shape and the last line is one JSON object with their figures. No timing is
 asserted (the machine is shared); only that each figure was measured."""
@@ -13,7 +13,7 @@ import sys
 async def test_bench_floor_runs_both_shapes_and_prints_json_last() -> None:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
-        *("-m", "lab.bench_floor", "--n", "3", "--rounds", "1", "--workers", "1"),
+        *("-m", "lab.bench.floor", "--n", "3", "--rounds", "1", "--workers", "1"),
         *("--serial", "2"),
         *("--transfer-rps", "20,100"),
         stdout=asyncio.subprocess.PIPE,
@@ -38,7 +38,7 @@ async def test_bench_floor_runs_both_shapes_and_prints_json_last() -> None:
 async def test_bench_floor_refuses_bad_sizes_in_one_line() -> None:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
-        *("-m", "lab.bench_floor", "--n", "0"),
+        *("-m", "lab.bench.floor", "--n", "0"),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )

@@ -1,4 +1,4 @@
-"""`make bench-locks` (`python -m lab.bench_locks`) run tiny as a real subprocess against the
+"""`make bench-locks` (`python -m lab.bench.locks`) run tiny as a real subprocess against the
 suite's real PostgreSQL and etcd: it ends with one JSON line carrying, per backend, the figures
 and both floors of the same run, and the A/B of the SDK's transport. Figures are never asserted
 against a timing (the machine is shared); only that each was measured."""
@@ -21,7 +21,7 @@ async def test_bench_locks_prints_both_floors_as_its_last_line(
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "lab.bench_locks",
+        "lab.bench.locks",
         "--n",
         "20",
         "--ab-n",

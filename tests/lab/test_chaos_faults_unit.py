@@ -11,12 +11,13 @@ from typing import Any, cast
 import httpx
 import pytest
 
-from lab.chaos_faults import RAIL_BASELINE, FaultInjector
-from lab.chaos_schedule import Fault
+from lab.chaos.faults import FaultInjector
+from lab.chaos.rail import RAIL_BASELINE, RailFaults
+from lab.chaos.schedule import Fault
 from stack.system import Stack
 
 
-def injector_with_mock_stub(echo_clock_skew: bool) -> tuple[FaultInjector, list[dict[str, Any]]]:
+def injector_with_mock_stub(echo_clock_skew: bool) -> tuple[RailFaults, list[dict[str, Any]]]:
     """An injector whose rail stub is a mock: it records every behaviour patch and echoes the
     merged behaviour back, with `clock_skew_s` only if `echo_clock_skew` (a stub with the knob)."""
     sent: list[dict[str, Any]] = []
@@ -39,15 +40,16 @@ def injector_with_mock_stub(echo_clock_skew: bool) -> tuple[FaultInjector, list[
     )
     # The harness steers the stub as the stack's operator: every call carries its credential.
     # (the headers are those FaultInjector built its own client with, from the stack)
-    built = inj._http.headers
-    inj._http = httpx.AsyncClient(transport=httpx.MockTransport(handle), headers=built)
-    return inj, sent
+    rail = inj.rail_faults
+    built = rail.http.headers
+    rail.http = httpx.AsyncClient(transport=httpx.MockTransport(handle), headers=built)
+    return rail, sent
 
 
 async def test_clock_skew_on_a_stub_without_the_knob_is_recorded_as_not_applied() -> None:
     """The stub drops the unknown field (200 without it): not applied, no window, run goes on."""
     inj, sent = injector_with_mock_stub(echo_clock_skew=False)
-    record = await inj._clock_skew(Fault(1, "clock_skew", 0.0, duration_s=0.01, level=-12.5))
+    record = await inj.clock_skew(Fault(1, "clock_skew", 0.0, duration_s=0.01, level=-12.5))
     assert record == {"clock_skew_s": -12.5, "applied": False}
     assert sent == [{"clock_skew_s": -12.5}]
 
@@ -55,7 +57,7 @@ async def test_clock_skew_on_a_stub_without_the_knob_is_recorded_as_not_applied(
 async def test_clock_skew_on_a_stub_with_the_knob_is_applied_then_reset() -> None:
     """The stub echoes the offset: applied for the window, then set back to 0."""
     inj, sent = injector_with_mock_stub(echo_clock_skew=True)
-    record = await inj._clock_skew(Fault(1, "clock_skew", 0.0, duration_s=0.01, level=7.0))
+    record = await inj.clock_skew(Fault(1, "clock_skew", 0.0, duration_s=0.01, level=7.0))
     assert record["applied"] is True and record["clock_skew_s"] == 7.0
     assert sent == [{"clock_skew_s": 7.0}, {"clock_skew_s": 0.0}]
 
@@ -70,8 +72,8 @@ async def test_rail_slow_latency_exceeds_the_submit_deadline_and_is_restored(
     async def last_attempt_id() -> int:
         return next(ids)
 
-    monkeypatch.setattr(inj, "_last_attempt_id", last_attempt_id)
-    record = await inj._rail_slow(Fault(1, "rail_slow", 0.0, duration_s=0.01, level=4.5))
+    monkeypatch.setattr(inj.attempts, "last_attempt_id", last_attempt_id)
+    record = await inj.slow(Fault(1, "rail_slow", 0.0, duration_s=0.01, level=4.5))
     assert sent == [
         {"latency_mode": "fixed", "latency_fixed_ms": 94_500},
         {"latency_fixed_ms": RAIL_BASELINE["latency_fixed_ms"]},

@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from lab.chaos import ChaosOptions, run_chaos
-from lab.chaos_schedule import ETCD_REPLICA_KINDS, FAULT_KINDS, REPLICA_KINDS
+from lab.chaos.run import ChaosOptions, run_chaos
+from lab.chaos.schedule import ETCD_REPLICA_KINDS, FAULT_KINDS, REPLICA_KINDS
 from stack.balancer import haproxy_available
 
 # The three runs are set up by the first test: on the shared 2-core machine at load 15 they took
@@ -116,7 +116,7 @@ def chaos_runs(run_dir: Path) -> Iterator[dict[str, Any]]:
         return path
 
     async def all_three() -> dict[str, Any]:
-        argv = [sys.executable, "-m", "payouts.cli", "chaos", "--seed", "11", "--fencing", "off"]
+        argv = [sys.executable, "-m", "lab", "chaos", "--seed", "11", "--fencing", "off"]
         argv += ["--payouts", "25", "--accounts", "5", "--workers", "2", "--json"]
         argv += ["--run-dir", str(where("off"))]
         started = asyncio.Event()

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from lab.chaos import CHAOS_LOCK_TTL_S, CHAOS_WORKER_ENV
-from lab.chaos_locks import outage_window, workers_outage_window
-from lab.chaos_schedule import (
+from lab.chaos.locks import outage_window, workers_outage_window
+from lab.chaos.run import CHAOS_LOCK_TTL_S, CHAOS_WORKER_ENV
+from lab.chaos.schedule import (
     ETCD_REPLICA_KINDS,
     FAULT_KINDS,
     REPLICA_KINDS,
@@ -17,7 +17,7 @@ from lab.chaos_schedule import (
     horizon_s,
     kind_counts,
 )
-from lab.chaos_schedule import make_schedule as _make_schedule
+from lab.chaos.schedule import make_schedule as _make_schedule
 from lockservice.client import retry_budget_s
 
 #: The chaos run's own lock-server outage window (its workers' TTL and heartbeat, the SDK's

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lab.chaos_summary import (
+from lab.chaos.summary import (
     Evidence,
     availability,
     duplicate_movements,
@@ -120,7 +120,7 @@ def test_summary_reports_violations_and_leader_changes() -> None:
 def test_every_fault_kind_and_invariant_is_listed_with_zeros() -> None:
     """The JSON lists every fault kind (the new ones of issue 12 too) and INV-01..INV-10, zeros
     included; evidence without INV-09/INV-10 counts (an older checker) still lists them at 0."""
-    from lab.chaos_schedule import FAULT_KINDS
+    from lab.chaos.schedule import FAULT_KINDS
 
     s = summarize(_evidence(invariant_counts={"INV-02": 0}))
     assert list(s["faults"]) == list(FAULT_KINDS)

@@ -1,4 +1,4 @@
-"""lab.cpu: the /proc readers the benchmarks charge CPU with."""
+"""lab.bench.cpu: the /proc readers the benchmarks charge CPU with."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from lab.cpu import per_item_ms, process_cpu_s, snapshot, threads_cpu_s, tree_cpu_s
+from lab.bench.cpu import per_item_ms, process_cpu_s, snapshot, threads_cpu_s, tree_cpu_s
 
 
 def test_a_busy_child_is_charged_to_its_parents_tree() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-PAYOUTS = str(Path(sys.executable).parent / "payouts")
+LAB = [sys.executable, "-m", "lab"]  # `payouts-lab`, what `make demo` runs
 
 
 @pytest.mark.slow
@@ -18,7 +18,7 @@ def test_the_real_demo_report_has_no_dict_repr(stack_env: dict[str, str], stack_
     env = dict(stack_env)
     args = ["demo", "--payouts", "12", "--accounts", "4", "--workers", "1", "--no-pause"]
     done = subprocess.run(
-        [PAYOUTS, *args, "--run-dir", str(stack_dir)],
+        [*LAB, *args, "--run-dir", str(stack_dir)],
         env=env,
         capture_output=True,
         text=True,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from lab.demo_report import rail_outcomes, render, table
+from lab.demo.report import rail_outcomes, render, table
 
 
 def _report(**over: Any) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from lab.experiments import crash_experiment, default_config, pause_experiment
+from lab.experiments.pause_crash import crash_experiment, default_config, pause_experiment
 from stack.config import StackConfig
 from tests.stack.conftest import external_database
 

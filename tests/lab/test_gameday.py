@@ -22,11 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from lab.gameday import GamedayOptions, append_table, run_gameday, selected, table
-from lab.gameday_ctx import Ctx, Scenario
-from lab.gameday_rules import alerts
-from lab.gameday_runbooks import unexported
-from lab.gameday_scenarios import SCENARIOS
+from lab.gameday.ctx import Ctx, Scenario
+from lab.gameday.rules import alerts
+from lab.gameday.run import GamedayOptions, append_table, run_gameday, selected, table
+from lab.gameday.runbooks import unexported
+from lab.gameday.scenarios import SCENARIOS
 from stack.envfile import read_env_file
 from tests.ops.test_runbooks import control_book
 
@@ -107,7 +107,7 @@ async def test_short_game_day_fires_and_every_runbook_runs_as_written(
 
 def test_gameday_cli_has_help() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "payouts.cli", "gameday", "--help"],
+        [sys.executable, "-m", "lab", "gameday", "--help"],
         capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     assert "--all" in out.stdout and "docs/gameday.md" in out.stdout

@@ -1,10 +1,10 @@
-"""lab.temporal_rpcs: the dev server's counters the end-to-end benchmark charges Temporal with."""
+"""lab.bench.temporal_rpcs: the dev server's counters the end-to-end benchmark charges Temporal with."""
 
 from __future__ import annotations
 
 import asyncio
 
-from lab.temporal_rpcs import parse, per_item, scrape, settled
+from lab.bench.temporal_rpcs import parse, per_item, scrape, settled
 from stack.embedded import free_port
 
 _PAGE = """\

@@ -20,15 +20,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lab.gameday_prom import GamedayPrometheus, PrometheusMissingError, binary
-from lab.gameday_rules import expr_names
+from lab.gameday.prom import GamedayPrometheus, PrometheusMissingError, binary
+from lab.gameday.rules import expr_names
 from payouts.batch import PayoutSpec
-from payouts.reconcile_cli import SCHEDULE_ID
 from payouts.workload import create_payouts, seed_accounts, start_workflows
 from stack.config import StackConfig
 from stack.embedded import temporal_binary
 from stack.promconfig import OPS_DIR
 from stack.system import Stack
+from workflows.reconcile_schedule import SCHEDULE_ID
 
 ROOT = OPS_DIR.parent.parent
 DASHBOARD = ROOT / "ops" / "grafana" / "dashboards" / "payouts.json"

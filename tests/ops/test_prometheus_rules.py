@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lab.gameday import selected
-from lab.gameday_prom import GAMEDAY_WINDOWS, OPS_DIR, render_rules
-from lab.gameday_rules import alerts
-from lab.gameday_scenarios import SCENARIOS
+from lab.gameday.prom import GAMEDAY_WINDOWS, OPS_DIR, render_rules
+from lab.gameday.rules import alerts
+from lab.gameday.run import selected
+from lab.gameday.scenarios import SCENARIOS
 
 ROOT = OPS_DIR.parent.parent
 PROMTOOL = shutil.which("promtool")

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from lab.gameday_rules import alerts
-from lab.gameday_runbooks import (
+from lab.gameday.rules import alerts
+from lab.gameday.runbooks import (
     RUNBOOKS,
     Runbook,
     RunbookError,

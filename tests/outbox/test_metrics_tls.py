@@ -1,4 +1,4 @@
-"""The outbox publisher's /metrics over TLS (payouts.outbox_cli.serve_metrics, issue 27 §1): the
+"""The outbox publisher's /metrics over TLS (outbox.service.serve_metrics, issue 27 §1): the
 stack's CA verifies it, plaintext gets no HTTP answer, and a client that connects and never
 starts its handshake holds up nobody (prometheus_client's own `start_http_server` handshakes in
 its one accepting thread, where that client would stall every scrape after it)."""
@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter
 
 from common.tls import client_context, server_context
-from payouts.outbox_cli import serve_metrics
+from outbox.service import serve_metrics
 from stack.pki import StackPKI
 
 

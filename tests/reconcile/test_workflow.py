@@ -18,10 +18,10 @@ from activities.models import PayoutInput
 from activities.reconcile import ReconcileActivities
 from activities.reconcile_models import ReconcileInput, ReconcileReport
 from activities.redrive import RedriveActivities, start_payout
-from payouts.reconcile_cli import SCHEDULE_ID, ensure_schedule
 from reconcile.rules import CLASSES
 from tests.reconcile.conftest import World
 from workflows.reconcile import ReconcileWorkflow
+from workflows.reconcile_schedule import SCHEDULE_ID, ensure_schedule
 
 
 @asynccontextmanager

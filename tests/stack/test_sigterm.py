@@ -1,6 +1,6 @@
 """Long commands stop their whole stack on SIGTERM and SIGHUP, as `payouts up` does on Ctrl-C.
 
-Python's default SIGTERM handling ended `payouts demo` at once and left ten processes running
+Python's default SIGTERM handling ended `payouts-lab demo` at once and left ten processes running
 (PostgreSQL, Temporal, the lock server, rail services, workers). Here the real command runs until
 its stack has written `stack.json` (addresses and pids), gets the signal, and then none of the
 recorded processes may be alive.
@@ -20,7 +20,7 @@ import pytest
 
 from tests.stack.conftest import assert_all_gone
 
-PAYOUTS = [sys.executable, "-m", "payouts.cli"]
+LAB = [sys.executable, "-m", "lab"]
 
 
 def _wait_for_workers(
@@ -57,12 +57,12 @@ def test_chaos_stops_every_child_even_a_frozen_worker(
     stack_dir: Path,
     external_database_url: str | None,
 ) -> None:
-    """`payouts chaos` gets SIGTERM while its armed pause holds a worker SIGSTOPped: it exits 130
+    """`payouts-lab chaos` gets SIGTERM while its armed pause holds a worker SIGSTOPped: it exits 130
     and no process of its stack survives, the frozen worker included."""
     env = dict(stack_env)
     if external_database_url:
         env["DATABASE_URL"] = external_database_url
-    argv = [*PAYOUTS, "chaos", "--payouts", "40", "--accounts", "5", "--workers", "2"]
+    argv = [*LAB, "chaos", "--payouts", "40", "--accounts", "5", "--workers", "2"]
     proc = subprocess.Popen(
         [*argv, "--seed", "11", "--run-dir", str(stack_dir)],
         env=env,
@@ -95,12 +95,12 @@ def test_demo_stops_every_child_on_signal(
     stack_dir: Path,
     external_database_url: str | None,
 ) -> None:
-    """`payouts demo` killed by SIGTERM/SIGHUP mid-run exits 130 with no process of its stack
+    """`payouts-lab demo` killed by SIGTERM/SIGHUP mid-run exits 130 with no process of its stack
     left alive."""
     env = dict(stack_env)
     if external_database_url:
         env["DATABASE_URL"] = external_database_url
-    argv = [*PAYOUTS, "demo", "--payouts", "400", "--accounts", "5", "--workers", "1"]
+    argv = [*LAB, "demo", "--payouts", "400", "--accounts", "5", "--workers", "1"]
     proc = subprocess.Popen(
         [*argv, "--no-pause", "--run-dir", str(stack_dir)],
         env=env,

@@ -23,9 +23,8 @@ from temporalio.client import Client
 
 from common import db_roles
 from common.stackmark import database_mark, temporal_mark
-from lab.experiments import json_events
+from lab.experiments.pause_crash import json_events
 from payouts.batch import PayoutSpec
-from payouts.reconcile_cli import SCHEDULE_ID
 from payouts.workload import create_payouts, seed_accounts, start_workflows
 from stack import promconfig
 from stack.cli import exports
@@ -36,6 +35,7 @@ from stack.services import worker_available
 from stack.system import Stack
 from tests.jsonlogs import assert_every_line_json, service_logs
 from tests.stack.conftest import assert_all_gone
+from workflows.reconcile_schedule import SCHEDULE_ID
 
 
 async def _acquire_token(stack: Stack, key: str) -> int:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.ui_pages import (
+from lab.screenshots.ui_pages import (
     chromium_available,
     headline,
     list_url,
