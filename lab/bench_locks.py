@@ -65,11 +65,11 @@ from common.tracefile import read_spans
 from lab import bench_locks_ab
 from lab.bench_locks_ab import LockServer
 from lockservice import api
-from lockservice._http import KeepAliveTransport
 from lockservice.api import Grant, LockBackend
-from lockservice.backends import create_backend
-from lockservice.client import LockClient
-from lockservice.grants import generate_keypair
+from lockservice.sdk.client import LockClient
+from lockservice.sdk.transport import KeepAliveTransport
+from lockservice.server.backends import create_backend
+from lockservice.verifiers.grants import generate_keypair
 from stack.embedded import (
     EmbeddedEtcd,
     EmbeddedPostgres,
@@ -126,7 +126,7 @@ def loadavg() -> str:
 async def etcd_floor(endpoints: list[str]) -> AsyncIterator[Op]:
     """One compare-and-put txn (attached to a lease) plus one delete: the least an acquire and a
     release can cost on etcd."""
-    from lockservice.backends.etcd_client import etcd_client
+    from lockservice.server.backends.etcd_client import etcd_client
 
     client = etcd_client(endpoints[:1])  # the bench's plaintext etcd, or ETCD_ENDPOINTS' first
     await client.connect()

@@ -34,8 +34,8 @@ from typing import Any, NamedTuple
 import httpx
 
 from lab.cpu import threads_cpu_s
-from lockservice._http import KeepAliveTransport
-from lockservice.client import LockClient
+from lockservice.sdk.client import LockClient
+from lockservice.sdk.transport import KeepAliveTransport
 
 WARMUP = 100
 ROUNDS = 10

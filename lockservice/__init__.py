@@ -2,7 +2,7 @@
 (PostgreSQL and etcd), served over HTTP, with an async client SDK and operator commands.
 
 Owns: who holds `payout:{account}` right now, the token sequence of every key, and the signing
-key that makes each grant verifiable offline (lockservice.grants, INV-07).
+key that makes each grant verifiable offline (lockservice.verifiers.grants, INV-07).
 Must never: reissue or lower a token for a key (INV-04), let two grants of one key be valid at once
 (INV-06), decide lease expiry by a client's clock, offer a way to proceed without a grant
 (FR-27), hand out an unsigned grant, or let its private key leave the lock server.

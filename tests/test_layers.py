@@ -66,10 +66,10 @@ def test_the_tree_keeps_its_contracts(tmp_path: Path) -> None:
         # a component importing the worker: upward
         ("railproxy/store.py", "import activities.models", "Layers"),
         # a component importing the local stack: upward (what lockservice/bench.py did)
-        ("lockservice/watermark.py", "import stack.embedded", "Layers"),
+        ("lockservice/server/watermark.py", "import stack.embedded", "Layers"),
         # one component reaching into another's internals, not its public client
         ("reconcile/reconciler.py", "import ledger.store", "independent"),
-        ("railproxy/service.py", "import lockservice.server", "independent"),
+        ("railproxy/service.py", "import lockservice.server.app", "independent"),
     ],
 )
 def test_a_planted_import_breaks_its_contract(

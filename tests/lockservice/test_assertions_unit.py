@@ -1,4 +1,4 @@
-"""Unit tests of lockservice.assertions: the purpose tag keeps grants and operator assertions
+"""Unit tests of lockservice.verifiers.assertions: the purpose tag keeps grants and operator assertions
 apart (neither ever verifies as the other), and every binding (action, payout, key, expiry,
 signature, key id) is checked."""
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from lockservice.assertions import (
+from lockservice.verifiers.assertions import (
     PURPOSE,
     AssertionRefused,
     AssertionVerifier,
@@ -18,7 +18,7 @@ from lockservice.assertions import (
     assertion_bytes,
     sign_assertion,
 )
-from lockservice.grants import BadSignature, GrantSigner, GrantVerifier, SignedGrant
+from lockservice.verifiers.grants import BadSignature, GrantSigner, GrantVerifier, SignedGrant
 
 NOW = datetime(2026, 12, 1, 10, 0, 0, tzinfo=UTC)
 SIGNER = GrantSigner.ephemeral("k1")

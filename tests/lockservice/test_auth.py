@@ -23,15 +23,15 @@ from structlog.testing import capture_logs
 
 from common.credentials import Kind, issue_tokens, read_token, write_credentials
 from lockservice.api import LockBackend
-from lockservice.assertions import (
+from lockservice.sdk.client import LockClient
+from lockservice.server.app import create_app
+from lockservice.verifiers.assertions import (
     AssertionVerifier,
     OperatorAssertion,
     assertion_bytes,
     sign_assertion,
 )
-from lockservice.client import LockClient
-from lockservice.grants import GrantSigner
-from lockservice.server import create_app
+from lockservice.verifiers.grants import GrantSigner
 from tests.lockservice import server_fixtures as _fx
 
 KEY = "payout:auth-acct"
@@ -59,7 +59,7 @@ def tokens(tmp_path: Path) -> dict[str, str]:
 
 @pytest.fixture
 async def backend(database_url: str, key_prefix: str) -> AsyncIterator[LockBackend]:
-    from lockservice.backends import create_backend
+    from lockservice.server.backends import create_backend
 
     b = await create_backend("postgres", database_url=database_url, prefix=key_prefix)
     try:

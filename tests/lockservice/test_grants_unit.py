@@ -1,4 +1,4 @@
-"""Unit tests of lockservice.grants: canonical bytes, signing, verification, rotation, key files."""
+"""Unit tests of lockservice.verifiers.grants: canonical bytes, signing, verification, rotation, key files."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from lockservice.api import Grant
-from lockservice.grants import (
+from lockservice.verifiers.grants import (
     BadSignature,
     GrantExpired,
     GrantSigner,

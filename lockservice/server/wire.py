@@ -3,7 +3,7 @@
 The pydantic models document the bounds of lockservice.api in the OpenAPI spec (api's validators
 stay the source of truth and run again in every handler); the helpers shape what goes out: grants
 (always signed, INV-07), sessions, and the error body `{"code", "message"}` with the status of each
-contract error (the status table is in lockservice.server's docstring, which is also the spec's
+contract error (the status table is in lockservice.server.app's docstring, which is also the spec's
 description).
 """
 
@@ -22,8 +22,8 @@ from common.logs import get_logger
 from common.outage import answer_outages
 from lockservice import api
 from lockservice.api import Grant, Session
-from lockservice.grants import GrantSigner
-from lockservice.serverstate import _Metrics, _op_of
+from lockservice.server.state import _Metrics, _op_of
+from lockservice.verifiers.grants import GrantSigner
 
 _log = get_logger("lockservice.server")
 
@@ -66,7 +66,7 @@ class GrantBody(BaseModel):
     acquired_at: datetime
     expires_at: datetime
 
-    #: The lock service's signature over the grant (lockservice.grants); ignored on input.
+    #: The lock service's signature over the grant (lockservice.verifiers.grants); ignored on input.
     kid: str | None = None
     signature: str | None = None
 
@@ -107,7 +107,7 @@ class RevokeIn(BaseModel):
     operator: str | None = Field(default=None, max_length=200, pattern=_NOT_BLANK)
     reason: str = Field(min_length=1, max_length=2000, pattern=_NOT_BLANK)
     #: A worker-sent revoke (the `revoke` signal): the payout the signal was for, and the
-    #: operator assertion it carried (lockservice.assertions), verified here.
+    #: operator assertion it carried (lockservice.verifiers.assertions), verified here.
     payout_id: str | None = Field(default=None, max_length=128)
     assertion: dict[str, Any] | None = None
 
@@ -165,7 +165,7 @@ class ErrorBody(BaseModel):
 
 #: Every status a /v1 route can answer besides its success: 400 a body that is not JSON at all
 #: (Starlette's parser, before validation), 401/403 (common.credentials), 404, 409, 422, 503
-#: as lockservice.server's docstring says.
+#: as lockservice.server.app's docstring says.
 _ERRORS: dict[int | str, dict[str, Any]] = {
     s: {"model": ErrorBody} for s in (400, 401, 403, 404, 409, 422, 503)
 }

@@ -28,7 +28,6 @@ from typing import Any
 import asyncpg
 
 from common.outage import CONNECTION_LOST, connection_lost
-from lockservice import events
 from lockservice.api import (
     TOKEN_EPOCH_STRIDE,
     BackendUnavailable,
@@ -48,7 +47,8 @@ from lockservice.api import (
     validate_wait,
 )
 from lockservice.api import next_epoch as _next_epoch
-from lockservice.backends.pgpool import close_pool, open_pool
+from lockservice.server.backends import events
+from lockservice.server.backends.pgpool import close_pool, open_pool
 
 _BACKEND = "postgres"
 _CHANNEL = "lockservice_release"

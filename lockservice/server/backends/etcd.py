@@ -47,7 +47,6 @@ import aetcd.rpc
 import aetcd.rtypes
 import aetcd.utils
 
-from lockservice import events
 from lockservice.api import (
     TOKEN_EPOCH_STRIDE,
     BackendUnavailable,
@@ -68,8 +67,9 @@ from lockservice.api import (
     validate_ttl,
     validate_wait,
 )
-from lockservice.backends import etcd_retention as retention
-from lockservice.backends.etcd_client import EtcdTLSFiles, etcd_client
+from lockservice.server.backends import etcd_retention as retention
+from lockservice.server.backends import events
+from lockservice.server.backends.etcd_client import EtcdTLSFiles, etcd_client
 
 _BACKEND = "etcd"
 _RPC_TIMEOUT_S = 5

@@ -1,4 +1,4 @@
-"""The SDK's background releases (`lockservice.client`): grants the server may still hold for
+"""The SDK's background releases (`lockservice.sdk.client`): grants the server may still hold for
 this process's session although no caller will release them any more.
 
 Why: the session is process-wide and its heartbeat keeps it alive, so a grant that nobody
@@ -36,7 +36,7 @@ from lockservice import api
 from lockservice.api import Grant, LockError
 
 if TYPE_CHECKING:
-    from lockservice.client import LockClient
+    from lockservice.sdk.client import LockClient
 
 _log = get_logger("lockservice.client")
 

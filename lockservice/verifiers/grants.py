@@ -227,7 +227,8 @@ class GrantSigner:
     def sign_message(self, message: bytes) -> str:
         """The base64url signature of `message`. Only for a statement whose bytes are
         domain-separated from every other kind (grant bytes start with `{`; an operator
-        assertion's with its purpose tag, lockservice.assertions), so one is never the other."""
+        assertion's with its purpose tag, lockservice.verifiers.assertions), so one is never the
+        other."""
         return _b64(self._key.sign(message))
 
     def sign(self, grant: Grant) -> SignedGrant:

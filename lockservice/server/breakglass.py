@@ -1,5 +1,6 @@
 """The lock server's break-glass routes: force-revoke, the signed operator assertions that let a
-worker carry one out (lockservice.assertions), and the epoch bump of the restore procedure.
+worker carry one out (lockservice.verifiers.assertions), and the epoch bump of the restore
+procedure.
 
 Every change here is audited under the caller's authenticated identity, never a free-text name;
 a worker-sent revoke is carried out only with an operator assertion this server signed for that
@@ -17,9 +18,8 @@ from fastapi.responses import JSONResponse, Response
 from common.credentials import Identity
 from common.logs import get_logger
 from lockservice import api
-from lockservice.assertions import AssertionRefused, OperatorAssertion, sign_assertion
-from lockservice.serverstate import _Access, _State
-from lockservice.wire import (
+from lockservice.server.state import _Access, _State
+from lockservice.server.wire import (
     _ERRORS,
     AssertionIn,
     AssertionOut,
@@ -30,6 +30,7 @@ from lockservice.wire import (
     _error,
     _iso,
 )
+from lockservice.verifiers.assertions import AssertionRefused, OperatorAssertion, sign_assertion
 
 _log = get_logger("lockservice.server")
 

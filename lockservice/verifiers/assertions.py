@@ -17,8 +17,8 @@ statement, safe in Temporal history), and the enforcement points audit the ident
 What is signed (version 1): the purpose tag `payouts.operator-assertion.v1` and a newline,
 then the JSON object `{"action", "expires_at_us", "identity", "issued_at_us", "key", "kid",
 "nonce", "payout_id", "purpose", "reason", "v"}` with sorted keys and no spaces, UTF-8. Grant
-bytes (lockservice.grants) are a bare JSON object and so start with `{`: no byte string is both,
-so a grant's signature never verifies as an assertion's and vice versa.
+bytes (lockservice.verifiers.grants) are a bare JSON object and so start with `{`: no byte string
+is both, so a grant's signature never verifies as an assertion's and vice versa.
 
 Replay: an assertion is bound to its action and payout id, and a revoke's to the lock key of
 the payout's account (an assertion without a key never authorises a revoke), so it can never
@@ -40,7 +40,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from lockservice.grants import (
+from lockservice.verifiers.grants import (
     GrantError,
     GrantSigner,
     GrantVerifier,

@@ -2,7 +2,7 @@
 conservative local lease deadline and a lock-lost signal (FR-11, FR-12, FR-13, FR-27, FR-28).
 
 Owns: the process's session, the heartbeat, the local deadline, and bounded jittered retries;
-the releases it still owes the server and its orphan reapers live in `lockservice._releases`.
+the releases it still owes the server and its orphan reapers live in `lockservice.sdk.releases`.
 Must never: hand out a `Lease` without a grant from the server, offer any option to proceed
 without a grant (failing open is not configurable, FR-27), treat `still_held()` as the safety
 mechanism, or forget a release that did not succeed while its session lives. Safety comes
@@ -56,10 +56,10 @@ from common.correlation import httpx_hooks
 from common.credentials import auth_headers
 from common.logs import get_logger
 from lockservice import api
-from lockservice._http import KeepAliveTransport
-from lockservice._releases import BackgroundReleases, grant_body, grant_of
 from lockservice.api import Grant, LockError
-from lockservice.grants import SignedGrant
+from lockservice.sdk.releases import BackgroundReleases, grant_body, grant_of
+from lockservice.sdk.transport import KeepAliveTransport
+from lockservice.verifiers.grants import SignedGrant
 
 _log = get_logger("lockservice.client")
 
@@ -405,7 +405,7 @@ class LockClient:
         A release that gets no answer (the server unreachable past the bounded retries, an
         answer lost, the caller cancelled) still raises, and is NOT forgotten: it stays pending
         and is retried in the background until it succeeds or this session ends
-        (`releases_pending`, lockservice._releases). Why: the session lives on by its heartbeat,
+        (`releases_pending`, lockservice.sdk.releases). Why: the session lives on by its heartbeat,
         so a grant nobody releases would hold its account for ever (issue 24 item 6).
         """
         self._leases.discard(lease)

@@ -4,10 +4,10 @@ Owns: request validation, the mapping of contract errors to HTTP status codes an
 `{"code", "message"}`, the grant/renew/release/expiry events, the Prometheus metrics, and the
 Ed25519 signature on every grant it returns (acquire, renew: `kid` + `signature`, INV-07), and
 the signed operator assertions it issues to operators and checks on a worker-sent force-revoke
-(lockservice.assertions).
+(lockservice.verifiers.assertions).
 Events: the backends emit `lock.acquired`, `lock.released`, `lock.renew_failed`, `lock.expired`,
-`lock.revoked`, `lock.epoch_bumped` and `alert` (lockservice.events); this layer adds only what
-they cannot see: `lock.not_acquired`, `lock.renewed`, `lock.session_expired`,
+`lock.revoked`, `lock.epoch_bumped` and `alert` (lockservice.server.backends.events); this layer
+adds only what they cannot see: `lock.not_acquired`, `lock.renewed`, `lock.session_expired`,
 `lock.release_failed`, `lock.session_opened`, `lock.session_closed`,
 `lock.operator_assertion_issued`. One event per fact, never two.
 Must never: decide lease expiry itself (the backend's clock does), turn bad input into a 500 or a
@@ -18,7 +18,7 @@ Status codes: 200 ok, 204 no body, 400 a body that is not JSON, 404 unknown rout
 409 not acquired / not held / a bump-epoch refused for the current epoch (`epoch_refused`),
 422 invalid input (FastAPI's validation errors reshaped to the same JSON body), 503 backend
 unavailable (callers fail closed, FR-27) or `restore_detected`: the backend's data is older than
-what this server already issued (lockservice.watermark), no grant until `bump-epoch`.
+what this server already issued (lockservice.server.watermark), no grant until `bump-epoch`.
 """
 
 from __future__ import annotations
@@ -40,13 +40,11 @@ from common.logs import get_logger
 from common.strict_query import reject_unknown_query
 from lockservice import api
 from lockservice.api import LockBackend, NotAcquired
-from lockservice.assertions import DEFAULT_TTL_S
-from lockservice.breakglass import _add_break_glass_routes
-from lockservice.grants import GrantSigner
-from lockservice.hotroute import hot_route
-from lockservice.serverstate import _Access, _Metrics, _State
-from lockservice.watermark import Watermark
-from lockservice.wire import (
+from lockservice.server.breakglass import _add_break_glass_routes
+from lockservice.server.hotroute import hot_route
+from lockservice.server.state import _Access, _Metrics, _State
+from lockservice.server.watermark import Watermark
+from lockservice.server.wire import (
     _ERRORS,
     _KEY_PATTERN,
     _PREFIX_PATTERN,
@@ -62,6 +60,8 @@ from lockservice.wire import (
     _iso,
     _session_json,
 )
+from lockservice.verifiers.assertions import DEFAULT_TTL_S
+from lockservice.verifiers.grants import GrantSigner
 
 #: How long /health waits for the backend's answer before it reports it unavailable.
 _HEALTH_PROBE_S = 2.0
@@ -200,7 +200,7 @@ def _add_session_routes(app: FastAPI, state: _State, access: _Access) -> None:
 
 def _hot_post(app: FastAPI, access: _Access, path: str, **kw: Any) -> Callable[[Any], Any]:
     """`@app.post(path, ...)` for a worker's hot route: the same route, spec and answers, with
-    lockservice.hotroute's fast path for a well-formed, authorised request."""
+    lockservice.server.hotroute's fast path for a well-formed, authorised request."""
     route_class = hot_route(access.holder_dependency, access.holder_check)
 
     def register(endpoint: Any) -> Any:
@@ -353,7 +353,7 @@ def _add_operation_routes(app: FastAPI, state: _State) -> None:
 
 def app_from_settings(settings: Any) -> FastAPI:
     """The app for `python -m lockservice serve`: connects the backend in the lifespan."""
-    from lockservice.backends import create_backend
+    from lockservice.server.backends import create_backend
 
     if not settings.signing_key_path:
         raise ValueError("LOCK_SIGNING_KEY_PATH is required: every grant is signed")
@@ -419,7 +419,7 @@ def main() -> None:
     from common.credentials import refuse_without
     from common.exiting import load_settings
     from common.launcher import serve
-    from lockservice.settings import LockSettings
+    from lockservice.server.settings import LockSettings
 
     settings = load_settings("lock-server", LockSettings)
     # Both files are loaded here first, before logging is configured, for a clean refusal (one
@@ -442,7 +442,7 @@ def main() -> None:
 
 def _open_watermark(settings: Any) -> Watermark:
     """The watermark of the configured backend location, under LOCK_STATE_DIR."""
-    from lockservice.watermark import location_identity
+    from lockservice.server.watermark import location_identity
 
     identity = location_identity(
         settings.backend, settings.key_prefix, settings.database_url, settings.etcd_endpoint_list()

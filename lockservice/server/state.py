@@ -2,7 +2,7 @@
 dependencies over common.credentials, docs/architecture.md, Trust), and what every route runs
 with: the backend, the grant signer, the restore watermark, the credentials and the metrics.
 
-One `_State` per app (lockservice.server builds it), never module-level state, so that several
+One `_State` per app (lockservice.server.app builds it), never module-level state, so that several
 apps in one process (tests, benchmarks) never share a backend or a metric. Metric labels are the
 operation and the outcome only, never a key, session or token (NFR-09).
 """
@@ -21,9 +21,9 @@ from common.credentials import Credentials, Identity, as_dependency, authorizer,
 from common.outage import connection_lost
 from lockservice import api
 from lockservice.api import LockBackend
-from lockservice.assertions import DEFAULT_TTL_S, AssertionVerifier
-from lockservice.grants import GrantSigner
-from lockservice.watermark import Watermark
+from lockservice.server.watermark import Watermark
+from lockservice.verifiers.assertions import DEFAULT_TTL_S, AssertionVerifier
+from lockservice.verifiers.grants import GrantSigner
 
 T = TypeVar("T")
 
@@ -84,12 +84,12 @@ class _State:
     metrics: _Metrics
     default_ttl_s: float
     signer: GrantSigner
-    #: Restored-data detection (lockservice.watermark); None: off (no LOCK_STATE_DIR).
+    #: Restored-data detection (lockservice.server.watermark); None: off (no LOCK_STATE_DIR).
     watermark: Watermark | None = None
     #: Accepted bearer tokens (common.credentials); None: authentication off (tests only;
     #: `main` refuses to start without LOCK_CREDENTIALS_PATH).
     credentials: Credentials | None = None
-    #: Lifetime of the operator assertions this server issues (lockservice.assertions).
+    #: Lifetime of the operator assertions this server issues (lockservice.verifiers.assertions).
     assertion_ttl_s: float = DEFAULT_TTL_S
     #: Off (experiment switch): a worker-sent force-revoke needs no operator assertion.
     verify_assertions: bool = True
@@ -141,10 +141,10 @@ class _Access:
     #: server through the worker's revoke activity. A signal is not authenticated (anyone who
     #: can reach Temporal can send one), so the worker's revoke is carried out only with the
     #: operator assertion this server signed for that payout and action
-    #: (lockservice.assertions), and the identity inside it is audited.
+    #: (lockservice.verifiers.assertions), and the identity inside it is audited.
     revoker: Any
     #: The holder's dependency (in `holder`) and the same decision as a plain function, for the
-    #: hot routes' fast path (lockservice.hotroute).
+    #: hot routes' fast path (lockservice.server.hotroute).
     holder_dependency: Callable[..., Any]
     holder_check: Callable[[str | None], Identity]
 

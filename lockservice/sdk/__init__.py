@@ -1,0 +1,8 @@
+"""The lock service's async client SDK, what a worker links in to hold `payout:{account}`.
+
+Owns: the process's session and heartbeat, the local lease deadline, the bounded retries
+(`client`), the keep-alive HTTP transport (`transport`, docs/performance.md) and the releases the
+process still owes the server (`releases`).
+Must never: import the lock server (lockservice.server), hand out a `Lease` without a grant from
+the server, or offer any way to proceed without one (FR-27).
+"""
