@@ -40,25 +40,25 @@ from common.logs import get_logger
 from common.strict_query import reject_unknown_query
 from lockservice import api
 from lockservice.api import LockBackend, NotAcquired
-from lockservice.server.breakglass import _add_break_glass_routes
+from lockservice.server.breakglass import add_break_glass_routes
 from lockservice.server.hotroute import hot_route
-from lockservice.server.state import _Access, _Metrics, _State
+from lockservice.server.state import Access, ServerMetrics, ServerState
 from lockservice.server.watermark import Watermark
 from lockservice.server.wire import (
-    _ERRORS,
-    _KEY_PATTERN,
-    _PREFIX_PATTERN,
+    ERROR_RESPONSES,
+    KEY_PATTERN,
+    PREFIX_PATTERN,
     AcquireIn,
     GrantBody,
     HistoryOut,
     LockInfoOut,
     OpenSessionIn,
     SessionOut,
-    _add_error_shapes,
-    _error,
-    _grant_json,
-    _iso,
-    _session_json,
+    add_error_shapes,
+    error_response,
+    grant_json,
+    iso,
+    session_json,
 )
 from lockservice.verifiers.assertions import DEFAULT_TTL_S
 from lockservice.verifiers.grants import GrantSigner
@@ -92,9 +92,9 @@ def create_app(
     knows: still never an unsigned grant, but only useful where nobody verifies (lock tests).
     `replica_id` is what /health answers as `replica`; the caller gives the backend the same.
     """
-    state = _State(
+    state = ServerState(
         backend,
-        _Metrics(),
+        ServerMetrics(),
         default_ttl_s,
         signer or GrantSigner.ephemeral(),
         watermark,
@@ -106,7 +106,7 @@ def create_app(
     return _build(state, lifespan)
 
 
-async def _checked_acquire(state: _State, session_id: str, key: str, wait: float) -> Any:
+async def _checked_acquire(state: ServerState, session_id: str, key: str, wait: float) -> Any:
     """acquire, refusing (RestoreDetected, 503) while the backend is behind the watermark.
 
     A token reissued from restored data could equal one still in flight, which both enforcement
@@ -128,7 +128,7 @@ async def _checked_acquire(state: _State, session_id: str, key: str, wait: float
     return result
 
 
-def _build(state: _State, lifespan: Callable[[FastAPI], Any] | None) -> FastAPI:
+def _build(state: ServerState, lifespan: Callable[[FastAPI], Any] | None) -> FastAPI:
     """The app: middleware, error shapes, then the route table by concern, in the order the
     OpenAPI spec lists them."""
     app = FastAPI(
@@ -141,17 +141,17 @@ def _build(state: _State, lifespan: Callable[[FastAPI], Any] | None) -> FastAPI:
     app.state.lock = state
     # Binds the caller's X-Correlation-Id for the request: every event below carries it.
     app.add_middleware(CorrelationMiddleware)
-    access = _Access.of(state.credentials)
-    _add_error_shapes(app, state.metrics)
+    access = Access.of(state.credentials)
+    add_error_shapes(app, state.metrics)
     _add_session_routes(app, state, access)
     _add_grant_routes(app, state, access)
     _add_inspect_routes(app, state, access)
-    _add_break_glass_routes(app, state, access)
+    add_break_glass_routes(app, state, access)
     _add_operation_routes(app, state)
     return app
 
 
-def _add_session_routes(app: FastAPI, state: _State, access: _Access) -> None:
+def _add_session_routes(app: FastAPI, state: ServerState, access: Access) -> None:
     """Open, keep alive and close the worker's session (its grants end with it)."""
     holder, run = access.holder, state.run
 
@@ -159,7 +159,7 @@ def _add_session_routes(app: FastAPI, state: _State, access: _Access) -> None:
         "/v1/sessions",
         name="open_session",
         response_model=SessionOut,
-        responses=_ERRORS,
+        responses=ERROR_RESPONSES,
         dependencies=holder,
     )
     async def open_session(body: OpenSessionIn | None = None) -> Response:
@@ -168,13 +168,13 @@ def _add_session_routes(app: FastAPI, state: _State, access: _Access) -> None:
         )
         s = await run("open_session", lambda: state.be().open_session(ttl))
         _log.info("lock.session_opened", session_id=s.session_id, ttl_s=s.ttl_s)
-        return _session_json(s)
+        return session_json(s)
 
     @app.post(
         "/v1/sessions/{session_id}/keepalive",
         name="keepalive",
         response_model=SessionOut,
-        responses=_ERRORS,
+        responses=ERROR_RESPONSES,
         dependencies=holder,
     )
     async def keepalive(session_id: str) -> Response:
@@ -183,13 +183,13 @@ def _add_session_routes(app: FastAPI, state: _State, access: _Access) -> None:
         except api.SessionNotFound:
             _log.warning("lock.session_expired", session_id=session_id)
             raise
-        return _session_json(s)
+        return session_json(s)
 
     @app.delete(
         "/v1/sessions/{session_id}",
         name="close_session",
         status_code=204,
-        responses=_ERRORS,
+        responses=ERROR_RESPONSES,
         dependencies=holder,
     )
     async def close_session(session_id: str) -> Response:
@@ -198,7 +198,7 @@ def _add_session_routes(app: FastAPI, state: _State, access: _Access) -> None:
         return Response(status_code=204)
 
 
-def _hot_post(app: FastAPI, access: _Access, path: str, **kw: Any) -> Callable[[Any], Any]:
+def _hot_post(app: FastAPI, access: Access, path: str, **kw: Any) -> Callable[[Any], Any]:
     """`@app.post(path, ...)` for a worker's hot route: the same route, spec and answers, with
     lockservice.server.hotroute's fast path for a well-formed, authorised request."""
     route_class = hot_route(access.holder_dependency, access.holder_check)
@@ -208,7 +208,7 @@ def _hot_post(app: FastAPI, access: _Access, path: str, **kw: Any) -> Callable[[
             path,
             endpoint,
             methods=["POST"],
-            responses=_ERRORS,
+            responses=ERROR_RESPONSES,
             dependencies=access.holder,
             route_class_override=route_class,
             **kw,
@@ -218,7 +218,7 @@ def _hot_post(app: FastAPI, access: _Access, path: str, **kw: Any) -> Callable[[
     return register
 
 
-def _add_grant_routes(app: FastAPI, state: _State, access: _Access) -> None:
+def _add_grant_routes(app: FastAPI, state: ServerState, access: Access) -> None:
     """Acquire, renew and release: every grant answered is signed (INV-07)."""
     run = state.run
 
@@ -230,8 +230,8 @@ def _add_grant_routes(app: FastAPI, state: _State, access: _Access) -> None:
             _log.info(
                 "lock.not_acquired", key=key, session_id=body.session_id, reason=result.reason
             )
-            return _error(409, "not_acquired", f"{key} not acquired", reason=result.reason)
-        return JSONResponse(_grant_json(result, state.signer))
+            return error_response(409, "not_acquired", f"{key} not acquired", reason=result.reason)
+        return JSONResponse(grant_json(result, state.signer))
 
     @_hot_post(app, access, "/v1/locks/renew", name="renew", response_model=GrantBody)
     async def renew(body: GrantBody) -> Response:
@@ -239,7 +239,7 @@ def _add_grant_routes(app: FastAPI, state: _State, access: _Access) -> None:
         api.validate_key(grant.key)
         renewed = await run("renew", lambda: state.be().renew(grant))  # backend: renew_failed
         _log.info("lock.renewed", key=grant.key, token=grant.token)
-        return JSONResponse(_grant_json(renewed, state.signer))
+        return JSONResponse(grant_json(renewed, state.signer))
 
     @_hot_post(app, access, "/v1/locks/release", name="release", status_code=204)
     async def release(body: GrantBody) -> Response:
@@ -253,7 +253,7 @@ def _add_grant_routes(app: FastAPI, state: _State, access: _Access) -> None:
         return Response(status_code=204)
 
 
-def _add_inspect_routes(app: FastAPI, state: _State, access: _Access) -> None:
+def _add_inspect_routes(app: FastAPI, state: ServerState, access: Access) -> None:
     """Read-only views: one key's state for operators, the grant history for the checker."""
     reader, run = access.reader, state.run
 
@@ -261,11 +261,11 @@ def _add_inspect_routes(app: FastAPI, state: _State, access: _Access) -> None:
         "/v1/locks",
         name="inspect",
         response_model=LockInfoOut,
-        responses=_ERRORS,
+        responses=ERROR_RESPONSES,
         dependencies=reader,
     )
     async def inspect(
-        key: str = Query(min_length=1, max_length=api.MAX_KEY_LENGTH, pattern=_KEY_PATTERN),
+        key: str = Query(min_length=1, max_length=api.MAX_KEY_LENGTH, pattern=KEY_PATTERN),
     ) -> Response:
         """A snapshot for operators; never usable for a correctness decision (FR-07)."""
         info = await run("inspect", lambda: state.be().inspect(api.validate_key(key)))
@@ -274,8 +274,8 @@ def _add_inspect_routes(app: FastAPI, state: _State, access: _Access) -> None:
                 "key": info.key,
                 "holder_session": info.holder_session,
                 "token": info.token,
-                "acquired_at": _iso(info.acquired_at),
-                "expires_at": _iso(info.expires_at),
+                "acquired_at": iso(info.acquired_at),
+                "expires_at": iso(info.expires_at),
                 "waiters": info.waiters,
                 "last_token": info.last_token,
             }
@@ -285,11 +285,11 @@ def _add_inspect_routes(app: FastAPI, state: _State, access: _Access) -> None:
         "/v1/history",
         name="grant_history",
         response_model=HistoryOut,
-        responses=_ERRORS,
+        responses=ERROR_RESPONSES,
         dependencies=reader,
     )
     async def grant_history(
-        prefix: str = Query(default="", max_length=api.MAX_KEY_LENGTH, pattern=_PREFIX_PATTERN),
+        prefix: str = Query(default="", max_length=api.MAX_KEY_LENGTH, pattern=PREFIX_PATTERN),
         limit: int = Query(default=api.DEFAULT_HISTORY_LIMIT, ge=0, le=api.MAX_HISTORY_LIMIT),
     ) -> Response:
         """Every grant issued for keys starting with `prefix`, ordered by (key, token), at most
@@ -305,19 +305,19 @@ def _add_inspect_routes(app: FastAPI, state: _State, access: _Access) -> None:
                         "key": r.key,
                         "token": r.token,
                         "session_id": r.session_id,
-                        "acquired_at": _iso(r.acquired_at),
-                        "ended_at": _iso(r.ended_at),
+                        "acquired_at": iso(r.acquired_at),
+                        "ended_at": iso(r.ended_at),
                         "end_reason": r.end_reason,
                     }
                     for r in recs[:limit]
                 ],
                 "truncated": len(recs) > limit,
-                "retained_since": _iso(since),
+                "retained_since": iso(since),
             }
         )
 
 
-def _add_operation_routes(app: FastAPI, state: _State) -> None:
+def _add_operation_routes(app: FastAPI, state: ServerState) -> None:
     """Health, liveness and metrics: open to anyone who can reach the port (network
     isolation), outside the OpenAPI spec except /health."""
 
@@ -359,9 +359,9 @@ def app_from_settings(settings: Any) -> FastAPI:
         raise ValueError("LOCK_SIGNING_KEY_PATH is required: every grant is signed")
     signer = GrantSigner.from_pem_file(settings.signing_key_path, settings.signing_key_id)
     credentials = load_optional(settings.credentials_path)
-    state = _State(
+    state = ServerState(
         None,
-        _Metrics(),
+        ServerMetrics(),
         float(settings.default_ttl_s),
         signer,
         None,

@@ -2,9 +2,9 @@
 dependencies over common.credentials, docs/architecture.md, Trust), and what every route runs
 with: the backend, the grant signer, the restore watermark, the credentials and the metrics.
 
-One `_State` per app (lockservice.server.app builds it), never module-level state, so that several
-apps in one process (tests, benchmarks) never share a backend or a metric. Metric labels are the
-operation and the outcome only, never a key, session or token (NFR-09).
+One `ServerState` per app (lockservice.server.app builds it), never module-level state, so that
+several apps in one process (tests, benchmarks) never share a backend or a metric. Metric labels
+are the operation and the outcome only, never a key, session or token (NFR-09).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ WORKER = "worker"
 READERS = ("worker", "invariants", "reconciler")
 
 
-class _Metrics:
+class ServerMetrics:
     """Per-app registry, so that several apps in one process (tests, bench) never collide."""
 
     def __init__(self) -> None:
@@ -79,9 +79,9 @@ _OUTCOME_OF: dict[type[Exception], str] = {
 
 
 @dataclass
-class _State:
+class ServerState:
     backend: LockBackend | None
-    metrics: _Metrics
+    metrics: ServerMetrics
     default_ttl_s: float
     signer: GrantSigner
     #: Restored-data detection (lockservice.server.watermark); None: off (no LOCK_STATE_DIR).
@@ -122,13 +122,13 @@ class _State:
             self.metrics.record(op, outcome, time.perf_counter() - started)
 
 
-def _op_of(request: Request) -> str:
+def op_of(request: Request) -> str:
     route = request.scope.get("route")
     return str(getattr(route, "name", None) or "unknown")
 
 
 @dataclass(frozen=True)
-class _Access:
+class Access:
     """Who may call which route (docs/architecture.md, Trust), as FastAPI dependencies."""
 
     #: The worker, which holds grants (sessions, acquire, renew, release).
@@ -149,7 +149,7 @@ class _Access:
     holder_check: Callable[[str | None], Identity]
 
     @classmethod
-    def of(cls, credentials: Credentials | None) -> _Access:
+    def of(cls, credentials: Credentials | None) -> Access:
         # One decision for both: the hot routes' fast path calls `holder_check` itself, every
         # other request reaches it through the dependency.
         holder_check = authorizer(credentials, components=(WORKER,))

@@ -15,8 +15,8 @@ from fastapi.routing import APIRoute
 from common.credentials import Credentials, Identity, authorizer, require, token_digest
 from common.strict_query import reject_unknown_query
 from lockservice.server.hotroute import hot_route
-from lockservice.server.state import _Metrics
-from lockservice.server.wire import AcquireIn, _add_error_shapes
+from lockservice.server.state import ServerMetrics
+from lockservice.server.wire import AcquireIn, add_error_shapes
 
 WORKER, OTHER = "w" * 43, "o" * 43
 CREDS = Credentials(
@@ -30,7 +30,7 @@ GOOD = {"session_id": "s-1", "key": "payout:1", "wait_s": 0.5}
 
 def _app(fast: bool, calls: list[AcquireIn]) -> FastAPI:
     app = FastAPI(dependencies=[Depends(reject_unknown_query)])
-    _add_error_shapes(app, _Metrics())
+    add_error_shapes(app, ServerMetrics())
     holder = require(CREDS, components=("worker",))
 
     async def acquire(body: AcquireIn) -> Response:
