@@ -69,7 +69,7 @@ from lockservice.api import Grant, LockBackend
 from lockservice.sdk.client import LockClient
 from lockservice.sdk.transport import KeepAliveTransport
 from lockservice.server.backends import create_backend
-from lockservice.verifiers.grants import generate_keypair
+from lockservice.server.signing import generate_keypair
 from stack.embedded import (
     EmbeddedEtcd,
     EmbeddedPostgres,

@@ -42,6 +42,7 @@ from lockservice import api
 from lockservice.api import LockBackend, NotAcquired
 from lockservice.server.breakglass import add_break_glass_routes
 from lockservice.server.hotroute import hot_route
+from lockservice.server.signing import GrantSigner
 from lockservice.server.state import Access, ServerMetrics, ServerState
 from lockservice.server.watermark import Watermark
 from lockservice.server.wire import (
@@ -61,7 +62,6 @@ from lockservice.server.wire import (
     session_json,
 )
 from lockservice.verifiers.assertions import DEFAULT_TTL_S
-from lockservice.verifiers.grants import GrantSigner
 
 #: How long /health waits for the backend's answer before it reports it unavailable.
 _HEALTH_PROBE_S = 2.0

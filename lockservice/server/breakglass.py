@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from common.credentials import Identity
 from common.logs import get_logger
 from lockservice import api
+from lockservice.server.signing import sign_assertion
 from lockservice.server.state import Access, ServerState
 from lockservice.server.wire import (
     ERROR_RESPONSES,
@@ -30,7 +31,7 @@ from lockservice.server.wire import (
     error_response,
     iso,
 )
-from lockservice.verifiers.assertions import AssertionRefused, OperatorAssertion, sign_assertion
+from lockservice.verifiers.assertions import AssertionRefused, OperatorAssertion
 
 _log = get_logger("lockservice.server")
 

@@ -21,9 +21,9 @@ from common.credentials import Credentials, Identity, as_dependency, authorizer,
 from common.outage import connection_lost
 from lockservice import api
 from lockservice.api import LockBackend
+from lockservice.server.signing import GrantSigner
 from lockservice.server.watermark import Watermark
 from lockservice.verifiers.assertions import DEFAULT_TTL_S, AssertionVerifier
-from lockservice.verifiers.grants import GrantSigner
 
 T = TypeVar("T")
 

@@ -22,8 +22,8 @@ from common.logs import get_logger
 from common.outage import answer_outages
 from lockservice import api
 from lockservice.api import Grant, Session
+from lockservice.server.signing import GrantSigner
 from lockservice.server.state import ServerMetrics, op_of
-from lockservice.verifiers.grants import GrantSigner
 
 _log = get_logger("lockservice.server")
 

@@ -10,15 +10,15 @@ from typing import Any
 
 import pytest
 
+from lockservice.server.signing import GrantSigner, sign_assertion
 from lockservice.verifiers.assertions import (
     PURPOSE,
     AssertionRefused,
     AssertionVerifier,
     OperatorAssertion,
     assertion_bytes,
-    sign_assertion,
 )
-from lockservice.verifiers.grants import BadSignature, GrantSigner, GrantVerifier, SignedGrant
+from lockservice.verifiers.grants import BadSignature, GrantVerifier, SignedGrant
 
 NOW = datetime(2026, 12, 1, 10, 0, 0, tzinfo=UTC)
 SIGNER = GrantSigner.ephemeral("k1")

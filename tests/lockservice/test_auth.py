@@ -25,13 +25,8 @@ from common.credentials import Kind, issue_tokens, read_token, write_credentials
 from lockservice.api import LockBackend
 from lockservice.sdk.client import LockClient
 from lockservice.server.app import create_app
-from lockservice.verifiers.assertions import (
-    AssertionVerifier,
-    OperatorAssertion,
-    assertion_bytes,
-    sign_assertion,
-)
-from lockservice.verifiers.grants import GrantSigner
+from lockservice.server.signing import GrantSigner, sign_assertion
+from lockservice.verifiers.assertions import AssertionVerifier, OperatorAssertion, assertion_bytes
 from tests.lockservice import server_fixtures as _fx
 
 KEY = "payout:auth-acct"

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from lockservice.api import Grant
+from lockservice.server.signing import GrantSigner, generate_keypair
 from lockservice.verifiers.grants import (
     BadSignature,
     GrantExpired,
-    GrantSigner,
     GrantVerifier,
     KeyMismatch,
     MalformedGrant,
@@ -22,7 +22,6 @@ from lockservice.verifiers.grants import (
     TokenMismatch,
     UnknownKeyId,
     canonical_bytes,
-    generate_keypair,
     load_public_keys,
 )
 
