@@ -66,10 +66,8 @@ from lab import bench_locks_ab
 from lab.bench_locks_ab import LockServer
 from lockservice import api
 from lockservice.api import Grant, LockBackend
-from lockservice.sdk.client import LockClient
-from lockservice.sdk.transport import KeepAliveTransport
-from lockservice.server.backends import create_backend
-from lockservice.server.signing import generate_keypair
+from lockservice.sdk import KeepAliveTransport, LockClient
+from lockservice.server import create_backend, generate_keypair
 from stack.embedded import (
     EmbeddedEtcd,
     EmbeddedPostgres,
@@ -126,7 +124,7 @@ def loadavg() -> str:
 async def etcd_floor(endpoints: list[str]) -> AsyncIterator[Op]:
     """One compare-and-put txn (attached to a lease) plus one delete: the least an acquire and a
     release can cost on etcd."""
-    from lockservice.server.backends.etcd_client import etcd_client
+    from lockservice.server import etcd_client
 
     client = etcd_client(endpoints[:1])  # the bench's plaintext etcd, or ETCD_ENDPOINTS' first
     await client.connect()

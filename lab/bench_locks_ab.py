@@ -34,8 +34,7 @@ from typing import Any, NamedTuple
 import httpx
 
 from lab.cpu import threads_cpu_s
-from lockservice.sdk.client import LockClient
-from lockservice.sdk.transport import KeepAliveTransport
+from lockservice.sdk import KeepAliveTransport, LockClient
 
 WARMUP = 100
 ROUNDS = 10

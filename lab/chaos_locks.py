@@ -28,7 +28,7 @@ from typing import Any
 
 from invariants.checker import HoldSource, lock_server_hold_source, postgres_hold_source
 from lab.chaos_schedule import Fault
-from lockservice.sdk.client import retry_budget_s
+from lockservice.sdk import retry_budget_s
 from stack.system import Stack
 
 #: Room on either side of the window: a retry budget's last backoff and a heartbeat's jitter.

@@ -161,7 +161,7 @@ def _cmd_bump_epoch_offline(args: argparse.Namespace) -> int:
 def _etcd_tls_from_env() -> Any:
     """The lock server's etcd TLS files (LOCK_ETCD_CA_FILE, _CERT_FILE, _KEY_FILE; the local
     stack's env file sets them) for `https://` endpoints; None without a CA file."""
-    from lockservice.server.backends.etcd_client import EtcdTLSFiles
+    from lockservice.server import EtcdTLSFiles
 
     ca = _env("LOCK_ETCD_CA_FILE")
     if not ca:
@@ -181,7 +181,7 @@ async def _offline(  # noqa: PLR0917 - the parsed command, passed through once
     import asyncpg
 
     from lockservice.api import LockError
-    from lockservice.server.backends import create_backend
+    from lockservice.server import create_backend
     from lockservice.server.restore import offline_bump
 
     prefix = args.prefix if args.prefix is not None else (_env("LOCK_KEY_PREFIX") or "")
@@ -238,7 +238,7 @@ def _cmd_etcdutl(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from lockservice.server.app import main as serve
+    from lockservice.server import main as serve
 
     serve()
     return 0

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.tracing import TRACE_DIR_VAR
-from lockservice.server.signing import KeyPairFiles, generate_keypair
+from lockservice.server import KeyPairFiles, generate_keypair
 from stack.balancer import Pool, haproxy_binary, write_config
 from stack.config import StackConfig
 from stack.credentials import StackCredentials, stack_credentials

@@ -12,8 +12,8 @@ import tempfile
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from lockservice.server.signing import GrantSigner, KeyPairFiles, generate_keypair
-from lockservice.verifiers.grants import GrantVerifier, SignedGrant
+from lockservice.server import GrantSigner, KeyPairFiles, generate_keypair
+from lockservice.verifiers import GrantVerifier, SignedGrant
 
 TEST_KID = "test-k1"
 

@@ -271,7 +271,7 @@ def _corrupt_watermark_dir(where: Path, env: dict[str, str]) -> Path:
     that is not JSON (its name is a digest of that location: made by opening it once)."""
     state = where / "state"
     state.mkdir()
-    from lockservice.server.settings import LockSettings
+    from lockservice.server import LockSettings
     from lockservice.server.watermark import Watermark, location_identity
 
     s = LockSettings(

@@ -21,8 +21,8 @@ from activities.payout.support import log, lost_error, reporting_progress
 from common import correlation
 from common.lockkey import lock_key
 from lockservice.api import LockError, NotHeld
-from lockservice.sdk.client import Lease, LockClient
-from lockservice.verifiers.grants import SignedGrant
+from lockservice.sdk import Lease, LockClient
+from lockservice.verifiers import SignedGrant
 
 __all__ = ["HeldGrants"]
 

@@ -6,3 +6,8 @@ process still owes the server (`releases`).
 Must never: import the lock server (lockservice.server), hand out a `Lease` without a grant from
 the server, or offer any way to proceed without one (FR-27).
 """
+
+from lockservice.sdk.client import Lease, LockClient, NotAcquiredError, retry_budget_s
+from lockservice.sdk.transport import KeepAliveTransport
+
+__all__ = ["KeepAliveTransport", "Lease", "LockClient", "NotAcquiredError", "retry_budget_s"]

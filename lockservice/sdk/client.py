@@ -59,7 +59,7 @@ from lockservice import api
 from lockservice.api import Grant, LockError
 from lockservice.sdk.releases import BackgroundReleases, grant_body, grant_of
 from lockservice.sdk.transport import KeepAliveTransport
-from lockservice.verifiers.grants import SignedGrant
+from lockservice.verifiers import SignedGrant
 
 _log = get_logger("lockservice.client")
 

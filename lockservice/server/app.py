@@ -61,7 +61,7 @@ from lockservice.server.wire import (
     iso,
     session_json,
 )
-from lockservice.verifiers.assertions import DEFAULT_TTL_S
+from lockservice.verifiers import DEFAULT_TTL_S
 
 #: How long /health waits for the backend's answer before it reports it unavailable.
 _HEALTH_PROBE_S = 2.0

@@ -31,7 +31,7 @@ from lockservice.server.wire import (
     error_response,
     iso,
 )
-from lockservice.verifiers.assertions import AssertionRefused, OperatorAssertion
+from lockservice.verifiers import AssertionRefused, OperatorAssertion
 
 _log = get_logger("lockservice.server")
 

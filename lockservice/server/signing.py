@@ -23,13 +23,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from lockservice.api import Grant
-from lockservice.verifiers.assertions import (
-    ACTIONS,
-    OperatorAssertion,
-    check_payout_id,
-    signed_bytes,
-)
-from lockservice.verifiers.grants import SignedGrant, b64url, canonical_bytes, check_kid
+from lockservice.verifiers import ACTIONS, OperatorAssertion, SignedGrant
+from lockservice.verifiers.assertions import check_payout_id, signed_bytes
+from lockservice.verifiers.grants import b64url, canonical_bytes, check_kid
 
 
 class GrantSigner:

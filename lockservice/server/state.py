@@ -23,7 +23,7 @@ from lockservice import api
 from lockservice.api import LockBackend
 from lockservice.server.signing import GrantSigner
 from lockservice.server.watermark import Watermark
-from lockservice.verifiers.assertions import DEFAULT_TTL_S, AssertionVerifier
+from lockservice.verifiers import DEFAULT_TTL_S, AssertionVerifier
 
 T = TypeVar("T")
 

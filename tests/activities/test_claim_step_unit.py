@@ -21,8 +21,8 @@ from temporalio.testing import ActivityEnvironment
 from activities import models as m
 from activities.payout_activities import PayoutActivities
 from ledger import FencedOut, Payout, PayoutState
-from lockservice.sdk.client import LockClient
-from lockservice.server.app import create_app
+from lockservice.sdk import LockClient
+from lockservice.server import create_app
 from tests.lockservice.fake_backend import FakeBackend
 
 S = PayoutState

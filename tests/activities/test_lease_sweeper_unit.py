@@ -20,8 +20,8 @@ from temporalio.testing import ActivityEnvironment
 from activities import models as m
 from activities.payout_activities import PayoutActivities
 from common.lockkey import lock_key
-from lockservice.sdk.client import LockClient
-from lockservice.server.app import create_app
+from lockservice.sdk import LockClient
+from lockservice.server import create_app
 from tests.lockservice.fake_backend import FakeBackend
 from tests.lockservice.server_fixtures import eventually
 

@@ -9,7 +9,7 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from common.db_roles import CHECKER
-from lockservice.server.app import create_app
+from lockservice.server import create_app
 from payouts import invariants_cli
 from payouts.cli import main
 from stack.embedded import free_port

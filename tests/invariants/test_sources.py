@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from invariants.checker import GrantSourceUnavailable, lock_server_grant_source
-from lockservice.server.app import create_app
+from lockservice.server import create_app
 from tests.invariants.conftest import World, lock_key, violated
 from tests.lockservice.server_fixtures import serve_app
 

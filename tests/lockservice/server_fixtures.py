@@ -17,7 +17,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from lockservice.api import LockBackend
-from lockservice.server.app import create_app
+from lockservice.server import create_app
 from stack.embedded import free_port
 from tests.lockservice.fake_backend import FakeBackend
 
@@ -112,7 +112,7 @@ async def real_backend(
     key_prefix: str,
 ) -> AsyncIterator[LockBackend]:
     """A connected real backend of each kind (A's `create_backend`), closed after the test."""
-    from lockservice.server.backends import create_backend
+    from lockservice.server import create_backend
 
     kind: Any = request.param
     backend = await create_backend(

@@ -10,15 +10,17 @@ from typing import Any
 
 import pytest
 
-from lockservice.server.signing import GrantSigner, sign_assertion
-from lockservice.verifiers.assertions import (
-    PURPOSE,
+from lockservice.server import GrantSigner
+from lockservice.server.signing import sign_assertion
+from lockservice.verifiers import (
     AssertionRefused,
     AssertionVerifier,
+    BadSignature,
+    GrantVerifier,
     OperatorAssertion,
-    assertion_bytes,
+    SignedGrant,
 )
-from lockservice.verifiers.grants import BadSignature, GrantVerifier, SignedGrant
+from lockservice.verifiers.assertions import PURPOSE, assertion_bytes
 
 NOW = datetime(2026, 12, 1, 10, 0, 0, tzinfo=UTC)
 SIGNER = GrantSigner.ephemeral("k1")

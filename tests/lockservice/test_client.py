@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from lockservice import api
-from lockservice.sdk.client import Lease, LockClient, NotAcquiredError
-from lockservice.server.app import create_app
+from lockservice.sdk import Lease, LockClient, NotAcquiredError
+from lockservice.server import create_app
 from tests.lockservice import server_fixtures as _fx
 from tests.lockservice.fake_backend import FakeBackend
 from tests.lockservice.server_fixtures import (

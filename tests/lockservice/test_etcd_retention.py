@@ -21,13 +21,10 @@ import pytest
 
 from invariants.checker import lock_server_grant_source
 from lockservice.api import Grant, NotAcquired
-from lockservice.server.app import create_app
-from lockservice.server.backends import create_backend
+from lockservice.server import LockSettings, create_app, create_backend, etcd_client
 from lockservice.server.backends import etcd as etcd_module
 from lockservice.server.backends.etcd import EtcdBackend
-from lockservice.server.backends.etcd_client import etcd_client
 from lockservice.server.backends.etcd_retention import session_deadline
-from lockservice.server.settings import LockSettings
 from stack.embedded import EmbeddedEtcd
 from tests.lockservice.server_fixtures import serve_app
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from lockservice.api import Grant
-from lockservice.server.signing import GrantSigner, generate_keypair
-from lockservice.verifiers.grants import (
+from lockservice.server import GrantSigner, generate_keypair
+from lockservice.verifiers import (
     BadSignature,
     GrantExpired,
     GrantVerifier,
@@ -21,9 +21,9 @@ from lockservice.verifiers.grants import (
     SignedGrant,
     TokenMismatch,
     UnknownKeyId,
-    canonical_bytes,
     load_public_keys,
 )
+from lockservice.verifiers.grants import canonical_bytes
 
 EXPIRES = datetime(2026, 12, 1, 10, 0, 0, 123456, tzinfo=UTC)
 NOW = EXPIRES - timedelta(seconds=5)

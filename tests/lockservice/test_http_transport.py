@@ -12,9 +12,8 @@ import pytest
 
 from common.tls import client_context, uvicorn_ssl
 from lockservice import api
-from lockservice.sdk.client import LockClient
-from lockservice.sdk.transport import KeepAliveTransport
-from lockservice.server.app import create_app
+from lockservice.sdk import KeepAliveTransport, LockClient
+from lockservice.server import create_app
 from stack.embedded import free_port
 from stack.pki import StackPKI
 from tests.lockservice import server_fixtures as _fx

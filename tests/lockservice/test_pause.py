@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from lockservice.sdk.client import LockClient
+from lockservice.sdk import LockClient
 from tests.lockservice import server_fixtures as _fx
 
 live_server = _fx.live_server  # fixture

@@ -16,9 +16,9 @@ import pytest
 from structlog.testing import capture_logs
 
 from lockservice import api
-from lockservice.sdk.client import Lease, LockClient, retry_budget_s
+from lockservice.sdk import Lease, LockClient, retry_budget_s
 from lockservice.sdk.releases import PENDING_OUTCOMES, RELEASES_PENDING
-from lockservice.server.app import create_app
+from lockservice.server import create_app
 from tests.lockservice import server_fixtures as _fx
 from tests.lockservice.fake_backend import FakeBackend
 from tests.lockservice.server_fixtures import FakeClock, eventually

@@ -37,8 +37,7 @@ from lockservice.api import (
     RestoreDetected,
     next_epoch,
 )
-from lockservice.server.app import create_app
-from lockservice.server.backends import create_backend
+from lockservice.server import create_app, create_backend
 from lockservice.server.restore import bump_after_restore, min_epoch_for
 from lockservice.server.watermark import Watermark, location_identity
 from stack.embedded import EmbeddedEtcd, EmbeddedPostgres, _pg_bin

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 
-from lockservice.server.app import create_app
+from lockservice.server import create_app
 from tests.lockservice import server_fixtures as _fx
 from tests.lockservice.fake_backend import FakeBackend
 

@@ -14,8 +14,8 @@ import pytest
 from structlog.testing import capture_logs
 
 from lockservice.api import BackendUnavailable, Grant, RestoreDetected
-from lockservice.sdk.client import LockClient
-from lockservice.server.app import create_app
+from lockservice.sdk import LockClient
+from lockservice.server import create_app
 from lockservice.server.watermark import LOCK_RESTORE_DETECTED, Mark, Watermark, location_identity
 from tests.lockservice.fake_backend import FakeBackend
 
