@@ -17,7 +17,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-LAZY_PACKAGES = ["ledger", "railproxy", "railstub", "finledger", "lockservice.server"]
+LAZY_PACKAGES = [
+    "ledger",
+    "railproxy",
+    "railstub",
+    "finledger",
+    "lockservice.server",
+    "lockservice.sdk",
+    "lockservice.verifiers",
+]
 HEAVY = ("asyncpg", "prometheus_client", "fastapi", "uvicorn", "httpx")
 
 

@@ -7,7 +7,27 @@ Must never: import the lock server (lockservice.server), hand out a `Lease` with
 the server, or offer any way to proceed without one (FR-27).
 """
 
-from lockservice.sdk.client import Lease, LockClient, NotAcquiredError, retry_budget_s
-from lockservice.sdk.transport import KeepAliveTransport
+from typing import TYPE_CHECKING
 
-__all__ = ["KeepAliveTransport", "Lease", "LockClient", "NotAcquiredError", "retry_budget_s"]
+from common.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from lockservice.sdk.client import Lease, LockClient, NotAcquiredError, retry_budget_s
+    from lockservice.sdk.transport import KeepAliveTransport
+
+#: Public name -> the module that defines it, imported on first use (common.lazy).
+_EXPORTS = {
+    "KeepAliveTransport": "lockservice.sdk.transport",
+    "Lease": "lockservice.sdk.client",
+    "LockClient": "lockservice.sdk.client",
+    "NotAcquiredError": "lockservice.sdk.client",
+    "retry_budget_s": "lockservice.sdk.client",
+}
+__getattr__ = lazy_exports(__name__, _EXPORTS)
+__all__ = [
+    "KeepAliveTransport",
+    "Lease",
+    "LockClient",
+    "NotAcquiredError",
+    "retry_budget_s",
+]
