@@ -22,7 +22,7 @@ real_backend = _fx.real_backend  # fixture
 HOLDER = r"""
 import asyncio, json, sys
 from lockservice import api
-from lockservice.sdk.client import LockClient
+from lockservice.sdk import LockClient
 from common.logs import configure_logging
 
 async def main(url: str, key: str) -> None:
