@@ -54,8 +54,8 @@ from common.pgutil import create_pool
 from common.temporal_tls import TemporalTLSError, temporal_tls
 from common.tls import ClientTLS, ServerTLS, refuse_unverified_database_url
 from ledger import PayoutStore
-from lockservice.client import LockClient
-from lockservice.grants import GrantVerifier, verifier_from_settings
+from lockservice.sdk import LockClient
+from lockservice.verifiers import GrantVerifier, verifier_from_settings
 from railproxy.client import RailProxyClient
 from reconcile.reconciler import (
     AMBIGUITY_SLA_S,

@@ -39,7 +39,7 @@ FENCED_OUT = "FencedOut"
 LOCK_LOST = "LockLost"
 INVALID_TRANSITION = "InvalidTransition"
 UNKNOWN_PAYOUT = "UnknownPayout"
-#: The payment store refused an operator command's assertion (lockservice.assertions).
+#: The payment store refused an operator command's assertion (lockservice.verifiers.assertions).
 ASSERTION_REFUSED = "OperatorAssertionRefused"
 #: An operator command sent as a workflow Update was refused: the update fails with this type.
 COMMAND_REFUSED = "OperatorCommandRefused"
@@ -58,9 +58,9 @@ class OperatorCommand:
     """Input of the `abandon` and `revoke` signals: who, and why (FR-30).
 
     `operator` is free text and proves nothing (anyone who can reach Temporal can signal);
-    `assertion` is the lock service's signed operator assertion (lockservice.assertions, its
-    JSON form) that the enforcement points verify and whose identity they audit. Histories
-    recorded before it existed carry none.
+    `assertion` is the lock service's signed operator assertion
+    (lockservice.verifiers.assertions, its JSON form) that the enforcement points verify and
+    whose identity they audit. Histories recorded before it existed carry none.
     """
 
     operator: str = ""

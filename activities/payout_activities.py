@@ -38,7 +38,7 @@ from activities.payout.revokes import RevokeSteps
 from common import correlation
 from common.credentials import auth_headers
 from ledger import PayoutStore
-from lockservice.client import LockClient
+from lockservice.sdk import LockClient
 from railproxy.client import RailProxyClient
 
 __all__ = ["PayoutActivities"]

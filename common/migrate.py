@@ -39,7 +39,7 @@ class Component:
 
 #: Every component that owns tables, in the order `payouts db migrate` applies them.
 COMPONENTS = (
-    Component(schema="lockservice", package="lockservice"),
+    Component(schema="lockservice", package="lockservice.server"),
     Component(schema="paydb", package="ledger"),
     Component(schema="railproxy", package="railproxy"),
 )

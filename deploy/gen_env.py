@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT.parent))
 
 from common.credentials import issue_tokens, write_credentials  # noqa: E402 - path set-up above
 from common.db_roles import ROLE_NAMES  # noqa: E402 - same reason
-from lockservice.grants import generate_keypair  # noqa: E402 - after the path set-up above
+from lockservice.server import generate_keypair  # noqa: E402 - after the path set-up above
 from stack.credentials import STACK_ACCEPTS, STACK_IDENTITIES  # noqa: E402 - same reason
 from stack.pki import StackPKI  # noqa: E402 - same reason
 

@@ -46,7 +46,7 @@ class InvalidGrant(PaydbError):
     """A fenced write presented no grant, or one the lock service did not sign for this write.
 
     Distinct from FencedOut: a genuine but stale token is FencedOut; this one is not a token
-    the lock service issued for the account at all. `reason` is lockservice.grants' code.
+    the lock service issued for the account at all. `reason` is lockservice.verifiers.grants' code.
     """
 
     code = "invalid_grant"
@@ -59,7 +59,7 @@ class InvalidGrant(PaydbError):
 class InvalidOperatorAssertion(PaydbError):
     """A break-glass command (abandon) came without the lock service's operator assertion for
     it, or with one that is forged, expired, or for another payout or action. Nothing changed.
-    `reason` is lockservice.assertions' code."""
+    `reason` is lockservice.verifiers.assertions' code."""
 
     code = "invalid_operator_assertion"
 

@@ -94,7 +94,8 @@ class BackendUnavailable(LockError):
 
 class RestoreDetected(BackendUnavailable):
     """The backend's data is older than what this lock server already issued on it (a restore
-    from backup without the epoch bump): no grant until `bump-epoch` (lockservice.watermark)."""
+    from backup without the epoch bump): no grant until `bump-epoch`
+    (lockservice.server.watermark)."""
 
     code = "restore_detected"
 
@@ -106,7 +107,7 @@ class RestoreDetected(BackendUnavailable):
 class IssuancePosition:
     """Where the backend's issuance stands: its epoch and a backend-wide counter that every grant
     raises and only a restore lowers (PostgreSQL: the grant-history sequence; etcd: the cluster
-    revision). lockservice.watermark compares it with what this server saw before."""
+    revision). lockservice.server.watermark compares it with what this server saw before."""
 
     epoch: int
     counter: int

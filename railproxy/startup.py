@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 
 from common.credentials import CredentialsError
-from lockservice.grants import GrantVerifier, verifier_from_settings
+from lockservice.verifiers import GrantVerifier, verifier_from_settings
 from railproxy.errors import StartupRefused
 from railproxy.rail import rail_auth_headers
 from railproxy.settings import ProxySettings

@@ -439,7 +439,7 @@ class EtcdMember:
     @property
     def endpoint(self) -> str:
         """What an etcd client is given: host:port for plaintext, https://host:port for TLS
-        (lockservice.backends.etcd_client decides TLS by the scheme)."""
+        (lockservice.server.backends.etcd_client decides TLS by the scheme)."""
         return self.client_url if self.tls else f"127.0.0.1:{self.client_port}"
 
     @property

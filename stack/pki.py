@@ -31,7 +31,7 @@ from common.tls import client_context
 from stack.embedded import EtcdMemberTLS, PostgresTLS
 
 if TYPE_CHECKING:
-    from lockservice.backends.etcd_client import EtcdTLSFiles
+    from lockservice.server import EtcdTLSFiles
 
 #: A local stack's certificates outlive any run; a CA a year longer than what it signs.
 _CERT_DAYS = 365
@@ -227,13 +227,13 @@ class StackTLS:
 
     def etcd_client(self, client: str) -> EtcdTLSFiles:
         """The TLS files an etcd client `client` (of ETCD_CLIENTS) connects with."""
-        from lockservice.backends.etcd_client import EtcdTLSFiles  # aetcd and grpc: not at import
+        from lockservice.server import EtcdTLSFiles  # aetcd and grpc: not at import
 
         files = self.certs[_etcd_client_cert(client)]
         return EtcdTLSFiles(str(self.ca_file), str(files.cert), str(files.key))
 
     def etcd_client_env(self, prefix: str, client: str) -> dict[str, str]:
-        """`<prefix>ETCD_CA_FILE`/`_CERT_FILE`/`_KEY_FILE` (lockservice.settings)."""
+        """`<prefix>ETCD_CA_FILE`/`_CERT_FILE`/`_KEY_FILE` (lockservice.server.settings)."""
         files = self.etcd_client(client)
         return {
             f"{prefix}ETCD_CA_FILE": files.ca_file,

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.tracing import TRACE_DIR_VAR
-from lockservice.grants import KeyPairFiles, generate_keypair
+from lockservice.server import KeyPairFiles, generate_keypair
 from stack.balancer import Pool, haproxy_binary, write_config
 from stack.config import StackConfig
 from stack.credentials import StackCredentials, stack_credentials
@@ -30,7 +30,7 @@ from workflows.search_attributes import dev_server_flags
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 WORKER_SCRIPT = PROJECT_ROOT / "worker_main.py"
-#: Key id of the local stack's grant-signing key (lockservice.grants).
+#: Key id of the local stack's grant-signing key (lockservice.server.signing).
 STACK_KEY_ID = "stack-k1"
 #: The dev server's SQLite in WAL mode with NORMAL sync: it survives a crash of the server process
 #: (only an OS crash can lose the last commits), and every task no longer waits for an fsync,

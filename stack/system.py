@@ -67,7 +67,7 @@ from stack.services import (
 )
 
 if TYPE_CHECKING:
-    from lockservice.backends.etcd_client import EtcdTLSFiles
+    from lockservice.server import EtcdTLSFiles
 
 log = get_logger("stack.system")
 T = TypeVar("T")
@@ -603,7 +603,7 @@ class Stack:
     async def etcd_leader(self, timeout_s: float = 2.0) -> str | None:
         """The name of the member that is the raft leader right now, asked of every live member;
         None while there is no leader (an election is running) or no member answers."""
-        from lockservice.backends.etcd_client import etcd_client
+        from lockservice.server import etcd_client
 
         if self._etcd is None:
             raise UnknownProcessError("etcd is not running embedded (ETCD_ENDPOINTS or postgres)")

@@ -14,9 +14,8 @@ import httpx
 
 from common.migrate import migrate
 from lockservice.api import LockBackend
-from lockservice.backends import create_backend
-from lockservice.server import create_app
-from lockservice.watermark import Watermark, location_identity
+from lockservice.server import create_app, create_backend
+from lockservice.server.watermark import Watermark, location_identity
 from stack.replication import ReplicatedPostgres
 from tests.waiting import wait_for
 

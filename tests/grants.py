@@ -12,13 +12,8 @@ import tempfile
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from lockservice.grants import (
-    GrantSigner,
-    GrantVerifier,
-    KeyPairFiles,
-    SignedGrant,
-    generate_keypair,
-)
+from lockservice.server import GrantSigner, KeyPairFiles, generate_keypair
+from lockservice.verifiers import GrantVerifier, SignedGrant
 
 TEST_KID = "test-k1"
 
@@ -89,7 +84,7 @@ def operator_assertion(
     """An operator assertion signed by the test key (as the lock server the fixtures start
     would sign it), in its wire form; `expires_in_s` <= 0 gives an expired one. A revoke's
     names a lock key (`key`, else a placeholder): the signer refuses an unbound one."""
-    from lockservice.assertions import sign_assertion
+    from lockservice.server.signing import sign_assertion
 
     now = datetime.now(UTC)
     return sign_assertion(

@@ -277,8 +277,8 @@ def _corrupt_watermark_dir(where: Path, env: dict[str, str]) -> Path:
     that is not JSON (its name is a digest of that location: made by opening it once)."""
     state = where / "state"
     state.mkdir()
-    from lockservice.settings import LockSettings
-    from lockservice.watermark import Watermark, location_identity
+    from lockservice.server import LockSettings
+    from lockservice.server.watermark import Watermark, location_identity
 
     s = LockSettings(
         backend=env.get("LOCK_BACKEND", "postgres"),

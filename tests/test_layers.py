@@ -55,7 +55,7 @@ def test_every_root_package_is_in_the_contracts() -> None:
 def test_the_tree_keeps_its_contracts(tmp_path: Path) -> None:
     result = _lint(_copy(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "Contracts: 2 kept, 0 broken." in result.stdout
+    assert "Contracts: 4 kept, 0 broken." in result.stdout
 
 
 @pytest.mark.parametrize(
@@ -66,7 +66,7 @@ def test_the_tree_keeps_its_contracts(tmp_path: Path) -> None:
         # a component importing the worker: upward
         ("railproxy/store.py", "import activities.models", "Layers"),
         # a component importing the local stack: upward (what lockservice/bench.py did)
-        ("lockservice/watermark.py", "import stack.embedded", "Layers"),
+        ("lockservice/server/watermark.py", "import stack.embedded", "Layers"),
         # the top is ordered lab > payouts > stack: the operator's command must not load the lab
         # (what payouts/cli.py's importlib list did), nor the stack the operator's commands
         # (what stack/services.py and stack/system.py did)
@@ -75,7 +75,18 @@ def test_the_tree_keeps_its_contracts(tmp_path: Path) -> None:
         ("stack/cli.py", "import lab.stoppable", "Layers"),
         # one component reaching into another's internals, not its public client
         ("reconcile/reconciler.py", "import ledger.store", "independent"),
-        ("railproxy/service.py", "import lockservice.server", "independent"),
+        ("railproxy/service.py", "import lockservice.server.app", "independent"),
+        # past the lock service verifiers' public face (lockservice.verifiers) into a module
+        ("railproxy/service.py", "import lockservice.verifiers.grants", "independent"),
+        # the lock service's SDK or verifiers reaching the server (its app, its signing key)
+        ("lockservice/sdk/client.py", "import lockservice.server.app", "never import the server"),
+        (
+            "lockservice/verifiers/grants.py",
+            "import lockservice.server.signing",
+            "never import the",
+        ),
+        # the verifiers importing the SDK (itself free of the server)
+        ("lockservice/verifiers/assertions.py", "import lockservice.sdk", "import neither the SDK"),
     ],
 )
 def test_a_planted_import_breaks_its_contract(

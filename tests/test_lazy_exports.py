@@ -17,7 +17,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-LAZY_PACKAGES = ["ledger", "railproxy", "railstub", "finledger"]
+LAZY_PACKAGES = [
+    "ledger",
+    "railproxy",
+    "railstub",
+    "finledger",
+    "lockservice.server",
+    "lockservice.sdk",
+    "lockservice.verifiers",
+]
 HEAVY = ("asyncpg", "prometheus_client", "fastapi", "uvicorn", "httpx")
 
 
@@ -30,7 +38,7 @@ def _loaded_after(code: str) -> list[str]:
 
 
 def _type_checking_names(package: str) -> dict[str, str]:
-    tree = ast.parse((ROOT / package / "__init__.py").read_text())
+    tree = ast.parse(ROOT.joinpath(*package.split("."), "__init__.py").read_text())
     names: dict[str, str] = {}
     for node in tree.body:
         if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":

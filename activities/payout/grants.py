@@ -21,8 +21,8 @@ from activities.payout.support import log, lost_error, reporting_progress
 from common import correlation
 from common.lockkey import lock_key
 from lockservice.api import LockError, NotHeld
-from lockservice.client import Lease, LockClient
-from lockservice.grants import SignedGrant
+from lockservice.sdk import Lease, LockClient
+from lockservice.verifiers import SignedGrant
 
 __all__ = ["HeldGrants"]
 
@@ -88,7 +88,7 @@ class HeldGrants:
         This process's session lives on by its heartbeat, so a release the lock server did not
         answer would otherwise hold the account for as long as the process lives: the SDK
         keeps it pending and retries it until it succeeds or the session ends (issue 24 item 6,
-        lockservice._releases). Safety never depends on it: the next grant has a higher token.
+        lockservice.sdk.releases). Safety never depends on it: the next grant has a higher token.
         """
         held = self._held.pop((lock_key(req.account_id), req.token), None)
         if held is None:
@@ -102,7 +102,7 @@ class HeldGrants:
     async def give_back(self, lease: Lease) -> None:
         """Release a grant nobody received (its acquire's answer went nowhere), if still ours.
         A failure here is not the end of it: the SDK retries the release until it succeeds or
-        the session ends (lockservice._releases)."""
+        the session ends (lockservice.sdk.releases)."""
         if self._held.pop((lease.key, lease.token), None) is None:
             return
         with contextlib.suppress(LockError, httpx.HTTPError):

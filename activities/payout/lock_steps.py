@@ -20,7 +20,7 @@ from activities.payout.support import heartbeating, log, past_start_to_close
 from common import correlation
 from common.lockkey import lock_key
 from lockservice.api import LockError
-from lockservice.client import Lease, LockClient, NotAcquiredError
+from lockservice.sdk import Lease, LockClient, NotAcquiredError
 
 __all__ = ["LockSteps"]
 

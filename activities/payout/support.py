@@ -19,7 +19,7 @@ from activities import models as m
 from common.lockkey import lock_key
 from common.logs import get_logger
 from ledger import FencedOut, Payout, PayoutState
-from lockservice.grants import SignedGrant
+from lockservice.verifiers import SignedGrant
 from railproxy.models import AttemptRecord, Outcome
 
 __all__ = [

@@ -8,8 +8,8 @@ run, interleaved round by round with it so that all three see the same machine l
   round trips an acquire+release needs (acquire, release), each to a trivial endpoint (`/livez`)
   of the same lock server process (FastAPI on uvicorn) through the SDK's own transport. One
   sample is one such sequence, timed as a whole. `http_rtt_*` is one such round trip alone;
-- `backend_*`: the project's own backend class (lockservice.backends, the code the server runs)
-  doing acquire+release in this process, no HTTP: what the backend's real statements cost
+- `backend_*`: the project's own backend class (lockservice.server.backends, the code the server
+  runs) doing acquire+release in this process, no HTTP: what the backend's real statements cost
   beyond the minimal floor (history rows, epoch, waiter wake-ups), and its events, written
   to a file as the server writes them.
 - `untraced_*`: the same acquire+release through a second lock server started with
@@ -65,11 +65,9 @@ from common.tracefile import read_spans
 from lab.bench import locks_ab as bench_locks_ab
 from lab.bench.locks_ab import LockServer
 from lockservice import api
-from lockservice._http import KeepAliveTransport
 from lockservice.api import Grant, LockBackend
-from lockservice.backends import create_backend
-from lockservice.client import LockClient
-from lockservice.grants import generate_keypair
+from lockservice.sdk import KeepAliveTransport, LockClient
+from lockservice.server import create_backend, generate_keypair
 from stack.embedded import (
     EmbeddedEtcd,
     EmbeddedPostgres,
@@ -126,7 +124,7 @@ def loadavg() -> str:
 async def etcd_floor(endpoints: list[str]) -> AsyncIterator[Op]:
     """One compare-and-put txn (attached to a lease) plus one delete: the least an acquire and a
     release can cost on etcd."""
-    from lockservice.backends.etcd_client import etcd_client
+    from lockservice.server import etcd_client
 
     client = etcd_client(endpoints[:1])  # the bench's plaintext etcd, or ETCD_ENDPOINTS' first
     await client.connect()
@@ -254,7 +252,7 @@ async def measure(  # noqa: PLR0917 - the run's servers, floors and provider, in
     """Through the server (traced, inside a span as in a payout's activity), through the
     untraced server, the raw floor, one HTTP round trip, the HTTP floor, and the backend class
     alone, interleaved."""
-    # The SDK's own transport, over TLS to the defaults' server (lockservice._http).
+    # The SDK's own transport, over TLS to the defaults' server (lockservice.sdk.transport).
     traced: httpx.AsyncBaseTransport = KeepAliveTransport(
         verify if isinstance(verify, ssl.SSLContext) and url.startswith("https://") else None
     )

@@ -2,15 +2,15 @@
 library part it replaced, measured in the same run, in alternating rounds (A B A B ...) so that
 load from elsewhere on the shared machine lands on both sides alike.
 
-- `transport`: the SDK (lockservice.client.LockClient) on its own keep-alive transport
-  (lockservice._http.KeepAliveTransport) against httpx's own (`httpx.AsyncHTTPTransport`), with
-  the same TLS context (the benchmark's CA) and limits (at most 4 idle connections, no cap on
-  open ones), untraced, both to the same TLS lock server. The process that differs is the
-  client: this one.
+- `transport`: the SDK (lockservice.sdk.LockClient) on its own keep-alive transport
+  (lockservice.sdk.transport.KeepAliveTransport) against httpx's own
+  (`httpx.AsyncHTTPTransport`), with the same TLS context (the benchmark's CA) and limits (at
+  most 4 idle connections, no cap on open ones), untraced, both to the same TLS lock server. The
+  process that differs is the client: this one.
 
 The second lever of issue 30, the PostgreSQL backend's own pool against asyncpg's (the process
 that differs: the lock server), was measured here too (commit c09c270, LOCK_PG_POOL) and decided
-for asyncpg's Pool (lockservice.backends.pgpool), which left nothing to compare.
+for asyncpg's Pool (lockservice.server.backends.pgpool), which left nothing to compare.
 
 Per side: the p50/p99 of acquire+release over all its samples, and per round the round's p50 and
 the differing process's CPU per acquire+release (lab.bench.cpu.threads_cpu_s: on-CPU nanoseconds of
@@ -34,8 +34,7 @@ from typing import Any, NamedTuple
 import httpx
 
 from lab.bench.cpu import threads_cpu_s
-from lockservice._http import KeepAliveTransport
-from lockservice.client import LockClient
+from lockservice.sdk import KeepAliveTransport, LockClient
 
 WARMUP = 100
 ROUNDS = 10

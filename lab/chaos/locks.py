@@ -3,7 +3,7 @@
 release fails while its session survives, then start it again on the same port), and, at the
 end of the run, the wait until no account's lock is held (or held past INV-10's bound).
 
-The window: longer than the SDK's bounded retries of one call (`lockservice.client
+The window: longer than the SDK's bounded retries of one call (`lockservice.sdk.calls
 .retry_budget_s`, what a release spends against a server that refuses connections, as a
 SIGKILLed one does: the release then fails and must be kept pending), and shorter than the
 session TTL minus one heartbeat (the last successful keepalive may be a heartbeat old when the
@@ -28,7 +28,7 @@ from typing import Any
 
 from invariants.checker import HoldSource, lock_server_hold_source, postgres_hold_source
 from lab.chaos.schedule import Fault
-from lockservice.client import retry_budget_s
+from lockservice.sdk import retry_budget_s
 from stack.system import Stack
 
 #: Room on either side of the window: a retry budget's last backoff and a heartbeat's jitter.

@@ -19,7 +19,7 @@ from ledger.errors import InvalidOperatorAssertion
 from ledger.records import AlreadyAdvanced, Payout, check_text
 from ledger.store.base import GrantLike, S
 from ledger.store.fenced import FencedWriter
-from lockservice.assertions import AssertionRefused, AssertionVerifier
+from lockservice.verifiers import AssertionRefused, AssertionVerifier
 
 __all__ = ["AmbiguityActions"]
 

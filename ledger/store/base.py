@@ -17,7 +17,7 @@ from common.logs import get_logger
 from ledger.errors import InvalidIdentifier, UnknownAccount, UnknownPayout
 from ledger.journal import SYSTEM_ACCOUNTS
 from ledger.states import PayoutState
-from lockservice.grants import SignedGrant
+from lockservice.verifiers import SignedGrant
 
 __all__ = ["GrantLike", "S", "customer_account", "log", "payout_account"]
 

@@ -23,7 +23,7 @@ from ledger.audit import write_audit
 from ledger.errors import InvalidIdentifier, UnknownPayout
 from ledger.records import check_payout_id, check_text
 from ledger.store.base import log
-from lockservice.assertions import AssertionRefused, AssertionVerifier
+from lockservice.verifiers import AssertionRefused, AssertionVerifier
 
 __all__ = [
     "ACTIONS",

@@ -45,7 +45,7 @@ from ledger.records import (
 from ledger.states import PayoutState, check_transition, reachable_from
 from ledger.store.base import GrantLike, log
 from ledger.store.grant_checks import GrantCheck
-from lockservice.grants import GrantVerifier
+from lockservice.verifiers import GrantVerifier
 
 __all__ = ["FencedTransaction", "FencedWriter"]
 

@@ -13,7 +13,7 @@ from common.lockkey import lock_key
 from ledger import metrics
 from ledger.errors import FencedOut, InvalidGrant
 from ledger.store.base import GrantLike, log, payout_account
-from lockservice.grants import GrantError, GrantExpired, GrantVerifier, is_expired
+from lockservice.verifiers import GrantError, GrantExpired, GrantVerifier, is_expired
 
 __all__ = ["GrantCheck"]
 

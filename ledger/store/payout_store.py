@@ -21,8 +21,7 @@ from ledger.store.fenced import FencedWriter
 from ledger.store.reads import Reads
 from ledger.store.seeding import Seeding
 from ledger.store.steps import WorkerSteps
-from lockservice.assertions import AssertionVerifier
-from lockservice.grants import GrantVerifier
+from lockservice.verifiers import AssertionVerifier, GrantVerifier
 
 __all__ = ["PayoutStore"]
 

@@ -21,7 +21,7 @@ from temporalio.testing import ActivityEnvironment
 from activities import models as m
 from activities.payout_activities import PayoutActivities
 from ledger import FencedOut, Payout, PayoutState
-from lockservice.client import LockClient
+from lockservice.sdk import LockClient
 from lockservice.server import create_app
 from tests.lockservice.fake_backend import FakeBackend
 

@@ -20,7 +20,7 @@ from temporalio.testing import ActivityEnvironment
 from activities import models as m
 from activities.payout_activities import PayoutActivities
 from common.lockkey import lock_key
-from lockservice.client import LockClient
+from lockservice.sdk import LockClient
 from lockservice.server import create_app
 from tests.lockservice.fake_backend import FakeBackend
 from tests.lockservice.server_fixtures import eventually

@@ -43,7 +43,7 @@ COMPONENTS: tuple[Component, ...] = (
     Component(
         "lock-server",
         ("python", "-m", "lockservice", "serve"),
-        settings=("lockservice.settings:LockSettings",),
+        settings=("lockservice.server.settings:LockSettings",),
     ),
     Component(
         "railstub", ("python", "-m", "railstub"), settings=("railstub.settings:StubSettings",)

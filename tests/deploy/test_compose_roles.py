@@ -24,7 +24,7 @@ import asyncpg
 import pytest
 
 from common.db_roles import ROLE_NAMES
-from lockservice.backends.postgres import PostgresBackend
+from lockservice.server.backends.postgres import PostgresBackend
 from stack.embedded import EmbeddedPostgres, _pg_bin
 from stack.pki import StackPKI
 from tests.deploy.conftest import ROOT, compose

@@ -30,7 +30,7 @@ from invariants.checker import (
 )
 from ledger import PayoutStore
 from ledger import WorkContext as LedgerContext
-from lockservice.client import LockClient
+from lockservice.sdk import LockClient
 from railproxy import RailProxyClient, SubmitContext, SubmitRequest
 from railproxy.models import GrantIn
 from stack.embedded import free_port

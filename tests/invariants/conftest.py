@@ -31,7 +31,7 @@ from invariants.checker import (
 )
 from ledger import Payout, PayoutStore, WorkContext
 from lockservice.api import Grant, LockBackend
-from lockservice.backends import create_backend
+from lockservice.server import create_backend
 from railproxy import RailProxyClient
 from tests.conftest import as_role
 from tests.rail import AMBIGUOUS_SUFFIX, DECLINE_SUFFIX, Stub, signed_submit, start_proxy

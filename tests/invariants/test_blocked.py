@@ -18,9 +18,8 @@ from invariants.checker import (
     lock_server_hold_source,
 )
 from lockservice.api import Grant
-from lockservice.backends import create_backend
-from lockservice.client import LockClient
-from lockservice.server import create_app
+from lockservice.sdk import LockClient
+from lockservice.server import create_app, create_backend
 from tests.invariants.conftest import World, lock_key, sample_of, violated
 from tests.lockservice.server_fixtures import serve_app
 

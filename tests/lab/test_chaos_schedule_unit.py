@@ -18,7 +18,7 @@ from lab.chaos.schedule import (
     kind_counts,
 )
 from lab.chaos.schedule import make_schedule as _make_schedule
-from lockservice.client import retry_budget_s
+from lockservice.sdk import retry_budget_s
 
 #: The chaos run's own lock-server outage window (its workers' TTL and heartbeat, the SDK's
 #: retry budget).

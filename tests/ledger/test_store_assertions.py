@@ -17,7 +17,7 @@ import pytest
 
 from ledger import Payout, PayoutState, PayoutStore, WorkContext
 from ledger.errors import InvalidOperatorAssertion
-from lockservice.grants import GrantSigner
+from lockservice.server import GrantSigner
 from tests.grants import account_grant, grant_verifier, operator_assertion
 from tests.ledger.conftest import funded_account, new_id, row_counts
 

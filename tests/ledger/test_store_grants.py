@@ -16,7 +16,7 @@ import asyncpg
 import pytest
 
 from ledger import FencedOut, InvalidGrant, Payout, PayoutState, PayoutStore, WorkContext
-from lockservice.grants import GrantSigner
+from lockservice.server import GrantSigner
 from tests.grants import account_grant, forged, grant_verifier, sign
 from tests.ledger.conftest import funded_account, new_id, row_counts
 

@@ -17,7 +17,7 @@ from typing import TypeVar
 import pytest
 
 from lockservice.api import BackendUnavailable, LockBackend
-from lockservice.backends import create_backend
+from lockservice.server import create_backend
 from stack.embedded import EmbeddedEtcd, EmbeddedPostgres
 
 BackendFactory = Callable[[], Awaitable[LockBackend]]

@@ -112,7 +112,7 @@ async def real_backend(
     key_prefix: str,
 ) -> AsyncIterator[LockBackend]:
     """A connected real backend of each kind (A's `create_backend`), closed after the test."""
-    from lockservice.backends import create_backend
+    from lockservice.server import create_backend
 
     kind: Any = request.param
     backend = await create_backend(

@@ -35,4 +35,4 @@ def test_checker_flags_a_third_party_import() -> None:
     """Negative control: the checker reports third-party, project and relative imports."""
     source = "import re\nimport structlog\nfrom pydantic import BaseModel\nfrom . import x\n"
     assert third_party_imports(source) == {"structlog", "pydantic", "."}
-    assert third_party_imports("from lockservice import events") == {"lockservice"}
+    assert third_party_imports("from lockservice.server.backends import events") == {"lockservice"}

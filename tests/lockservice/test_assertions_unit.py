@@ -1,4 +1,4 @@
-"""Unit tests of lockservice.assertions: the purpose tag keeps grants and operator assertions
+"""Unit tests of lockservice.verifiers.assertions: the purpose tag keeps grants and operator assertions
 apart (neither ever verifies as the other), and every binding (action, payout, key, expiry,
 signature, key id) is checked."""
 
@@ -10,15 +10,17 @@ from typing import Any
 
 import pytest
 
-from lockservice.assertions import (
-    PURPOSE,
+from lockservice.server import GrantSigner
+from lockservice.server.signing import sign_assertion
+from lockservice.verifiers import (
     AssertionRefused,
     AssertionVerifier,
+    BadSignature,
+    GrantVerifier,
     OperatorAssertion,
-    assertion_bytes,
-    sign_assertion,
+    SignedGrant,
 )
-from lockservice.grants import BadSignature, GrantSigner, GrantVerifier, SignedGrant
+from lockservice.verifiers.assertions import PURPOSE, assertion_bytes
 
 NOW = datetime(2026, 12, 1, 10, 0, 0, tzinfo=UTC)
 SIGNER = GrantSigner.ephemeral("k1")

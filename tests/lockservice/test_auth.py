@@ -23,15 +23,11 @@ from structlog.testing import capture_logs
 
 from common.credentials import Kind, issue_tokens, read_token, write_credentials
 from lockservice.api import LockBackend
-from lockservice.assertions import (
-    AssertionVerifier,
-    OperatorAssertion,
-    assertion_bytes,
-    sign_assertion,
-)
-from lockservice.client import LockClient
-from lockservice.grants import GrantSigner
-from lockservice.server import create_app
+from lockservice.sdk import LockClient
+from lockservice.server import GrantSigner, create_app
+from lockservice.server.signing import sign_assertion
+from lockservice.verifiers import AssertionVerifier, OperatorAssertion
+from lockservice.verifiers.assertions import assertion_bytes
 from tests.lockservice import server_fixtures as _fx
 
 KEY = "payout:auth-acct"
@@ -59,7 +55,7 @@ def tokens(tmp_path: Path) -> dict[str, str]:
 
 @pytest.fixture
 async def backend(database_url: str, key_prefix: str) -> AsyncIterator[LockBackend]:
-    from lockservice.backends import create_backend
+    from lockservice.server import create_backend
 
     b = await create_backend("postgres", database_url=database_url, prefix=key_prefix)
     try:

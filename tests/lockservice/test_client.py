@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from lockservice import api
-from lockservice.client import Lease, LockClient, NotAcquiredError
+from lockservice.sdk import Lease, LockClient, NotAcquiredError
 from lockservice.server import create_app
 from tests.lockservice import server_fixtures as _fx
 from tests.lockservice.fake_backend import FakeBackend
@@ -182,7 +182,7 @@ async def test_unit_retries_are_bounded_and_jittered() -> None:
         transport=httpx.MockTransport(handler),
     )
     async with c:
-        c._sleep = recording_sleep  # only the retry path sleeps from here on
+        c.calls.sleep = recording_sleep  # only the retry path sleeps from here on
         with pytest.raises(api.BackendUnavailable):
             await c.acquire("payout:c")
     assert sent.count("/v1/locks/acquire") == 5
@@ -216,7 +216,7 @@ async def test_unit_a_retried_acquire_waits_only_what_is_left() -> None:
         "http://lock", clock=clock, sleep=clock.sleep, transport=httpx.MockTransport(handler)
     )
     async with c:
-        c._sleep = no_wait
+        c.calls.sleep = no_wait
         with pytest.raises(api.BackendUnavailable):
             await c.acquire("payout:w", wait_s=30.0)
     assert waits == [30.0, 10.0]  # then the budget (30 s + request timeout) was spent
@@ -234,7 +234,7 @@ async def test_unit_503_is_retried_then_fails_closed(fake_backend: FakeBackend) 
         async def no_wait(_: float) -> None:
             return None
 
-        c._sleep = no_wait
+        c.calls.sleep = no_wait
         with pytest.raises(api.BackendUnavailable):
             await c.acquire("payout:d")
         assert fake_backend.calls.count("acquire") == 3

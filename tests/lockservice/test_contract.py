@@ -25,7 +25,7 @@ from lockservice.api import (
     NotHeld,
     SessionNotFound,
 )
-from lockservice.backends import create_backend
+from lockservice.server import create_backend
 from stack.embedded import EmbeddedEtcd, EmbeddedPostgres
 from tests.lockservice.conftest import BackendFactory, until_available
 

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 
 from common import correlation
-from lockservice.client import LockClient
+from lockservice.sdk import LockClient
 from stack.embedded import free_port
 from tests.credentials import server_env, token
 from tests.grants import lock_server_env

@@ -16,8 +16,7 @@ import pytest
 from common.db_roles import LOCKSERVICE
 from common.migrate import migrate
 from common.pgutil import create_database, drop_database
-from lockservice.backends import create_backend
-from lockservice.server import create_app
+from lockservice.server import create_app, create_backend
 from tests.conftest import as_role
 from tests.lockservice.server_fixtures import serve_app
 from tests.pgoutage import database_down

@@ -21,13 +21,10 @@ import pytest
 
 from invariants.checker import lock_server_grant_source
 from lockservice.api import Grant, NotAcquired
-from lockservice.backends import create_backend
-from lockservice.backends import etcd as etcd_module
-from lockservice.backends.etcd import EtcdBackend
-from lockservice.backends.etcd_client import etcd_client
-from lockservice.backends.etcd_retention import session_deadline
-from lockservice.server import create_app
-from lockservice.settings import LockSettings
+from lockservice.server import LockSettings, create_app, create_backend, etcd_client
+from lockservice.server.backends import etcd as etcd_module
+from lockservice.server.backends.etcd import EtcdBackend
+from lockservice.server.backends.etcd_retention import session_deadline
 from stack.embedded import EmbeddedEtcd
 from tests.lockservice.server_fixtures import serve_app
 

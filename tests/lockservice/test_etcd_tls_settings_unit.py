@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from lockservice.settings import LockSettings
+from lockservice.server import LockSettings
 
 _HTTPS = "https://127.0.0.1:2379,https://127.0.0.1:2479"
 

@@ -3,7 +3,7 @@ grants it never received. The loss is made by construction, not by timing: the s
 receiver is stopped (stack.replication.detach_standby) before the grants are committed, so the
 promoted node provably lacks them and would hand their tokens out again.
 
-With the lock server's issuance watermark (lockservice.watermark) the reissued token is refused
+With the lock server's issuance watermark (lockservice.server.watermark) the reissued token is refused
 (503 restore_detected) and never answered, so no downstream resource sees a token twice. Remove
 the watermark's anchor check and the first test fails: PostgreSQL's sequence is WAL-logged 32
 values ahead, so the promoted node's counter stands above the watermark. With the watermark

@@ -1,4 +1,4 @@
-"""Unit tests of lockservice.grants: canonical bytes, signing, verification, rotation, key files."""
+"""Unit tests of lockservice.verifiers.grants: canonical bytes, signing, verification, rotation, key files."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from lockservice.api import Grant
-from lockservice.grants import (
+from lockservice.server import GrantSigner, generate_keypair
+from lockservice.verifiers import (
     BadSignature,
     GrantExpired,
-    GrantSigner,
     GrantVerifier,
     KeyMismatch,
     MalformedGrant,
@@ -21,10 +21,9 @@ from lockservice.grants import (
     SignedGrant,
     TokenMismatch,
     UnknownKeyId,
-    canonical_bytes,
-    generate_keypair,
     load_public_keys,
 )
+from lockservice.verifiers.grants import canonical_bytes
 
 EXPIRES = datetime(2026, 12, 1, 10, 0, 0, 123456, tzinfo=UTC)
 NOW = EXPIRES - timedelta(seconds=5)

@@ -1,4 +1,4 @@
-"""lockservice.hotroute: the hot routes' fast path answers every request exactly as FastAPI's own
+"""lockservice.server.hotroute: the hot routes' fast path answers every request exactly as FastAPI's own
 handler does (status, body, headers), and refuses at build time a route it does not know."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from fastapi.routing import APIRoute
 
 from common.credentials import Credentials, Identity, authorizer, require, token_digest
 from common.strict_query import reject_unknown_query
-from lockservice.hotroute import hot_route
-from lockservice.serverstate import _Metrics
-from lockservice.wire import AcquireIn, _add_error_shapes
+from lockservice.server.hotroute import hot_route
+from lockservice.server.state import ServerMetrics
+from lockservice.server.wire import AcquireIn, add_error_shapes
 
 WORKER, OTHER = "w" * 43, "o" * 43
 CREDS = Credentials(
@@ -30,7 +30,7 @@ GOOD = {"session_id": "s-1", "key": "payout:1", "wait_s": 0.5}
 
 def _app(fast: bool, calls: list[AcquireIn]) -> FastAPI:
     app = FastAPI(dependencies=[Depends(reject_unknown_query)])
-    _add_error_shapes(app, _Metrics())
+    add_error_shapes(app, ServerMetrics())
     holder = require(CREDS, components=("worker",))
 
     async def acquire(body: AcquireIn) -> Response:

@@ -1,4 +1,4 @@
-"""The SDK's keep-alive HTTP/1.1 transport (lockservice._http) against real uvicorn servers:
+"""The SDK's keep-alive HTTP/1.1 transport (lockservice.sdk.transport) against real uvicorn servers:
 it reuses one connection across requests, survives the server closing an idle connection, and
 reports an unreachable server as an httpx transport error (so the SDK fails closed)."""
 
@@ -12,8 +12,7 @@ import pytest
 
 from common.tls import client_context, uvicorn_ssl
 from lockservice import api
-from lockservice._http import KeepAliveTransport
-from lockservice.client import LockClient
+from lockservice.sdk import KeepAliveTransport, LockClient
 from lockservice.server import create_app
 from stack.embedded import free_port
 from stack.pki import StackPKI

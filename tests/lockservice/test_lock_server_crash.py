@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from lockservice import api
-from lockservice.client import LockClient
+from lockservice.sdk import LockClient
 from stack.embedded import free_port
 from tests.credentials import server_env, token
 from tests.grants import lock_server_env

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from lockservice.client import LockClient
+from lockservice.sdk import LockClient
 from tests.lockservice import server_fixtures as _fx
 
 live_server = _fx.live_server  # fixture
@@ -22,7 +22,7 @@ real_backend = _fx.real_backend  # fixture
 HOLDER = r"""
 import asyncio, json, sys
 from lockservice import api
-from lockservice.client import LockClient
+from lockservice.sdk import LockClient
 from common.logs import configure_logging
 
 async def main(url: str, key: str) -> None:

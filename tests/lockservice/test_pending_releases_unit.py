@@ -1,4 +1,4 @@
-"""UNIT tests of the SDK's pending releases (lockservice._releases, issue 24 item 6): a release
+"""UNIT tests of the SDK's pending releases (lockservice.sdk.releases, issue 24 item 6): a release
 that did not get its answer is retried until it succeeds or the session ends, never forgotten,
 and never ends another grant. A controllable clock and the real server app over the in-memory
 FakeBackend (httpx.ASGITransport); the lock-server crash on the real backends is
@@ -16,8 +16,8 @@ import pytest
 from structlog.testing import capture_logs
 
 from lockservice import api
-from lockservice._releases import PENDING_OUTCOMES, RELEASES_PENDING
-from lockservice.client import Lease, LockClient, retry_budget_s
+from lockservice.sdk import Lease, LockClient, retry_budget_s
+from lockservice.sdk.releases import PENDING_OUTCOMES, RELEASES_PENDING
 from lockservice.server import create_app
 from tests.lockservice import server_fixtures as _fx
 from tests.lockservice.fake_backend import FakeBackend

@@ -1,4 +1,4 @@
-"""The PostgreSQL lock backend's connections (lockservice.backends.pgpool: asyncpg's Pool, with
+"""The PostgreSQL lock backend's connections (lockservice.server.backends.pgpool: asyncpg's Pool, with
 no reset query on release), on a real PostgreSQL: one caller per connection, never more than
 `size` of them, and a connection goes back to the next caller in a clean state (no transaction
 left open, no statement still running) or not at all."""
@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
-from lockservice.backends.pgpool import close_pool, open_pool
+from lockservice.server.backends.pgpool import close_pool, open_pool
 
 
 @pytest.fixture

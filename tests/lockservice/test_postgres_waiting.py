@@ -20,7 +20,7 @@ import asyncpg
 import pytest
 
 from lockservice.api import TOKEN_EPOCH_STRIDE, Grant, NotAcquired, SessionNotFound
-from lockservice.backends.postgres import PostgresBackend
+from lockservice.server.backends.postgres import PostgresBackend
 
 #: Fails an attempt that waits for a row lock at all (the locker below never lets go in time).
 _LOCK_TIMEOUT = "500ms"
@@ -63,7 +63,9 @@ async def _probe(database_url: str) -> AsyncIterator[asyncpg.Connection]:
 def _function_002_as(name: str) -> str:
     """The acquire_grant of migration 002, unchanged but for its name (a session-private copy:
     pg_temp lives and dies with the probe's connection)."""
-    sql = (resources.files("lockservice") / "migrations" / "002_grant_functions.sql").read_text()
+    sql = (
+        resources.files("lockservice.server") / "migrations" / "002_grant_functions.sql"
+    ).read_text()
     found = re.search(r"CREATE FUNCTION acquire_grant\(.*?\n\$\$;", sql, re.DOTALL)
     assert found is not None, "acquire_grant not found in 002_grant_functions.sql"
     return found.group(0).replace("CREATE FUNCTION acquire_grant(", f"CREATE FUNCTION {name}(", 1)

@@ -25,8 +25,7 @@ from pydantic import ValidationError
 from structlog.testing import capture_logs
 
 from common.credentials import Kind, issue_tokens, read_token, write_credentials
-from lockservice.server import app_from_settings
-from lockservice.settings import LockSettings
+from lockservice.server import LockSettings, app_from_settings
 from tests.grants import TEST_KID, grant_keys
 
 KEY = "payout:replica-acct"

@@ -1,6 +1,6 @@
 """Restore from backup (INV-04): without the procedure the next token repeats an old one (negative
 control); a lock server started on the restored data refuses grants (restored-data detection,
-lockservice.watermark) until the offline `bump-epoch`, which works H out from every enforcement
+lockservice.server.watermark) until the offline `bump-epoch`, which works H out from every enforcement
 point's stored fences; after it, the next token is higher than every token issued or seen before.
 
 Each test uses a private server: the backup/restore tools must match its version, and a restore
@@ -37,10 +37,9 @@ from lockservice.api import (
     RestoreDetected,
     next_epoch,
 )
-from lockservice.backends import create_backend
-from lockservice.restore import bump_after_restore, min_epoch_for
-from lockservice.server import create_app
-from lockservice.watermark import Watermark, location_identity
+from lockservice.server import create_app, create_backend
+from lockservice.server.restore import bump_after_restore, min_epoch_for
+from lockservice.server.watermark import Watermark, location_identity
 from stack.embedded import EmbeddedEtcd, EmbeddedPostgres, _pg_bin
 from tests.lockservice.conftest import until_available
 

@@ -12,9 +12,9 @@ from datetime import timedelta
 import pytest
 
 from lockservice.api import LockBackend
-from lockservice.client import LockClient
-from lockservice.grants import TokenMismatch
+from lockservice.sdk import LockClient
 from lockservice.server import create_app
+from lockservice.verifiers import TokenMismatch
 from tests.grants import grant_signer, grant_verifier
 from tests.lockservice import server_fixtures as _fx
 from tests.lockservice.server_fixtures import serve_app

@@ -1,4 +1,4 @@
-"""Unit tests of restored-data detection (lockservice.watermark) over the FAKE backend: the file
+"""Unit tests of restored-data detection (lockservice.server.watermark) over the FAKE backend: the file
 survives a restart, a backend behind it is refused until an epoch bump, concurrent grants never
 trip it, and a grant refused after the backend committed it is released, never answered.
 The real restores (pg_restore, etcd snapshot restore) are in test_restore.py."""
@@ -14,9 +14,9 @@ import pytest
 from structlog.testing import capture_logs
 
 from lockservice.api import BackendUnavailable, Grant, RestoreDetected
-from lockservice.client import LockClient
+from lockservice.sdk import LockClient
 from lockservice.server import create_app
-from lockservice.watermark import LOCK_RESTORE_DETECTED, Mark, Watermark, location_identity
+from lockservice.server.watermark import LOCK_RESTORE_DETECTED, Mark, Watermark, location_identity
 from tests.lockservice.fake_backend import FakeBackend
 
 _ID = location_identity("postgres", "", "postgresql://u:secret@db:5432/pay", [])

@@ -14,8 +14,7 @@ import asyncpg
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from lockservice.server import app_from_settings
-from lockservice.settings import LockSettings
+from lockservice.server import LockSettings, app_from_settings
 from payouts.cli import main
 from tests.credentials import OPERATOR, credentials, token, token_file
 from tests.grants import TEST_KID, grant_keys

@@ -16,7 +16,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from lockservice.grants import GrantSigner, generate_keypair
+from lockservice.server import GrantSigner, generate_keypair
 from railproxy import HandoffCertainty, Outcome
 from tests.grants import account_grant, forged, grant_keys, sign
 from tests.rail import Stub

@@ -68,7 +68,7 @@ def test_embedded_etcd_logs_json_from_the_first_line(tmp_path: Path) -> None:
 
 async def test_etcd_fixture_is_a_real_etcd(etcd_endpoints: list[str], key_prefix: str) -> None:
     """The session etcd answers a put and a get, and reports a revision."""
-    from lockservice.backends.etcd_client import etcd_client
+    from lockservice.server import etcd_client
 
     async with etcd_client(etcd_endpoints) as client:
         put = await client.put(f"{key_prefix}probe".encode(), b"1")

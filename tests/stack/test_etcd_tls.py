@@ -18,8 +18,7 @@ import aetcd.exceptions
 import pytest
 
 from lockservice.api import Grant
-from lockservice.backends import create_backend
-from lockservice.backends.etcd_client import EtcdTLSFiles, etcd_client
+from lockservice.server import EtcdTLSFiles, create_backend, etcd_client
 from stack.embedded import EmbeddedEtcd, EtcdMember
 from stack.pki import StackPKI, StackTLS, issue_stack_tls
 

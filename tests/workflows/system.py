@@ -26,7 +26,7 @@ from activities.payout_activities import PayoutActivities
 from common import db_roles
 from ledger import PayoutStore
 from ledger import WorkContext as LedgerContext
-from lockservice.client import LockClient
+from lockservice.sdk import LockClient
 from railproxy.client import RailProxyClient
 from stack.embedded import free_port
 from tests import waiting

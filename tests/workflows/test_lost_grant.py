@@ -25,7 +25,7 @@ from temporalio.testing import WorkflowEnvironment
 from activities import models as m
 from common.lockkey import lock_key
 from common.migrate import migrate
-from lockservice.client import LockClient
+from lockservice.sdk import LockClient
 from tests.credentials import token
 from tests.workflows.system import (
     System,

@@ -26,7 +26,7 @@ from temporalio.client import WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
 from activities import models as m
-from lockservice.client import LockClient
+from lockservice.sdk import LockClient
 from stack.embedded import temporal_binary
 from tests.credentials import OPERATOR, token
 from tests.grants import operator_assertion as locally_signed

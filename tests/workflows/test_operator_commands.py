@@ -32,7 +32,7 @@ from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
 from activities import models as m
-from lockservice.client import LockClient
+from lockservice.sdk import LockClient
 from stack.embedded import temporal_binary
 from tests.credentials import OPERATOR, token, token_file
 from tests.workflows.system import (

@@ -25,7 +25,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from activities import models as m
 from ledger.queries import ledger_discrepancies
-from lockservice.client import LockClient
+from lockservice.sdk import LockClient
 from stack.embedded import temporal_binary
 from tests.credentials import OPERATOR, headers, token, token_file
 from tests.grants import public_keys

@@ -43,7 +43,7 @@ from temporalio.worker import Replayer
 from activities import models as m
 from common.lockkey import lock_key
 from common.migrate import migrate
-from lockservice.client import LockClient
+from lockservice.sdk import LockClient
 from stack.embedded import free_port, temporal_binary
 from stack.services import TEMPORAL_SQLITE_PRAGMAS
 from tests.credentials import token

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Literal
 from lockservice.api import InvalidRequest, LockBackend
 
 if TYPE_CHECKING:
-    from lockservice.backends.etcd_client import EtcdTLSFiles
+    from lockservice.server.backends.etcd_client import EtcdTLSFiles
 
 
 async def create_backend(
@@ -30,7 +30,7 @@ async def create_backend(
 
     With both `etcd_*` values, the etcd backend also runs retention and compaction (the lock
     server always passes them; tests that need a quiet etcd leave them out). `https://` etcd
-    endpoints need `etcd_tls` (lockservice.backends.etcd_client). `replica_id` names the lock
+    endpoints need `etcd_tls` (lockservice.server.backends.etcd_client). `replica_id` names the lock
     server in every audit record the backend writes (the lock server passes LOCK_REPLICA_ID;
     None for writers that are no lock server, such as the offline `bump-epoch`).
     Raises InvalidRequest for a missing address or an impossible retention, and
@@ -39,14 +39,14 @@ async def create_backend(
     if kind == "postgres":
         if not database_url:
             raise InvalidRequest("the postgres lock backend needs a database_url")
-        from lockservice.backends.postgres import PostgresBackend
+        from lockservice.server.backends.postgres import PostgresBackend
 
         return await PostgresBackend.start(database_url, prefix, replica_id=replica_id)
     if kind == "etcd":
         if not etcd_endpoints:
             raise InvalidRequest("the etcd lock backend needs etcd_endpoints")
-        from lockservice.backends.etcd import EtcdBackend
-        from lockservice.backends.etcd_retention import RetentionPolicy
+        from lockservice.server.backends.etcd import EtcdBackend
+        from lockservice.server.backends.etcd_retention import RetentionPolicy
 
         policy = None
         if etcd_history_retention_s is not None and etcd_compact_every_s is not None:

@@ -2,9 +2,9 @@
 dependencies over common.credentials, docs/architecture.md, Trust), and what every route runs
 with: the backend, the grant signer, the restore watermark, the credentials and the metrics.
 
-One `_State` per app (lockservice.server builds it), never module-level state, so that several
-apps in one process (tests, benchmarks) never share a backend or a metric. Metric labels are the
-operation and the outcome only, never a key, session or token (NFR-09).
+One `ServerState` per app (lockservice.server.app builds it), never module-level state, so that
+several apps in one process (tests, benchmarks) never share a backend or a metric. Metric labels
+are the operation and the outcome only, never a key, session or token (NFR-09).
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from common.credentials import Credentials, Identity, as_dependency, authorizer,
 from common.outage import connection_lost
 from lockservice import api
 from lockservice.api import LockBackend
-from lockservice.assertions import DEFAULT_TTL_S, AssertionVerifier
-from lockservice.grants import GrantSigner
-from lockservice.watermark import Watermark
+from lockservice.server.signing import GrantSigner
+from lockservice.server.watermark import Watermark
+from lockservice.verifiers import DEFAULT_TTL_S, AssertionVerifier
 
 T = TypeVar("T")
 
@@ -35,7 +35,7 @@ WORKER = "worker"
 READERS = ("worker", "invariants", "reconciler")
 
 
-class _Metrics:
+class ServerMetrics:
     """Per-app registry, so that several apps in one process (tests, bench) never collide."""
 
     def __init__(self) -> None:
@@ -79,17 +79,17 @@ _OUTCOME_OF: dict[type[Exception], str] = {
 
 
 @dataclass
-class _State:
+class ServerState:
     backend: LockBackend | None
-    metrics: _Metrics
+    metrics: ServerMetrics
     default_ttl_s: float
     signer: GrantSigner
-    #: Restored-data detection (lockservice.watermark); None: off (no LOCK_STATE_DIR).
+    #: Restored-data detection (lockservice.server.watermark); None: off (no LOCK_STATE_DIR).
     watermark: Watermark | None = None
     #: Accepted bearer tokens (common.credentials); None: authentication off (tests only;
     #: `main` refuses to start without LOCK_CREDENTIALS_PATH).
     credentials: Credentials | None = None
-    #: Lifetime of the operator assertions this server issues (lockservice.assertions).
+    #: Lifetime of the operator assertions this server issues (lockservice.verifiers.assertions).
     assertion_ttl_s: float = DEFAULT_TTL_S
     #: Off (experiment switch): a worker-sent force-revoke needs no operator assertion.
     verify_assertions: bool = True
@@ -122,13 +122,13 @@ class _State:
             self.metrics.record(op, outcome, time.perf_counter() - started)
 
 
-def _op_of(request: Request) -> str:
+def op_of(request: Request) -> str:
     route = request.scope.get("route")
     return str(getattr(route, "name", None) or "unknown")
 
 
 @dataclass(frozen=True)
-class _Access:
+class Access:
     """Who may call which route (docs/architecture.md, Trust), as FastAPI dependencies."""
 
     #: The worker, which holds grants (sessions, acquire, renew, release).
@@ -141,15 +141,15 @@ class _Access:
     #: server through the worker's revoke activity. A signal is not authenticated (anyone who
     #: can reach Temporal can send one), so the worker's revoke is carried out only with the
     #: operator assertion this server signed for that payout and action
-    #: (lockservice.assertions), and the identity inside it is audited.
+    #: (lockservice.verifiers.assertions), and the identity inside it is audited.
     revoker: Any
     #: The holder's dependency (in `holder`) and the same decision as a plain function, for the
-    #: hot routes' fast path (lockservice.hotroute).
+    #: hot routes' fast path (lockservice.server.hotroute).
     holder_dependency: Callable[..., Any]
     holder_check: Callable[[str | None], Identity]
 
     @classmethod
-    def of(cls, credentials: Credentials | None) -> _Access:
+    def of(cls, credentials: Credentials | None) -> Access:
         # One decision for both: the hot routes' fast path calls `holder_check` itself, every
         # other request reaches it through the dependency.
         holder_check = authorizer(credentials, components=(WORKER,))

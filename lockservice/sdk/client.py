@@ -1,8 +1,10 @@
 """Async client SDK of the lock server: one session per process, a background heartbeat, a
 conservative local lease deadline and a lock-lost signal (FR-11, FR-12, FR-13, FR-27, FR-28).
 
-Owns: the process's session, the heartbeat, the local deadline, and bounded jittered retries;
-the releases it still owes the server and its orphan reapers live in `lockservice._releases`.
+Owns: the process's session, its local deadline and the leases it hands out. Beside it: the
+calls with bounded jittered retries (`lockservice.sdk.calls`), the `Lease` (`lease`), the
+heartbeat and watchdog loops (`heartbeat`), one acquire per key at a time (`turns`), and the
+releases it still owes the server and its orphan reapers (`releases`).
 Must never: hand out a `Lease` without a grant from the server, offer any option to proceed
 without a grant (failing open is not configurable, FR-27), treat `still_held()` as the safety
 mechanism, or forget a release that did not succeed while its session lives. Safety comes
@@ -37,126 +39,34 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import random
 import ssl
-import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import Any
 
 import httpx
 
-from common import tracing
-from common.backoff import full_jitter
-from common.correlation import httpx_hooks
-from common.credentials import auth_headers
 from common.logs import get_logger
 from lockservice import api
-from lockservice._http import KeepAliveTransport
-from lockservice._releases import BackgroundReleases, grant_body, grant_of
-from lockservice.api import Grant, LockError
-from lockservice.grants import SignedGrant
+from lockservice.api import LockError
+from lockservice.sdk.calls import (
+    DEFAULT_ATTEMPTS,
+    DEFAULT_BACKOFF_BASE_S,
+    DEFAULT_BACKOFF_MAX_S,
+    BoundedCalls,
+    Clock,
+    Sleep,
+    choose_transport,
+    retry_budget_s,
+    signed_of,
+)
+from lockservice.sdk.heartbeat import heartbeat_loop, watchdog_loop
+from lockservice.sdk.lease import Lease, LostCallback, NotAcquiredError
+from lockservice.sdk.releases import BackgroundReleases, grant_body, grant_of
+from lockservice.sdk.turns import KeyTurns
 
 _log = get_logger("lockservice.client")
-
-# httpcore runs `import sniffio` on every request; when sniffio is not installed (anyio >= 4.5 no
-# longer needs it) each failed import searches sys.path again: ~0.3 ms, four times per request,
-# which was most of the SDK's overhead in the benchmark. A None entry makes that import fail
-# at once, and httpcore then assumes asyncio, which is what this SDK runs on.
-if importlib.util.find_spec("sniffio") is None:
-    sys.modules.setdefault("sniffio", None)  # type: ignore[arg-type]  # None = "known absent"
-
-Clock = Callable[[], float]
-#: The bounded retries of every call (FR-28): tries, and the full-jitter backoff's base and cap.
-DEFAULT_ATTEMPTS = 4
-DEFAULT_BACKOFF_BASE_S = 0.05
-DEFAULT_BACKOFF_MAX_S = 2.0
-Sleep = Callable[[float], Awaitable[None]]
-LostCallback = Callable[["Lease", str], None]
-
-
-@dataclass
-class _Turn:
-    """One key's exclusive turn in this process, and how many are using or waiting for it."""
-
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    users: int = 0
-
-
-class NotAcquiredError(LockError):
-    """No grant within the wait budget. The caller must not perform the protected action."""
-
-    code = "not_acquired"
-
-    def __init__(self, key: str, reason: str) -> None:
-        super().__init__(f"{key} not acquired ({reason})")
-        self.key = key
-        self.reason = reason
-
-
-_ERROR_BY_CODE: dict[str, type[LockError]] = {
-    c.code: c for c in (api.InvalidRequest, api.SessionNotFound, api.NotHeld)
-}
-
-
-@dataclass(eq=False)
-class Lease:
-    """A grant held by this process, with its lock-lost signal.
-
-    `lost` is set (once, never cleared) when the local deadline passes, the session is found
-    expired, or a renew/release is refused. `token` is what every protected write must present.
-    """
-
-    grant: Grant
-    _client: LockClient = field(repr=False)
-    #: The lock server's signature over `grant` (None only from a server that does not sign).
-    signed: SignedGrant | None = None
-    lost: asyncio.Event = field(default_factory=asyncio.Event)
-    lost_reason: str | None = None
-    released: bool = False
-
-    @property
-    def key(self) -> str:
-        return self.grant.key
-
-    @property
-    def token(self) -> int:
-        return self.grant.token
-
-    def still_held(self) -> bool:
-        """True while the conservative local deadline has not passed and nothing said otherwise.
-
-        A LIVENESS AID, NOT THE SAFETY MECHANISM (FR-13): call it before every protected side
-        effect so a paused or partitioned holder gives up early, but a True answer can be stale a
-        microsecond later (the process can pause right after). What stops a second payout is the
-        resource rejecting a token below its stored fence.
-        """
-        if self.released or self.lost.is_set():
-            return False
-        if self._client.clock() >= self._client.deadline:
-            self._client._session_lost("deadline")
-            return False
-        return True
-
-    async def signed_grant(self, *, now: datetime | None = None) -> SignedGrant | None:
-        """The signed grant to present to an enforcement point, renewed first when its own
-        `expires_at` is less than `ttl_s * safety_margin` away (on this host's wall clock).
-
-        Why: a grant states the session's expiry when it was issued, and the session lives on by
-        heartbeat; an enforcement point refuses a grant past its stated expiry, so a long critical
-        section presents a renewed statement. NotHeld (and the lost signal) if the renew is
-        refused: the grant is gone, and so is the right to write under it.
-        """
-        if self.signed is None:
-            return None
-        margin = timedelta(seconds=self._client.ttl_s * self._client.safety_margin)
-        if (now or datetime.now(UTC)) >= self.signed.expires_at - margin:
-            await self._client.renew(self)
-        return self.signed
 
 
 class LockClient:
@@ -200,28 +110,18 @@ class LockClient:
         )
         self.request_timeout_s = request_timeout_s
         self.on_lost = on_lost
-        self.clock, self._sleep = clock, sleep
-        self._rng = rng or random.Random()
-        if transport is None and base_url.startswith("http://"):
-            # The lean keep-alive transport: same httpx API and errors, ~0.5 ms less per request;
-            # traced (a client span, and `traceparent` to the server) when tracing is on.
-            transport = tracing.traced_transport(KeepAliveTransport())
-        elif transport is None and base_url.startswith("https://") and not isinstance(verify, bool):
-            # https, the same lean transport over TLS: the server verified against `verify` (an
-            # `ssl.SSLContext` trusting the deployment's CA: common.tls.client_context).
-            transport = tracing.traced_transport(KeepAliveTransport(verify))
-        elif transport is None:
-            # https with the system's trust store (verify=True): httpx's own transport.
-            transport = httpx.AsyncHTTPTransport(verify=verify)  # traced as every httpx transport
-        # `token`: this component's bearer credential (common.credentials), sent on every call.
-        # Every request carries the caller's correlation id (common.correlation, bound by the
-        # activity that asks), so the lock server's events for it carry the same id.
-        self._http = httpx.AsyncClient(
-            base_url=base_url,
-            transport=transport,
-            timeout=request_timeout_s,
-            headers=auth_headers(token),
-            event_hooks=httpx_hooks(),
+        self.clock, self.sleep = clock, sleep
+        self.calls = BoundedCalls(
+            base_url,
+            transport=choose_transport(base_url, verify, transport),
+            token=token,
+            request_timeout_s=request_timeout_s,
+            attempts=attempts,
+            backoff_base_s=backoff_base_s,
+            backoff_max_s=backoff_max_s,
+            clock=clock,
+            sleep=sleep,
+            rng=rng or random.Random(),
         )
         self.session_id: str | None = None
         self.deadline = float("-inf")  # no session: nothing is held
@@ -229,10 +129,9 @@ class LockClient:
         self._tasks: list[asyncio.Task[None]] = []
         # Orphan reaping (see `_reap`): one turn per key (an acquire in flight or a reaper), the
         # token last handed to a caller per key (until the caller releases it), the reapers.
-        self._turns: dict[str, _Turn] = {}
-        self._issued: dict[str, int] = {}
+        self.turns = KeyTurns()
+        self.issued: dict[str, int] = {}
         self._background = BackgroundReleases(self)
-        self.http_attempts = 0  # requests sent, for tests and diagnostics
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -248,8 +147,8 @@ class LockClient:
     async def open(self) -> None:
         await self._open_session()
         self._tasks = [
-            asyncio.create_task(self._heartbeat_loop(), name="lock-heartbeat"),
-            asyncio.create_task(self._watchdog_loop(), name="lock-watchdog"),
+            asyncio.create_task(heartbeat_loop(self), name="lock-heartbeat"),
+            asyncio.create_task(watchdog_loop(self), name="lock-watchdog"),
         ]
 
     async def close(self) -> None:
@@ -270,11 +169,11 @@ class LockClient:
             _, pending = await asyncio.wait(pending, timeout=1.0)
         self._tasks = []
         sid, self.session_id = self.session_id, None
-        self._session_lost("closed")
+        self.session_lost("closed")
         closed = False
         if sid is not None:
             with contextlib.suppress(LockError, httpx.HTTPError):
-                r = await self._http.delete(f"/v1/sessions/{sid}", timeout=2.0)
+                r = await self.calls.http.delete(f"/v1/sessions/{sid}", timeout=2.0)
                 closed = r.status_code == 204
         if owed:
             _log.warning(
@@ -284,7 +183,17 @@ class LockClient:
                 session_closed=closed,
                 grants_end="now, with the session" if closed else f"within {self.ttl_s}s (TTL)",
             )
-        await self._http.aclose()
+        await self.calls.http.aclose()
+
+    @property
+    def leases_held(self) -> int:
+        """Leases handed out and not yet released or lost."""
+        return len(self._leases)
+
+    @property
+    def http_attempts(self) -> int:
+        """Requests sent, for tests and diagnostics."""
+        return self.calls.http_attempts
 
     @property
     def local_ttl_s(self) -> float:
@@ -307,10 +216,10 @@ class LockClient:
             # One acquire of a key at a time in this process: the others wait here, not on the
             # server. That keeps the lock server's waiters few, and it lets a reaper know that
             # no acquire of the key is in flight while it holds the key's turn.
-            async with self._turn(key, wait_s):
+            async with self.turns.turn(key, wait_s):
                 requested = True
                 lease = await self._acquire(key, give_up_at, attempts)
-                self._issued[key] = lease.token
+                self.issued[key] = lease.token
                 return lease
         finally:
             if requested and lease is None:
@@ -319,30 +228,6 @@ class LockClient:
                 # request we gave up on ends: reap after that (see `_reap`).
                 late = max(0.0, give_up_at - self.clock()) + self.request_timeout_s
                 self._reap_later(key, late)
-
-    @contextlib.asynccontextmanager
-    async def _turn(self, key: str, wait_s: float | None) -> AsyncIterator[None]:
-        """Exclusive use of `key` in this process (FIFO); NotAcquiredError after `wait_s`."""
-        turn = self._turns.setdefault(key, _Turn())
-        turn.users += 1
-        try:
-            try:
-                if wait_s is None or turn.users == 1:
-                    await turn.lock.acquire()  # nobody else: at once (wait_for(.., 0) would not)
-                elif wait_s > 0:
-                    await asyncio.wait_for(turn.lock.acquire(), wait_s)
-                else:
-                    raise TimeoutError
-            except TimeoutError:
-                raise NotAcquiredError(key, "timeout") from None
-            try:
-                yield
-            finally:
-                turn.lock.release()
-        finally:
-            turn.users -= 1
-            if not turn.users:
-                del self._turns[key]
 
     async def _acquire(self, key: str, give_up_at: float, attempts: int | None) -> Lease:
         for retry in (False, True):
@@ -361,7 +246,7 @@ class LockClient:
                 }
 
             try:
-                data = await self._request(
+                data = await self.calls.request(
                     "POST",
                     "/v1/locks/acquire",
                     json=body,
@@ -377,13 +262,13 @@ class LockClient:
                 # first acquire to notice says so; others waiting concurrently under the same
                 # session must not mark the NEXT session's leases lost.
                 if self.session_id == sid:
-                    self._session_lost("session_expired")
+                    self.session_lost("session_expired")
                 if retry:
                     raise
                 # This acquire held nothing yet, so one more try under a fresh session is safe
                 # and spares the caller a backoff (a paused worker's waiters all fail at once).
                 continue
-            lease = Lease(grant_of(data), self, _signed_of(data))
+            lease = Lease(grant_of(data), self, signed_of(data))
             self._leases.add(lease)
             return lease
         raise AssertionError("unreachable")  # the loop returns or raises
@@ -391,12 +276,12 @@ class LockClient:
     async def renew(self, lease: Lease) -> Lease:
         """Extend a still-valid grant; NotHeld (and the lost signal) otherwise (FR-06)."""
         try:
-            data = await self._request("POST", "/v1/locks/renew", json=grant_body(lease.grant))
+            data = await self.calls.request("POST", "/v1/locks/renew", json=grant_body(lease.grant))
         except api.NotHeld:
             self._mark_lost(lease, "renew_refused")
             raise
         lease.grant = grant_of(data)
-        lease.signed = _signed_of(data)
+        lease.signed = signed_of(data)
         return lease
 
     async def release(self, lease: Lease) -> None:
@@ -405,15 +290,15 @@ class LockClient:
         A release that gets no answer (the server unreachable past the bounded retries, an
         answer lost, the caller cancelled) still raises, and is NOT forgotten: it stays pending
         and is retried in the background until it succeeds or this session ends
-        (`releases_pending`, lockservice._releases). Why: the session lives on by its heartbeat,
+        (`releases_pending`, lockservice.sdk.releases). Why: the session lives on by its heartbeat,
         so a grant nobody releases would hold its account for ever (issue 24 item 6).
         """
         self._leases.discard(lease)
         lease.released = True
-        if self._issued.get(lease.key) == lease.token:
-            del self._issued[lease.key]  # the caller gave it up: a reaper may release it now
+        if self.issued.get(lease.key) == lease.token:
+            del self.issued[lease.key]  # the caller gave it up: a reaper may release it now
         try:
-            await self._request("POST", "/v1/locks/release", json=grant_body(lease.grant))
+            await self.calls.request("POST", "/v1/locks/release", json=grant_body(lease.grant))
         except api.NotHeld:
             self._mark_lost(lease, "release_refused")
             raise
@@ -463,7 +348,7 @@ class LockClient:
             state = "past_deadline"
         return {
             "session": state,
-            "leases_held": len(self._leases),
+            "leases_held": self.leases_held,
             "releases_pending": self._background.pending,
             "seconds_to_deadline": round(max(0.0, self.deadline - self.clock()), 3)
             if self.session_id is not None
@@ -472,18 +357,18 @@ class LockClient:
 
     async def _open_session(self) -> None:
         sent = self.clock()
-        data = await self._request("POST", "/v1/sessions", json={"ttl_s": self.ttl_s})
+        data = await self.calls.request("POST", "/v1/sessions", json={"ttl_s": self.ttl_s})
         self.session_id = str(data["session_id"])
         self.deadline = sent + self.local_ttl_s
 
     async def _ensure_session(self) -> None:
         if self.session_id is None:
             await self._open_session()
-        elif self.clock() >= self.deadline and not await self._keepalive_once():
+        elif self.clock() >= self.deadline and not await self.keepalive_once():
             # Our view of the session was stale and it is gone: a new one before a new lease.
             await self._open_session()
 
-    async def _keepalive_once(self) -> bool:
+    async def keepalive_once(self) -> bool:
         """One keepalive; True if it succeeded (and moved the deadline), False if the session is
         gone. Transport failures propagate as BackendUnavailable."""
         sid = self.session_id
@@ -491,47 +376,15 @@ class LockClient:
             return False
         sent = self.clock()
         try:
-            await self._request("POST", f"/v1/sessions/{sid}/keepalive", attempts=1)
+            await self.calls.request("POST", f"/v1/sessions/{sid}/keepalive", attempts=1)
         except api.SessionNotFound:
-            self._session_lost("session_expired")
+            self.session_lost("session_expired")
             return False
         if self.session_id == sid:
             self.deadline = max(self.deadline, sent + self.local_ttl_s)
         return True
 
-    async def _heartbeat_loop(self) -> None:
-        delay = self.heartbeat_s
-        while True:
-            await self._sleep(delay)
-            if self.session_id is None:
-                continue  # nothing to keep alive: the next acquire opens a new session
-            try:
-                ok = await self._keepalive_once()
-                delay = self.heartbeat_s
-                if not ok:
-                    _log.warning("lock.session_expired", session_id=self.session_id)
-            except LockError as exc:
-                # Not proof of loss: retry soon; the deadline fires the lost signal if it lasts.
-                delay = min(self.heartbeat_s, self._backoff(1))
-                _log.warning(
-                    "lock.heartbeat_failed",
-                    error=exc.code,
-                    why=str(exc)[:200] or type(exc).__name__,
-                    session_id=self.session_id,
-                    seconds_to_deadline=round(self.deadline - self.clock(), 3),
-                )
-
-    async def _watchdog_loop(self) -> None:
-        """Fires the lost signal as soon as the local deadline passes (FR-12)."""
-        while True:
-            remaining = self.deadline - self.clock()
-            if remaining <= 0:
-                if self._leases:
-                    self._session_lost("deadline")
-                remaining = self.heartbeat_s / 4  # re-check after the next heartbeat chance
-            await self._sleep(remaining)
-
-    def _session_lost(self, reason: str) -> None:
+    def session_lost(self, reason: str) -> None:
         """Every lease of this session is lost (deadline passed, session expired or closed)."""
         if reason != "deadline":
             self.session_id = None
@@ -554,107 +407,5 @@ class LockClient:
 
     # ------------------------------------------------------------------ HTTP with bounded retry
 
-    def _backoff(self, attempt: int) -> float:
-        """Full jitter: uniform in [0, min(max, base * 2**attempt)], so retries never herd."""
-        return full_jitter(
-            attempt, base_s=self.backoff_base_s, cap_s=self.backoff_max_s, rng=self._rng
-        )
 
-    async def _request(
-        self,
-        method: str,
-        path: str,
-        *,
-        json: dict[str, Any] | Callable[[], dict[str, Any]] | None = None,
-        attempts: int | None = None,
-        timeout_s: float | None = None,
-        wait_in_body: bool = False,
-        deadline: float | None = None,
-    ) -> dict[str, Any]:
-        """Bounded, jittered retries on transport errors and 503. `json` may be a callable,
-        evaluated per attempt. With `wait_in_body`, each attempt's timeout adds the body's
-        `wait_s`. With `deadline` (on `clock`), no attempt starts or runs past it."""
-        tries = attempts if attempts is not None else self.attempts
-        if tries < 1:
-            raise api.InvalidRequest("attempts must be at least 1")
-        last = "no attempt"
-        for attempt in range(tries):
-            if attempt:
-                await self._sleep(self._backoff(attempt))
-            body = json() if callable(json) else json
-            timeout = timeout_s or self.request_timeout_s
-            if wait_in_body and body is not None:
-                timeout += float(body["wait_s"])
-            if deadline is not None:
-                remaining = deadline - self.clock()
-                if remaining <= 0:
-                    break
-                timeout = min(timeout, remaining)
-            self.http_attempts += 1
-            try:
-                resp = await self._http.request(method, path, json=body, timeout=timeout)
-            except httpx.TransportError as exc:
-                last = f"{type(exc).__name__}: {exc}"
-                continue
-            if resp.status_code == 503:
-                # restore_detected is a 503 too: fail closed, but say which (the operator's cue).
-                last = f"503 {_error_code(resp) or 'backend unavailable'}"
-                continue
-            return _decode(resp)
-        raise api.BackendUnavailable(f"{method} {path} failed after {tries} attempts ({last})")
-
-
-def retry_budget_s(
-    attempts: int = DEFAULT_ATTEMPTS,
-    backoff_base_s: float = DEFAULT_BACKOFF_BASE_S,
-    backoff_max_s: float = DEFAULT_BACKOFF_MAX_S,
-) -> float:
-    """The longest the backoffs of one bounded call add up to: attempt `a` (from 1) waits at most
-    `min(backoff_max_s, backoff_base_s * 2**a)` (full jitter), and against a server that refuses
-    connections at once (a SIGKILLed lock server, nothing listening) the tries themselves take
-    no time. A release that fails for longer than this becomes pending (`LockClient.release`).
-    With the defaults: 0.1 + 0.2 + 0.4 = 0.7 s. Tests and the chaos harness derive outage
-    lengths from it (docs/chaos.md)."""
-    return float(sum(min(backoff_max_s, backoff_base_s * 2**a) for a in range(1, attempts)))
-
-
-def _error_code(resp: httpx.Response) -> str | None:
-    try:
-        body = resp.json()
-    except ValueError:
-        return None
-    code = body.get("code") if isinstance(body, dict) else None
-    return code if isinstance(code, str) else None
-
-
-def _decode(resp: httpx.Response) -> dict[str, Any]:
-    if resp.status_code == 204:
-        return {}
-    try:
-        body = resp.json()
-    except ValueError:
-        body = {}
-    if not isinstance(body, dict):
-        body = {}
-    if resp.is_success:
-        return body
-    code, message = str(body.get("code", "")), str(body.get("message", resp.text[:200]))
-    if code == "not_acquired":
-        raise NotAcquiredError("", str(body.get("reason")))
-    if code in _ERROR_BY_CODE:
-        raise _ERROR_BY_CODE[code](message)
-    if resp.status_code in (400, 422):
-        raise api.InvalidRequest(message)
-    if resp.status_code in (401, 403):
-        raise LockError(f"lock server refused this component's credential ({code}): {message}")
-    raise LockError(f"unexpected {resp.status_code} from lock server: {message}")
-
-
-def _signed_of(data: dict[str, Any]) -> SignedGrant | None:
-    """The signed form of a grant answer; the SDK does not verify it (the resources do)."""
-    if not data.get("signature") or not data.get("kid"):
-        return None
-    return SignedGrant.from_json(data)
-
-
-__all__ = ["Lease", "LockClient", "NotAcquiredError", "retry_budget_s"]
+__all__ = ["LockClient"]

@@ -28,8 +28,8 @@ import aetcd.rpc
 import aetcd.utils
 
 from common.logs import get_logger
-from lockservice import events
 from lockservice.api import compose_token
+from lockservice.server.backends import events
 
 _log = get_logger("lockservice.etcd_retention")
 #: History records read per page: each costs up to 3 reads and 3 writes, and etcd refuses a txn
@@ -177,7 +177,7 @@ class EtcdMaintenance:
                 return deleted, moved
             if not (deleted or moved or conflicts):
                 # Announce the horizon before deleting anything: a reader that reads the
-                # history and then the horizon never misses a grant (lockservice.server).
+                # history and then the horizon never misses a grant (lockservice.server.app).
                 await self._raise_retained_since(cutoff)
             decisions = await self._decide(page, cutoff)
             if not await self._apply(decisions):

@@ -1,5 +1,6 @@
 """The lock server's break-glass routes: force-revoke, the signed operator assertions that let a
-worker carry one out (lockservice.assertions), and the epoch bump of the restore procedure.
+worker carry one out (lockservice.verifiers.assertions), and the epoch bump of the restore
+procedure.
 
 Every change here is audited under the caller's authenticated identity, never a free-text name;
 a worker-sent revoke is carried out only with an operator assertion this server signed for that
@@ -17,29 +18,32 @@ from fastapi.responses import JSONResponse, Response
 from common.credentials import Identity
 from common.logs import get_logger
 from lockservice import api
-from lockservice.assertions import AssertionRefused, OperatorAssertion, sign_assertion
-from lockservice.serverstate import _Access, _State
-from lockservice.wire import (
-    _ERRORS,
+from lockservice.server.signing import sign_assertion
+from lockservice.server.state import Access, ServerState
+from lockservice.server.wire import (
+    ERROR_RESPONSES,
     AssertionIn,
     AssertionOut,
     BumpEpochIn,
     BumpEpochOut,
     RevokeIn,
     RevokeOut,
-    _error,
-    _iso,
+    error_response,
+    iso,
 )
+from lockservice.verifiers import AssertionRefused, OperatorAssertion
 
 _log = get_logger("lockservice.server")
 
 
-def _add_break_glass_routes(app: FastAPI, state: _State, access: _Access) -> None:
+def add_break_glass_routes(app: FastAPI, state: ServerState, access: Access) -> None:
     """Force-revoke, the operator assertions that let a worker carry one out, and the epoch
     bump of the restore procedure: every change here is audited under the caller's identity."""
     run, operator_only, revoker = state.run, access.operator_only, access.revoker
 
-    @app.post("/v1/locks/revoke", name="force_revoke", response_model=RevokeOut, responses=_ERRORS)
+    @app.post(
+        "/v1/locks/revoke", name="force_revoke", response_model=RevokeOut, responses=ERROR_RESPONSES
+    )
     async def force_revoke(body: RevokeIn, who: Identity = revoker) -> Response:
         """Break-glass: ends the current grant and advances the token (FR-08). The backend emits
         the `lock.revoked` audit event and the `alert` event, naming the authenticated operator
@@ -58,7 +62,7 @@ def _add_break_glass_routes(app: FastAPI, state: _State, access: _Access) -> Non
                 "revoked_token": r.revoked_token,
                 "operator": r.operator,
                 "reason": r.reason,
-                "at": _iso(r.at),
+                "at": iso(r.at),
             }
         )
 
@@ -66,7 +70,7 @@ def _add_break_glass_routes(app: FastAPI, state: _State, access: _Access) -> Non
         "/v1/operator-assertions",
         name="issue_operator_assertion",
         response_model=AssertionOut,
-        responses=_ERRORS,
+        responses=ERROR_RESPONSES,
     )
     async def issue_operator_assertion(
         body: AssertionIn, who: Identity = operator_only
@@ -76,7 +80,9 @@ def _add_break_glass_routes(app: FastAPI, state: _State, access: _Access) -> Non
         Temporal signal (no secret travels in Temporal history). Changes nothing here."""
         return JSONResponse(_issue_assertion(state, body, who).to_json())
 
-    @app.post("/v1/epoch/bump", name="bump_epoch", response_model=BumpEpochOut, responses=_ERRORS)
+    @app.post(
+        "/v1/epoch/bump", name="bump_epoch", response_model=BumpEpochOut, responses=ERROR_RESPONSES
+    )
     async def bump_epoch(body: BumpEpochIn, who: Identity = operator_only) -> Response:
         """Restore procedure: every key's next token moves above anything issued before.
         Operators only; the authenticated operator is audited."""
@@ -87,7 +93,7 @@ def _add_break_glass_routes(app: FastAPI, state: _State, access: _Access) -> Non
         return JSONResponse({"epoch": epoch})
 
 
-def _issue_assertion(state: _State, body: AssertionIn, who: Identity) -> OperatorAssertion:
+def _issue_assertion(state: ServerState, body: AssertionIn, who: Identity) -> OperatorAssertion:
     """A signed operator assertion for `who`, valid from now for the configured lifetime; bad
     input (e.g. a blank reason) is a 422 and nothing is signed. Emits the issuance event."""
     now = datetime.now(UTC)
@@ -117,7 +123,7 @@ def _issue_assertion(state: _State, body: AssertionIn, who: Identity) -> Operato
 
 
 def _asserted_revoke(
-    state: _State, body: RevokeIn, key: str
+    state: ServerState, body: RevokeIn, key: str
 ) -> tuple[JSONResponse | None, str, str]:
     """A worker-sent revoke: (refusal, actor, reason). With verification on, the actor and
     reason are those of the operator assertion, checked for action `revoke`, the payout the
@@ -130,6 +136,6 @@ def _asserted_revoke(
             body.assertion, action="revoke", payout_id=body.payout_id or "", key=key
         )
     except AssertionRefused as exc:
-        refusal = _error(403, f"operator_assertion_{exc.code}", str(exc)[:300])
+        refusal = error_response(403, f"operator_assertion_{exc.code}", str(exc)[:300])
         return refusal, "", ""
     return None, a.identity, a.reason

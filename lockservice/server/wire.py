@@ -3,7 +3,7 @@
 The pydantic models document the bounds of lockservice.api in the OpenAPI spec (api's validators
 stay the source of truth and run again in every handler); the helpers shape what goes out: grants
 (always signed, INV-07), sessions, and the error body `{"code", "message"}` with the status of each
-contract error (the status table is in lockservice.server's docstring, which is also the spec's
+contract error (the status table is in lockservice.server.app's docstring, which is also the spec's
 description).
 """
 
@@ -22,12 +22,12 @@ from common.logs import get_logger
 from common.outage import answer_outages
 from lockservice import api
 from lockservice.api import Grant, Session
-from lockservice.grants import GrantSigner
-from lockservice.serverstate import _Metrics, _op_of
+from lockservice.server.signing import GrantSigner
+from lockservice.server.state import ServerMetrics, op_of
 
 _log = get_logger("lockservice.server")
 
-_KEY_PATTERN = r"^[A-Za-z0-9:_\-./]+$"
+KEY_PATTERN = r"^[A-Za-z0-9:_\-./]+$"
 # Tokens are signed 64-bit integers in both backends. The wire bound is 2**63 - 2**10, the
 # largest bound a JSON Schema validator comparing as a double reads exactly (2**63 - 1 reads as
 # 2**63, so a client trusting the spec would send 2**63 and be refused). The last 1,024 tokens
@@ -40,7 +40,7 @@ _SESSION_ID = Field(min_length=1, max_length=128)
 #: Python's str.isspace() counts as whitespace and the regex engine's \s does not).
 _NOT_BLANK = r"^[^\x00-\x1f\x7f]*[^\s\x00-\x1f\x7f][^\x00-\x1f\x7f]*$"
 #: A key prefix: what a key may contain, possibly nothing.
-_PREFIX_PATTERN = _KEY_PATTERN.replace("]+$", "]*$")
+PREFIX_PATTERN = KEY_PATTERN.replace("]+$", "]*$")
 
 
 class OpenSessionIn(BaseModel):
@@ -55,18 +55,18 @@ class SessionOut(BaseModel):
 
 class AcquireIn(BaseModel):
     session_id: str = _SESSION_ID
-    key: str = Field(min_length=1, max_length=api.MAX_KEY_LENGTH, pattern=_KEY_PATTERN)
+    key: str = Field(min_length=1, max_length=api.MAX_KEY_LENGTH, pattern=KEY_PATTERN)
     wait_s: float = Field(default=0.0, ge=0.0, le=api.MAX_WAIT_S)
 
 
 class GrantBody(BaseModel):
-    key: str = Field(min_length=1, max_length=api.MAX_KEY_LENGTH, pattern=_KEY_PATTERN)
+    key: str = Field(min_length=1, max_length=api.MAX_KEY_LENGTH, pattern=KEY_PATTERN)
     token: int = Field(ge=0, le=_MAX_TOKEN)
     session_id: str = _SESSION_ID
     acquired_at: datetime
     expires_at: datetime
 
-    #: The lock service's signature over the grant (lockservice.grants); ignored on input.
+    #: The lock service's signature over the grant (lockservice.verifiers.grants); ignored on input.
     kid: str | None = None
     signature: str | None = None
 
@@ -101,13 +101,13 @@ class HistoryOut(BaseModel):
 
 
 class RevokeIn(BaseModel):
-    key: str = Field(min_length=1, max_length=api.MAX_KEY_LENGTH, pattern=_KEY_PATTERN)
+    key: str = Field(min_length=1, max_length=api.MAX_KEY_LENGTH, pattern=KEY_PATTERN)
     #: Ignored: the audit names the authenticated operator (common.credentials), never a
     #: free-text name. Accepted so that older clients keep working.
     operator: str | None = Field(default=None, max_length=200, pattern=_NOT_BLANK)
     reason: str = Field(min_length=1, max_length=2000, pattern=_NOT_BLANK)
     #: A worker-sent revoke (the `revoke` signal): the payout the signal was for, and the
-    #: operator assertion it carried (lockservice.assertions), verified here.
+    #: operator assertion it carried (lockservice.verifiers.assertions), verified here.
     payout_id: str | None = Field(default=None, max_length=128)
     assertion: dict[str, Any] | None = None
 
@@ -120,7 +120,7 @@ class AssertionIn(BaseModel):
     #: key of the payout's account; the lock server refuses a revoke assertion without one),
     #: optional for `abandon`.
     key: str | None = Field(
-        default=None, min_length=1, max_length=api.MAX_KEY_LENGTH, pattern=_KEY_PATTERN
+        default=None, min_length=1, max_length=api.MAX_KEY_LENGTH, pattern=KEY_PATTERN
     )
 
 
@@ -165,30 +165,30 @@ class ErrorBody(BaseModel):
 
 #: Every status a /v1 route can answer besides its success: 400 a body that is not JSON at all
 #: (Starlette's parser, before validation), 401/403 (common.credentials), 404, 409, 422, 503
-#: as lockservice.server's docstring says.
-_ERRORS: dict[int | str, dict[str, Any]] = {
+#: as lockservice.server.app's docstring says.
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     s: {"model": ErrorBody} for s in (400, 401, 403, 404, 409, 422, 503)
 }
 
 
-def _iso(dt: datetime | None) -> str | None:
+def iso(dt: datetime | None) -> str | None:
     return None if dt is None else dt.isoformat()
 
 
-def _grant_json(g: Grant, signer: GrantSigner) -> dict[str, Any]:
+def grant_json(g: Grant, signer: GrantSigner) -> dict[str, Any]:
     signed = signer.sign(g)  # every grant that leaves this server is signed (INV-07)
     return {
         "key": g.key,
         "token": g.token,
         "session_id": g.session_id,
-        "acquired_at": _iso(g.acquired_at),
-        "expires_at": _iso(g.expires_at),
+        "acquired_at": iso(g.acquired_at),
+        "expires_at": iso(g.expires_at),
         "kid": signed.kid,
         "signature": signed.signature,
     }
 
 
-def _error(status: int, code: str, message: str, **extra: Any) -> JSONResponse:
+def error_response(status: int, code: str, message: str, **extra: Any) -> JSONResponse:
     return JSONResponse({"code": code, "message": message, **extra}, status_code=status)
 
 
@@ -208,21 +208,21 @@ def _status_of(exc: api.LockError) -> int:
     return 500
 
 
-def _add_error_shapes(app: FastAPI, m: _Metrics) -> None:
+def add_error_shapes(app: FastAPI, m: ServerMetrics) -> None:
     """Every error as the JSON body `{"code", "message"}` with the status of the module doc."""
 
     @app.exception_handler(api.LockError)
     async def _lock_error(request: Request, exc: api.LockError) -> JSONResponse:
-        return _error(_status_of(exc), exc.code, str(exc) or exc.code)
+        return error_response(_status_of(exc), exc.code, str(exc) or exc.code)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        m.requests.labels(_op_of(request), "invalid").inc()
+        m.requests.labels(op_of(request), "invalid").inc()
         parts = []
         for err in exc.errors()[:5]:
             where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
             parts.append(f"{where or 'body'}: {err.get('msg', 'invalid')}")
-        return _error(422, api.InvalidRequest.code, "; ".join(parts) or "invalid request")
+        return error_response(422, api.InvalidRequest.code, "; ".join(parts) or "invalid request")
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
@@ -232,7 +232,7 @@ def _add_error_shapes(app: FastAPI, m: _Metrics) -> None:
             404: "not_found",
             405: "method_not_allowed",
         }.get(exc.status_code, "http_error")
-        response = _error(exc.status_code, code, str(exc.detail))
+        response = error_response(exc.status_code, code, str(exc.detail))
         # Keep the exception's headers: a 405 must say which methods are allowed (RFC 9110).
         for name, value in (exc.headers or {}).items():
             response.headers[name] = value
@@ -240,13 +240,13 @@ def _add_error_shapes(app: FastAPI, m: _Metrics) -> None:
 
     def _unavailable(request: Request, exc: Exception) -> Response:
         # A backend driver error that escaped the backend's own mapping: still fail closed.
-        _log.warning("lock.backend_error", op=_op_of(request), error=type(exc).__name__)
-        return _error(503, api.BackendUnavailable.code, "lock backend unavailable")
+        _log.warning("lock.backend_error", op=op_of(request), error=type(exc).__name__)
+        return error_response(503, api.BackendUnavailable.code, "lock backend unavailable")
 
     answer_outages(app, _unavailable)
 
 
-def _session_json(s: Session) -> JSONResponse:
+def session_json(s: Session) -> JSONResponse:
     return JSONResponse(
-        {"session_id": s.session_id, "ttl_s": s.ttl_s, "expires_at": _iso(s.expires_at)}
+        {"session_id": s.session_id, "ttl_s": s.ttl_s, "expires_at": iso(s.expires_at)}
     )

@@ -1,6 +1,6 @@
 -- One round trip per lock operation: acquire, release and session close become plpgsql functions
 -- (each call is one statement, so one transaction, in autocommit). The rules are those of the
--- multi-statement transactions they replace (see lockservice/backends/postgres.py); what changed
+-- multi-statement transactions they replace (see lockservice/server/backends/postgres.py); what changed
 -- is that the grant history now records when an EXPIRED grant ended: its session's expiry time.
 
 -- End one grant's history row. A grant whose session had already expired ended at that expiry,

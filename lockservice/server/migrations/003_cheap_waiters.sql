@@ -1,6 +1,6 @@
 -- Cheap blocked acquirers: acquire_grant answers 'held' from a plain read, with no row lock and no
 -- write, and reports how long the holder's session has left, so that a waiter sleeps until then
--- (or a NOTIFY) instead of polling (lockservice/backends/postgres.py, PostgresBackend.acquire).
+-- (or a NOTIFY) instead of polling (lockservice/server/backends/postgres.py, PostgresBackend.acquire).
 --
 -- Before, every attempt took the epoch row FOR SHARE and the key's counter row FOR UPDATE before
 -- it looked at the holder: each poll of each waiter was a write transaction that queued behind the

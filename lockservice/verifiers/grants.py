@@ -1,10 +1,10 @@
 """Signed grants: what the lock service states about a grant, in a form anyone can check offline.
 
-Owns: the signed grant's canonical bytes, Ed25519 signing (lock server only) and verification
-(the enforcement points), PEM key files, and key ids for rotation (INV-07; docs/architecture.md,
-"Signed grants").
-Must never: hold or load a private key outside the lock server, call the lock service back, or
-decide whether a token is the newest: the signature proves the lock service issued the grant;
+Owns: the signed grant's canonical bytes, Ed25519 verification (the enforcement points), the
+public key files, and key ids for rotation (INV-07; docs/architecture.md, "Signed grants"). The
+signing itself is the lock server's (lockservice.server.signing, the one holder of the key).
+Must never: hold or load a private key, call the lock service back, or decide whether a token is
+the newest: the signature proves the lock service issued the grant;
 the fence (T >= stored fence) still decides whether it is current.
 
 Standard library and `cryptography` only, so the rail proxy and the payment store can import it.
@@ -40,7 +40,6 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -50,9 +49,7 @@ from typing import Any
 
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-
-from lockservice.api import Grant
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 GRANT_VERSION = 1
 _KID_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
@@ -170,7 +167,7 @@ def epoch_us(at: datetime) -> int:
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
-def _b64(raw: bytes) -> str:
+def b64url(raw: bytes) -> str:
     return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
 
 
@@ -185,59 +182,6 @@ def check_kid(kid: str) -> str:
     if not _KID_RE.match(kid):
         raise ValueError(f"key id {kid!r}: 1-64 letters, digits, '.', '_' or '-'")
     return kid
-
-
-# --------------------------------------------------------------------------- signing
-
-
-class GrantSigner:
-    """Signs grants with one private key (the lock server's current key id)."""
-
-    def __init__(self, private_key: Ed25519PrivateKey, kid: str) -> None:
-        self._key = private_key
-        self.kid = check_kid(kid)
-
-    @classmethod
-    def from_pem_file(cls, path: str | Path, kid: str) -> GrantSigner:
-        """The signer of the key in `path`; `ValueError` (one line naming the file) when it
-        cannot be read or is not an unencrypted Ed25519 private key in PEM."""
-        try:
-            pem = Path(path).read_bytes()
-        except OSError as exc:
-            raise ValueError(f"{path}: cannot read the signing key ({exc.strerror})") from exc
-        try:
-            key = serialization.load_pem_private_key(pem, password=None)
-        except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
-            # TypeError: an encrypted key (no password here); ValueError: not a PEM key at all.
-            why = str(exc).split(". See ", 1)[0]  # cryptography appends a FAQ link
-            raise ValueError(f"{path}: not a PEM private key ({why})") from exc
-        if not isinstance(key, Ed25519PrivateKey):
-            raise ValueError(f"{path}: not an Ed25519 private key")
-        return cls(key, kid)
-
-    @classmethod
-    def ephemeral(cls, kid: str = "ephemeral") -> GrantSigner:
-        """A fresh key held only in memory: grants are signed, but nobody can verify them
-        unless handed `public_key()` (in-process tests)."""
-        return cls(Ed25519PrivateKey.generate(), kid)
-
-    def public_key(self) -> Ed25519PublicKey:
-        return self._key.public_key()
-
-    def sign_message(self, message: bytes) -> str:
-        """The base64url signature of `message`. Only for a statement whose bytes are
-        domain-separated from every other kind (grant bytes start with `{`; an operator
-        assertion's with its purpose tag, lockservice.assertions), so one is never the other."""
-        return _b64(self._key.sign(message))
-
-    def sign(self, grant: Grant) -> SignedGrant:
-        return self.sign_fields(grant.key, grant.token, grant.session_id, grant.expires_at)
-
-    def sign_fields(
-        self, key: str, token: int, session_id: str, expires_at: datetime
-    ) -> SignedGrant:
-        msg = canonical_bytes(key, token, session_id, expires_at, self.kid)
-        return SignedGrant(key, token, session_id, expires_at, self.kid, self.sign_message(msg))
 
 
 # --------------------------------------------------------------------------- verifying
@@ -387,60 +331,22 @@ def _public_key(path: Path) -> object:
         raise ValueError(f"{path}: not a PEM public key ({why})") from exc
 
 
-@dataclass(frozen=True, slots=True)
-class KeyPairFiles:
-    private_path: Path  # mode 0600, for the lock server only
-    public_dir: Path  # `<kid>.pem` files, for the enforcement points
-    kid: str
-
-
-def generate_keypair(directory: str | Path, kid: str) -> KeyPairFiles:
-    """Write a new Ed25519 pair: `<dir>/private/<kid>.pem` (0600) and `<dir>/public/<kid>.pem`.
-
-    For the local stack and tests. An existing pair of that kid is kept, not overwritten.
-    """
-    check_kid(kid)
-    root = Path(directory)
-    private_dir, public_dir = root / "private", root / "public"
-    private_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    public_dir.mkdir(parents=True, exist_ok=True)
-    private_path, public_path = private_dir / f"{kid}.pem", public_dir / f"{kid}.pem"
-    if not private_path.exists():
-        key = Ed25519PrivateKey.generate()
-        pem = key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-        fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(pem)
-        public_path.write_bytes(
-            key.public_key().public_bytes(
-                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-            )
-        )
-    return KeyPairFiles(private_path, public_dir, kid)
-
-
 __all__ = [
     "BadSignature",
     "GrantError",
     "GrantExpired",
-    "GrantSigner",
     "GrantVerifier",
     "KeyMismatch",
-    "KeyPairFiles",
     "MalformedGrant",
     "MissingGrant",
     "SignedGrant",
     "TokenMismatch",
     "UnknownKeyId",
+    "b64url",
     "canonical_bytes",
     "check_key",
     "check_not_expired",
     "epoch_us",
-    "generate_keypair",
     "is_expired",
     "load_public_keys",
     "verify_signature",

@@ -20,7 +20,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from common.tls import ServerTLS, TLSSettingsError, refuse_unverified_database_url
 
 if TYPE_CHECKING:
-    from lockservice.backends.etcd_client import EtcdTLSFiles
+    from lockservice.server.backends.etcd_client import EtcdTLSFiles
 
 _ENDPOINTS_VARS = "LOCK_ETCD_ENDPOINTS/ETCD_ENDPOINTS"
 
@@ -61,7 +61,7 @@ class LockSettings(ServerTLS, BaseSettings):
     #: this much MVCC history, so waiters' watches rarely meet a compacted revision).
     etcd_compact_every_s: float = Field(default=300.0, ge=0.1)
     #: Restored-data detection: the issuance watermark lives here, OUTSIDE the backend's
-    #: restorable data (lockservice.watermark). Unset: detection off (a warning at start-up).
+    #: restorable data (lockservice.server.watermark). Unset: detection off (a warning at start-up).
     state_dir: str | None = None
     #: Ed25519 private key (PEM) that signs every grant; the server refuses to start without it.
     #: It never leaves this process: enforcement points get only the public key
@@ -74,7 +74,8 @@ class LockSettings(ServerTLS, BaseSettings):
     credentials_path: str | None = None
     #: Lifetime of the operator assertions `POST /v1/operator-assertions` issues (seconds).
     operator_assertion_ttl_s: float = Field(default=300.0, ge=1.0, le=3600.0)
-    #: A worker-sent force-revoke needs a valid operator assertion (lockservice.assertions).
+    #: A worker-sent force-revoke needs a valid operator assertion
+    #: (lockservice.verifiers.assertions).
     #: false is an experiment switch (the negative control): the worker's revoke is carried out
     #: on the signal's free-text name, audited as `worker/unverified:<name>`.
     verify_operator_assertions: bool = True
@@ -88,7 +89,7 @@ class LockSettings(ServerTLS, BaseSettings):
 
     def etcd_tls(self) -> EtcdTLSFiles | None:
         """The etcd client's TLS files, None for plaintext endpoints (validated below)."""
-        from lockservice.backends.etcd_client import EtcdTLSFiles
+        from lockservice.server.backends.etcd_client import EtcdTLSFiles
 
         if not self.etcd_ca_file:
             return None

@@ -16,7 +16,7 @@ LOCK_RENEW_FAILED = "lock.renew_failed"
 LOCK_EXPIRED = "lock.expired"
 LOCK_REVOKED = "lock.revoked"
 LOCK_EPOCH_BUMPED = "lock.epoch_bumped"
-#: etcd retention and compaction (lockservice.backends.etcd_retention)
+#: etcd retention and compaction (lockservice.server.backends.etcd_retention)
 LOCK_ETCD_HISTORY_PRUNED = "lock.etcd_history_pruned"
 LOCK_ETCD_COMPACTED = "lock.etcd_compacted"
 LOCK_ETCD_MAINTENANCE_FAILED = "lock.etcd_maintenance_failed"

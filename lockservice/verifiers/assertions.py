@@ -1,11 +1,11 @@
 """Operator assertions: the lock service's signed statement that an authenticated operator asked
 for one break-glass command (`revoke` or `abandon`) of one payout, valid for a few minutes.
 
-Owns: the assertion's wire form and canonical bytes (under a purpose tag of their own), signing
-(lock server only, with its grant key) and verification against public keys (the lock server's
-force-revoke, the payment store's abandon). docs/security.md, "Operator commands sent as Temporal
-signals".
-Must never: load a private key outside the lock server, accept an assertion for another action,
+Owns: the assertion's wire form and canonical bytes (under a purpose tag of their own) and
+verification against public keys (the lock server's force-revoke, the payment store's abandon);
+the lock server signs them with its grant key (lockservice.server.signing). docs/security.md,
+"Operator commands sent as Temporal signals".
+Must never: load a private key, accept an assertion for another action,
 payout or lock key, or one expired by the verifier's clock, or let a grant pass for an assertion
 (or an assertion for a grant).
 
@@ -17,8 +17,8 @@ statement, safe in Temporal history), and the enforcement points audit the ident
 What is signed (version 1): the purpose tag `payouts.operator-assertion.v1` and a newline,
 then the JSON object `{"action", "expires_at_us", "identity", "issued_at_us", "key", "kid",
 "nonce", "payout_id", "purpose", "reason", "v"}` with sorted keys and no spaces, UTF-8. Grant
-bytes (lockservice.grants) are a bare JSON object and so start with `{`: no byte string is both,
-so a grant's signature never verifies as an assertion's and vice versa.
+bytes (lockservice.verifiers.grants) are a bare JSON object and so start with `{`: no byte string
+is both, so a grant's signature never verifies as an assertion's and vice versa.
 
 Replay: an assertion is bound to its action and payout id, and a revoke's to the lock key of
 the payout's account (an assertion without a key never authorises a revoke), so it can never
@@ -40,9 +40,8 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from lockservice.grants import (
+from lockservice.verifiers.grants import (
     GrantError,
-    GrantSigner,
     GrantVerifier,
     check_kid,
     epoch_us,
@@ -154,7 +153,7 @@ def assertion_bytes(
     return f"{PURPOSE}\n{text}".encode()
 
 
-def _message(a: OperatorAssertion) -> bytes:
+def signed_bytes(a: OperatorAssertion) -> bytes:
     """The signed bytes of `a`: every field but the signature itself."""
     signed = {f.name: getattr(a, f.name) for f in dataclasses.fields(a) if f.name != "signature"}
     return assertion_bytes(**signed)
@@ -164,35 +163,6 @@ def check_payout_id(payout_id: str) -> str:
     if not _ID_RE.match(payout_id):
         raise ValueError("payout_id: 1-128 letters, digits or . _ @ : -")
     return payout_id
-
-
-def sign_assertion(
-    signer: GrantSigner,
-    *,
-    identity: str,
-    action: str,
-    payout_id: str,
-    reason: str,
-    issued_at: datetime,
-    expires_at: datetime,
-    nonce: str,
-    key: str = "",
-) -> OperatorAssertion:
-    """Sign with the lock server's current grant key (same key, distinct purpose tag)."""
-    if action not in ACTIONS:
-        raise ValueError(f"action must be one of {ACTIONS}")
-    check_payout_id(payout_id)
-    if not reason.strip():
-        raise ValueError("a reason is required")
-    if expires_at <= issued_at:
-        raise ValueError("expires_at must be after issued_at")
-    if action == "revoke" and not key:
-        # Unbound, it would let an assertion asked for about payout P revoke any account's lock.
-        raise ValueError("a revoke assertion must name the lock key of the payout's account")
-    unsigned = OperatorAssertion(
-        identity, action, payout_id, key, reason, issued_at, expires_at, nonce, signer.kid, ""
-    )
-    return dataclasses.replace(unsigned, signature=signer.sign_message(_message(unsigned)))
 
 
 class AssertionVerifier:
@@ -229,7 +199,9 @@ class AssertionVerifier:
         a = assertion if isinstance(assertion, OperatorAssertion) else None
         a = a or OperatorAssertion.from_json(assertion)
         try:
-            verify_signature(self._keys, a.kid, a.signature, _message(a), what="operator assertion")
+            verify_signature(
+                self._keys, a.kid, a.signature, signed_bytes(a), what="operator assertion"
+            )
         except GrantError as exc:
             raise AssertionRefused(exc.code, str(exc)) from None
         if a.action != action:
@@ -260,5 +232,5 @@ __all__ = [
     "AssertionVerifier",
     "OperatorAssertion",
     "assertion_bytes",
-    "sign_assertion",
+    "signed_bytes",
 ]

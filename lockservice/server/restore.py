@@ -17,7 +17,8 @@ backend's own counters):
 Procedure (both backends, docs/locks-backends.md): stop the lock servers; restore the backup; run
 `python -m lockservice bump-epoch --offline ...` (this module) against the backend with the lock
 servers still stopped; start them. A server started on restored data before that refuses grants
-(lockservice.watermark), so a forgotten bump shows as 503 `restore_detected`, not as a reissue.
+(lockservice.server.watermark), so a forgotten bump shows as 503 `restore_detected`, not as a
+reissue.
 """
 
 from __future__ import annotations

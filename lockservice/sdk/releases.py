@@ -1,4 +1,4 @@
-"""The SDK's background releases (`lockservice.client`): grants the server may still hold for
+"""The SDK's background releases (`lockservice.sdk.client`): grants the server may still hold for
 this process's session although no caller will release them any more.
 
 Why: the session is process-wide and its heartbeat keeps it alive, so a grant that nobody
@@ -36,7 +36,7 @@ from lockservice import api
 from lockservice.api import Grant, LockError
 
 if TYPE_CHECKING:
-    from lockservice.client import LockClient
+    from lockservice.sdk.client import LockClient
 
 _log = get_logger("lockservice.client")
 
@@ -131,11 +131,13 @@ class BackgroundReleases:
         c = self._client
         while True:
             retries[0] += 1
-            await c._sleep(c._backoff(retries[0]))
+            await c.calls.sleep(c.calls.backoff(retries[0]))
             if c.session_id != grant.session_id:
                 return "session_ended"
             try:
-                await c._request("POST", "/v1/locks/release", json=grant_body(grant), attempts=1)
+                await c.calls.request(
+                    "POST", "/v1/locks/release", json=grant_body(grant), attempts=1
+                )
             except api.NotHeld:
                 return "already_ended"
             except (LockError, httpx.HTTPError):
@@ -161,8 +163,8 @@ class BackgroundReleases:
         for as long as the session lives.
         """
         c = self._client
-        await c._sleep(delay_s)
-        async with c._turn(key, None):
+        await c.calls.sleep(delay_s)
+        async with c.turns.turn(key, None):
             await self._release_orphan(key)
 
     async def _release_orphan(self, key: str) -> None:
@@ -170,20 +172,20 @@ class BackgroundReleases:
         sid, attempt = c.session_id, 0
         while sid is not None and c.session_id == sid:  # no session: its grants ended with it
             if attempt:
-                await c._sleep(c._backoff(attempt))
+                await c.calls.sleep(c.calls.backoff(attempt))
             attempt += 1
             try:
-                info = await c._request("GET", f"/v1/locks?key={quote(key)}", attempts=1)
+                info = await c.calls.request("GET", f"/v1/locks?key={quote(key)}", attempts=1)
             except (LockError, httpx.HTTPError):
                 continue
             token = info.get("token")
             if info.get("holder_session") != sid or token is None:
                 return
-            if c._issued.get(key) == token:
+            if c.issued.get(key) == token:
                 return  # a caller holds it
             body = grant_body(grant_of({**info, "session_id": sid}))
             try:
-                await c._request("POST", "/v1/locks/release", json=body, attempts=1)
+                await c.calls.request("POST", "/v1/locks/release", json=body, attempts=1)
             except api.NotHeld:
                 return
             except (LockError, httpx.HTTPError):
