@@ -1,19 +1,26 @@
 """PayoutWorkflow: one payout, executed exactly once, following UC-01 step by step.
 
-Each UC-01 step stays identifiable in the Temporal UI: acquire lock, then (patch
-`merged-holder-steps`) one holder activity `execute_payout` that re-reads and claims, submits,
-posts and releases, naming its current step in its heartbeat details and the steps done in its
-result; a payout found in flight goes on by the named state-based steps (recover, submit, post,
-release). Histories recorded before the patch replay the separate steps. Recovery (UC-04,
-FR-24) is decided by the payout's state and the rail proxy's attempt record, never by elapsed
-time. RAIL_AMBIGUOUS is resolved only by lookups by client reference or by an operator (UC-05).
+Each UC-01 step stays identifiable in the Temporal UI. The happy path takes two workflow tasks:
+one activity on the shared queue, `acquire_and_execute`, in which the worker granted the
+account's lock re-reads and claims, submits, posts and releases (`inp.two_task=False`, the A/B
+switch: the acquire, then the merged holder step `execute_payout` on that worker's queue). A
+payout found in flight goes on by the named state-based steps (recover, submit, post, release).
+Recovery (UC-04, FR-24) is decided by the payout's state and the rail proxy's attempt record,
+never by elapsed time (`workflows.payout_steps.next_step`). RAIL_AMBIGUOUS is resolved only by
+lookups by client reference or by an operator (UC-05, `workflows.operator_desk`).
 
 Owns: the order of the steps, their retry policies, the operator signals and the workflow's
 history size (continue-as-new). Must never: retry the submit, fail for an infrastructure reason
 (an outage of the lock service, the database, the rail or every worker only delays a payout,
 docs/architecture.md#workflow-shape), or let an operator command that cannot be carried out
 escape a signal handler.
-See docs/workflow.md.
+
+Read whole: the class is one object over ~400 lines because its coroutines share the run's
+state (state, token, grant, resolution, lookups) and every command it issues is part of the
+history a replay checks, so its order must be reviewable in one place; the decisions that need
+none of that state live in `workflows.payout_steps`, the operator commands in
+`workflows.operator_desk`. Changing a command it issues follows docs/workflow.md, "Changing the
+workflow" (`workflow.patched`, a replay history per new branch).
 """
 
 from __future__ import annotations
@@ -21,13 +28,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RawValue, RetryPolicy, SearchAttributePair
-from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
+from temporalio.common import RawValue, RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.exceptions import TimeoutError as ActivityTimeout
 
 with workflow.unsafe.imports_passed_through():
@@ -35,101 +42,23 @@ with workflow.unsafe.imports_passed_through():
     from activities.payout_activities import PayoutActivities
     from ledger.states import TERMINAL_STATES, PayoutState
     from workflows.details import Snapshot, current_details
-    from workflows.operator_desk import (
-        Facts,
-        OperatorDesk,
-        cause,
-        decode_signal,
-        operator_command,
+    from workflows.operator_desk import Facts, OperatorDesk, cause
+    from workflows.payout_steps import (
+        CARRIED_REJECTIONS,
+        DB_WRITE_RETRY,
+        EXECUTE_SUMMARY,
+        RUN_SUMMARY,
+        SUBMIT_ONCE,
+        HolderStep,
+        Next,
+        backoff,
+        changed_search_attributes,
+        is_type,
+        next_step,
+        unlimited_retry,
     )
-    from workflows.search_attributes import PAYOUT_ACCOUNT, PAYOUT_ESCALATED, PAYOUT_STATE
 
-# Patch ids (workflow.patched): each marks a change of the commands a workflow issues, so that
-# histories recorded before it (the replay corpus, and runs in flight at a deploy) replay as
-# they ran. Never rename one; remove the old branch only once no such history can exist.
-#: A valid `revoke` is queued and carried out by a coroutine of the run, not inside the handler.
-PATCH_QUEUED_REVOKE = "revoke-queued-outside-handler"
-#: The run continues as new after `max_lookups_per_run` lookups or when Temporal suggests it.
-PATCH_CONTINUE_AS_NEW = "continue-as-new"
-#: State, account and escalation are upserted as search attributes at every change.
-PATCH_SEARCH_ATTRIBUTES = "search-attributes"
-#: The acquire activity has a heartbeat timeout: one taken by a frozen worker's open long-poll
-#: times out in seconds instead of waiting out its whole start-to-close (issue 16, takeover).
-PATCH_ACQUIRE_HEARTBEAT = "acquire-heartbeat"
-#: After a holder step timed out, the release on that holder's queue is one attempt bounded by
-#: the holder heartbeat timeout: a frozen worker's long-poll takes it and holds it for no longer.
-PATCH_SHORT_RELEASE_AFTER_TIMEOUT = "short-release-after-holder-timeout"
-#: That short release runs beside the next acquire instead of before it: a frozen holder's
-#: long-poll takes it and holds it for the whole heartbeat timeout, and the next acquire needs
-#: nothing from it (the server's wait ends when the frozen holder's session expires, or when the
-#: release of a live holder arrives).
-PATCH_RELEASE_BESIDE_REACQUIRE = "release-beside-reacquire-after-holder-timeout"
-#: An abandon whose operator assertion the payment store refused is recorded as a rejected
-#: signal (audit row + event) and dropped, instead of failing the critical section.
-PATCH_VERIFIED_ABANDON = "abandon-assertion-refused"
-#: The critical section starts with ONE holder activity, `execute_payout` (re-read and claim,
-#: submit once, post, and the release once terminal), instead of `reread_and_claim` followed by
-#: `submit_to_rail`, `post_to_ledger` and `release_lock`: 3 workflow tasks per payout instead
-#: of 6 (issue 16). A payout found in flight goes on by the same state-based steps as before.
-PATCH_MERGED_HOLDER = "merged-holder-steps"
-#: Fewer visibility writes per payout (issue 16). Every first `workflow.patched` call of a run
-#: also upserts the `TemporalChangeVersion` search attribute (the SDK does it), and Temporal
-#: writes the visibility store once for each workflow task that upserts anything: the payout's
-#: second task did so only for `merged-holder-steps`. With this patch that one is decided in
-#: the first task, which upserts anyway, and only the search attributes whose value differs
-#: from the workflow's own are upserted (the starter sets all three: payouts.workload).
-PATCH_LEAN_VISIBILITY = "lean-visibility"
-#: Operator commands (issue 24): one dynamic signal handler takes any name, arity and payload
-#: (`workflows.operator_desk`); abandon and revoke are also Updates with a validator; each command
-#: is verified once by the payment store (single-use nonce) and ended once, carried out or
-#: refused; the rail's evidence outranks an abandon; a cancellation request is refused and the
-#: payout goes on; continue-as-new waits for a revoke in flight instead of cancelling it.
-PATCH_OPERATOR_COMMANDS = "operator-commands"
-#: The two-task happy path (issue 29): the first workflow task schedules ONE activity on the shared
-#: queue, `acquire_and_execute`, in which the worker that is granted the lock runs the merged
-#: holder step itself: 2 workflow tasks and 1 activity per payout instead of 3 and 2. Anything
-#: but the happy outcome goes on by the same state-based steps on that worker's queue.
-PATCH_TWO_TASK = "acquire-and-execute"
-#: What an operator sees as the merged activity's summary in the Temporal UI (UC-01 steps 3-9).
-EXECUTE_SUMMARY = "UC-01: re-read + claim -> submit (once) -> post -> release"
-RUN_SUMMARY = "UC-01: acquire -> re-read + claim -> submit (once) -> post -> release"
-#: A critical-section activity of the lock holder's queue, by method reference (`_on_holder`).
-HolderStep = Callable[[PayoutActivities, m.StepRequest], Awaitable[m.PayoutView]]
-
-# Database writes before handoff may be retried a few times; fenced rejections never are. A write
-# that still fails is not fatal: the critical section ends, the grant is released, and the run
-# loop backs off, re-acquires and recovers by the payout's state.
-_DB_WRITE_RETRY = RetryPolicy(
-    initial_interval=timedelta(milliseconds=200),
-    maximum_interval=timedelta(seconds=2),
-    maximum_attempts=3,
-    non_retryable_error_types=[m.FENCED_OUT, m.LOCK_LOST, m.INVALID_TRANSITION, m.UNKNOWN_PAYOUT],
-)
-# The submit activity is NEVER retried (UC-05, STD01-07): a retry after a possible handoff is a
-# second payment, because the rail has no idempotency key. A failed or timed-out submit goes to
-# state-based recovery instead, which reads the proxy's attempt record as evidence.
-_SUBMIT_ONCE = RetryPolicy(maximum_attempts=1)
-#: The latest rejected signals handed to the next run (all of them are in the audit log).
-_CARRIED_REJECTIONS = 50
-
-
-def _unlimited_retry(inp: m.PayoutInput) -> RetryPolicy:
-    """Reads, lookups, escalation, audit and revoke: no attempt limit, capped backoff.
-
-    Why no limit (docs/architecture.md#workflow-shape): an outage of the database, the proxy, the
-    lock service or every worker must only delay a payout. A bounded policy turned a few seconds of
-    outage into a failed workflow, which REJECT_DUPLICATE then forbids restarting: the payout was
-    stranded. These activities move no money, so repeating one is harmless; an attempt retried by
-    Temporal adds no history event, so waiting out a long outage does not grow the history either.
-    Errors an activity marks non-retryable (a refusal, not an outage) still end the attempt at once.
-    """
-    cap = max(0.1, inp.read_retry_max_interval_s)
-    return RetryPolicy(
-        initial_interval=timedelta(seconds=min(0.5, cap)),
-        backoff_coefficient=2.0,
-        maximum_interval=timedelta(seconds=cap),
-        maximum_attempts=0,  # unlimited
-    )
+__all__ = ["PayoutWorkflow"]
 
 
 @workflow.defn(name="PayoutWorkflow")
@@ -145,9 +74,6 @@ class PayoutWorkflow:
         self._client_reference = ""
         self._escalated = False
         self._ambiguous_since: datetime | None = None
-        self._abandon: m.OperatorCommand | None = None
-        self._revokes: list[m.OperatorCommand] = []  # accepted, not carried out yet
-        self._revoker_stopped = False
         self._rejections: list[m.SignalRejection] = []
         self._last_error = ""
         self._steps = 0
@@ -158,7 +84,6 @@ class PayoutWorkflow:
         # Releases after a holder timeout, running beside the next acquire; awaited before the
         # run ends or continues as new, so that none is abandoned mid-flight.
         self._background_releases: list[asyncio.Task[None]] = []
-        self._published: tuple[str, bool] | None = None  # search attributes last upserted
         self._evidence = ""  # what the rail said that decided `_resolution`
         self._lookups_before = 0  # lookups of this payout in the runs before this one
         self._last_lookup: m.LookupRecord | None = None
@@ -166,17 +91,17 @@ class PayoutWorkflow:
         self._failure_reason: str | None = None
         self._step_name = ""  # the step it is at (the Temporal UI's current details)
         carried = inp.carried.commands if inp.carried is not None else []
-        retry = _unlimited_retry(inp)
-        self._desk = OperatorDesk(inp, self._facts, retry, carried, self._rejections)
         if inp.carried is not None:
             self._restore(inp.carried)
+        retry = unlimited_retry(inp)
+        self._desk = OperatorDesk(inp, self._facts, retry, carried, self._rejections)
+        if inp.carried is not None:
+            self._desk.cancel_requests = inp.carried.cancel_requests
 
     # ------------------------------------------------------------------ entry point
 
     @workflow.run
     async def run(self, inp: m.PayoutInput) -> m.PayoutStatus:
-        if not self._commands_on():
-            return await self._run(inp)  # histories recorded before patch `operator-commands`
         # A payout workflow is never cancelled (UI "Request Cancellation", `temporal workflow
         # cancel`): the payout runs in a task of its own, shielded, so that the cancellation
         # reaches only this primary task, which records and audits it and goes on waiting. No
@@ -194,21 +119,8 @@ class PayoutWorkflow:
                     raise
                 self._desk.cancel_requested()
 
-    def _commands_on(self) -> bool:
-        """Patch `operator-commands` (memoized by the SDK: the first call decides for the run)."""
-        return workflow.patched(PATCH_OPERATOR_COMMANDS)
-
     async def _run(self, inp: m.PayoutInput) -> m.PayoutStatus:
-        if self._commands_on():
-            revoker = asyncio.create_task(self._desk.run_revokes())
-        else:
-            revoker = asyncio.create_task(self._carry_out_revokes())
-        if workflow.patched(PATCH_LEAN_VISIBILITY):
-            # Decided here, in the first task, so its TemporalChangeVersion upsert joins this
-            # task's visibility write instead of costing the next task one of its own.
-            workflow.patched(PATCH_MERGED_HOLDER)
-        # Decided once for the run, in its first task (`inp.two_task`: the A/B switch).
-        two_task = inp.two_task and workflow.patched(PATCH_TWO_TASK)
+        revoker = asyncio.create_task(self._desk.run_revokes())
         self._publish()
         backoff_round = 0
         while self._state not in TERMINAL_STATES:
@@ -218,9 +130,11 @@ class PayoutWorkflow:
             if self._state == PayoutState.RAIL_AMBIGUOUS.value and not self._resolution_known():
                 await self._resolve_ambiguity(inp)
                 continue
-            run = await self._acquire_and_execute(inp) if two_task else None
-            grant = (run.grant if run.grant.acquired else None) if run else None
-            if not two_task:
+            # `inp.two_task`: the A/B switch of the starter (issue 29), not a patch.
+            run = await self._acquire_and_execute(inp) if inp.two_task else None
+            if inp.two_task:
+                grant = run.grant if run is not None and run.grant.acquired else None
+            else:
                 grant = await self._acquire(inp)
             if grant is None:
                 # Fail closed (UC-08, FR-27): no grant, no execution. The payout stays as it is
@@ -229,12 +143,12 @@ class PayoutWorkflow:
                 # its budget, so retry soon; an unavailable lock service backs off exponentially.
                 if self._contended:
                     await workflow.sleep(
-                        self._backoff(inp, 0), summary="the account's lock is held: try again"
+                        backoff(inp, 0), summary="the account's lock is held: try again"
                     )
                 else:
                     backoff_round += 1
                     await workflow.sleep(
-                        self._backoff(inp, backoff_round),
+                        backoff(inp, backoff_round),
                         summary=f"backoff {backoff_round}: {self._last_error[:120]}",
                     )
                 continue
@@ -244,10 +158,10 @@ class PayoutWorkflow:
             else:
                 backoff_round += 1
                 await workflow.sleep(
-                    self._backoff(inp, backoff_round),
+                    backoff(inp, backoff_round),
                     summary=f"backoff {backoff_round}: {self._last_error[:120]}",
                 )
-        await self._drop_pending_revokes(revoker)
+        await self._drop_pending_commands(revoker)
         await self._background_releases_done()
         await workflow.wait_condition(workflow.all_handlers_finished)
         await self._desk.settle_audits()
@@ -265,7 +179,7 @@ class PayoutWorkflow:
             escalated=self._escalated,
             rejected_signals=list(self._rejections),
             last_error=self._last_error,
-            pending_revokes=len(self._revokes) + self._desk.pending_revokes(),
+            pending_revokes=self._desk.pending_revokes(),
             runs=self._runs,
             account_id=self._input.account_id,
             resolution=self._resolution,
@@ -295,16 +209,7 @@ class PayoutWorkflow:
         "other signal, or a payload that is not one command, is refused and audited",
     )
     async def signal(self, name: str, args: Sequence[RawValue]) -> None:
-        if self._commands_on():
-            await self._desk.on_signal(name, args)
-            return
-        # Histories recorded before patch `operator-commands`: the named handlers of then,
-        # which took one payload decoded by the SDK's default converter.
-        payload, _ = decode_signal(args) if len(args) == 1 else (None, "")
-        if name == "abandon":
-            await self._legacy_abandon(payload)
-        elif name == "revoke":
-            await self._legacy_revoke(payload)
+        await self._desk.on_signal(name, args)
 
     # Updates: the same commands with the verdict sent back to the caller (`payouts payout
     # abandon|revoke`). The validator refuses what the payout's state does not allow before
@@ -313,7 +218,6 @@ class PayoutWorkflow:
 
     @workflow.update(name="abandon", description="RAIL_AMBIGUOUS -> ABANDONED, after the SLA")
     async def abandon_update(self, cmd: m.OperatorCommand) -> m.CommandRecord:
-        self._commands_on()
         return await self._desk.on_update("abandon", cmd)
 
     @abandon_update.validator
@@ -322,129 +226,19 @@ class PayoutWorkflow:
 
     @workflow.update(name="revoke", description="force-revoke this payout's lock (UC-06)")
     async def revoke_update(self, cmd: m.OperatorCommand) -> m.CommandRecord:
-        self._commands_on()
         return await self._desk.on_update("revoke", cmd)
 
     @revoke_update.validator
     def _validate_revoke(self, cmd: m.OperatorCommand) -> None:
         self._desk.validate("revoke", cmd)
 
-    async def _legacy_abandon(self, payload: Any) -> None:
-        """Before patch `operator-commands`: RAIL_AMBIGUOUS -> ABANDONED after the SLA."""
-        cmd, why = operator_command(payload)
-        if not why and self._state != PayoutState.RAIL_AMBIGUOUS.value:
-            why = f"abandon is only valid in RAIL_AMBIGUOUS, payout is {self._state}"
-        if not why and not self._escalated:
-            why = "abandon is only valid after the resolution SLA has escalated"
-        if why:
-            await self._reject("abandon", cmd, why)
-            return
-        # Carried out by the run loop under a grant (abandon_payout is a fenced write).
-        self._abandon = cmd
-
-    async def _legacy_revoke(self, payload: Any) -> None:
-        """Before patch `operator-commands`: force-revoke through the lock service."""
-        cmd, why = operator_command(payload)
-        if not why and self._state in TERMINAL_STATES:
-            why = f"payout is terminal ({self._state}); nothing to revoke"
-        if why:
-            await self._reject("revoke", cmd, why)
-            return
-        if workflow.patched(PATCH_QUEUED_REVOKE):
-            # Queued, and carried out by `_carry_out_revokes` with unlimited retries: a revoke
-            # sent while the lock service is down is carried out when it returns, and a pending
-            # one survives continue-as-new. The handler itself finishes at once.
-            self._revokes.append(cmd)
-            return
-        # Histories recorded before the patch ran the revoke inside the handler: replay them as
-        # they ran, but let no failure out of the handler.
-        try:
-            await self._revoke_now(cmd)
-        except ActivityError as err:
-            await self._reject("revoke", cmd, f"revoke could not be carried out: {cause(err)}")
-
-    async def _reject(self, signal: str, cmd: m.OperatorCommand, why: str) -> None:
-        rejection = m.SignalRejection(
-            signal=signal, operator=cmd.operator, reason=cmd.reason, why=why
-        )
-        self._rejections.append(rejection)
-        workflow.logger.warning("operator signal rejected: %s (%s)", signal, why)
-        # The rejection is audited like any operator action (FR-30), retried until the database
-        # takes it; a non-retryable failure is reported in the status, never raised.
-        try:
-            await workflow.execute_activity_method(
-                PayoutActivities.record_signal_rejected,
-                rejection,
-                start_to_close_timeout=timedelta(seconds=30),
-                retry_policy=_unlimited_retry(self._input),
-            )
-        except ActivityError as err:
-            self._last_error = f"could not audit the rejected {signal} signal: {cause(err)}"
-
-    # ------------------------------------------------------------------ operator revokes
-
-    async def _revoke_now(self, cmd: m.OperatorCommand) -> None:
-        await workflow.execute_activity_method(
-            PayoutActivities.revoke_lock,
-            m.RevokeRequest(
-                account_id=self._input.account_id,
-                operator=cmd.operator,
-                reason=cmd.reason,
-                payout_id=self._input.payout_id,
-                # Verified by the lock server, which audits the identity inside (or refuses:
-                # a non-retryable failure, reported as a rejected signal).
-                assertion=cmd.assertion,
-            ),
-            start_to_close_timeout=timedelta(seconds=30),
-            retry_policy=_unlimited_retry(self._input),
-        )
-
-    async def _carry_out_revokes(self) -> None:
-        """Carry out queued revokes one by one, for as long as the run lasts.
-
-        A command leaves the queue only once it is carried out or refused for good (the lock
-        service rejected it: recorded as a signal rejection). Cancelled (continue-as-new, or the
-        payout became terminal), the command in flight stays queued.
-        """
-        while True:
-            await workflow.wait_condition(lambda: bool(self._revokes) or self._revoker_stopped)
-            if self._revoker_stopped:
-                return  # the cancellation was absorbed by an audit activity in `_reject`
-            cmd = self._revokes[0]
-            try:
-                await self._revoke_now(cmd)
-            except ActivityError as err:
-                if isinstance(err.cause, CancelledError):
-                    return
-                self._revokes.pop(0)
-                await self._reject("revoke", cmd, f"revoke could not be carried out: {cause(err)}")
-                continue
-            self._revokes.pop(0)
-
-    async def _stop(self, revoker: asyncio.Task[None], *, terminal: bool = False) -> None:
-        if self._commands_on():
-            # Before continuing as new, never cancelled mid-revoke (issue 24, item 7): the one
-            # in flight ends first, so it is neither lost nor carried out again by the next run.
-            await self._desk.stop(revoker, cancel_in_flight=terminal)
-            return
-        self._revoker_stopped = True
-        revoker.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await revoker
-
-    async def _drop_pending_revokes(self, revoker: asyncio.Task[None]) -> None:
-        """The payout is terminal: a revoke not carried out by now is reported, not carried out,
-        because the account's lock may already belong to its next payout."""
-        await self._stop(revoker, terminal=True)
-        if self._commands_on():
-            await self._desk.drop_pending_revokes(self._state)
-            await self._end_pending_abandon()
-            return
-        while self._revokes:
-            cmd = self._revokes.pop(0)
-            await self._reject(
-                "revoke", cmd, f"payout reached {self._state} before the revoke was carried out"
-            )
+    async def _drop_pending_commands(self, revoker: asyncio.Task[None]) -> None:
+        """The payout is terminal: a revoke not carried out by now is refused, not carried out,
+        because the account's lock may already belong to its next payout; an abandon still
+        pending is ended by the state it met."""
+        await self._desk.stop(revoker, cancel_in_flight=True)
+        await self._desk.drop_pending_revokes(self._state)
+        await self._end_pending_abandon()
 
     async def _end_pending_abandon(self) -> None:
         """A terminal payout with an abandon still pending: ABANDONED means it was carried out
@@ -462,17 +256,17 @@ class PayoutWorkflow:
     # ------------------------------------------------------------------ continue-as-new
 
     def _continue_as_new_due(self) -> bool:
-        due = (
+        return (
             self._lookups >= max(1, self._input.max_lookups_per_run)
             or workflow.info().is_continue_as_new_suggested()
         )
-        # Checked last, so that the patch marker is written only when a run does continue as new.
-        return due and workflow.patched(PATCH_CONTINUE_AS_NEW)
 
     async def _continue_as_new(self, revoker: asyncio.Task[None]) -> None:
         """Hand the payout to a fresh run with an empty history, carrying what only the workflow
         knows. Called only between critical sections, so no grant is held across the gap."""
-        await self._stop(revoker)  # legacy: a revoke in flight stays queued and is carried
+        # Never cancelled mid-revoke (issue 24, item 7): the one in flight ends first, so it is
+        # neither lost nor carried out again by the next run.
+        await self._desk.stop(revoker, cancel_in_flight=False)
         await self._background_releases_done()
         await self._desk.settle_audits()
         await workflow.wait_condition(workflow.all_handlers_finished)
@@ -488,11 +282,9 @@ class PayoutWorkflow:
             escalated=self._escalated,
             ambiguous_since=self._ambiguous_since.isoformat() if self._ambiguous_since else None,
             resolution=self._resolution,
-            abandon=self._abandon,
-            pending_revokes=list(self._revokes),
             # Every rejection is audited in the payment database; the carried list only feeds the
             # status query, so a flood of bad signals cannot grow the next run's input unbounded.
-            rejected_signals=self._rejections[-_CARRIED_REJECTIONS:],
+            rejected_signals=self._rejections[-CARRIED_REJECTIONS:],
             last_error=self._last_error,
             runs=self._runs,
             commands=self._desk.carry(),
@@ -511,15 +303,12 @@ class PayoutWorkflow:
         if c.ambiguous_since:
             self._ambiguous_since = datetime.fromisoformat(c.ambiguous_since)
         self._resolution = c.resolution
-        self._abandon = c.abandon
-        self._revokes = list(c.pending_revokes)
         self._rejections = list(c.rejected_signals)
         self._last_error = c.last_error
         self._runs = c.runs + 1
         self._evidence = c.evidence
         self._lookups_before = c.lookups
         self._last_lookup = c.last_lookup
-        self._desk.cancel_requests = c.cancel_requests
 
     # ------------------------------------------------------------------ steps
 
@@ -539,10 +328,17 @@ class PayoutWorkflow:
             deadline_at=deadline,
         )
 
-    def _backoff(self, inp: m.PayoutInput, round_: int) -> timedelta:
-        base = min(inp.max_backoff_s, inp.base_backoff_s * (2 ** min(round_, 16)))
-        # Full jitter from the workflow's deterministic random source (replay-safe).
-        return timedelta(seconds=max(0.05, base * workflow.random().uniform(0.5, 1.0)))
+    def _step(
+        self, inp: m.PayoutInput, grant: m.AcquireResult, name: str, **kw: Any
+    ) -> m.StepRequest:
+        deadline_s = inp.submit_deadline_s if name in ("submit", "execute") else None
+        return m.StepRequest(
+            payout_id=inp.payout_id,
+            account_id=inp.account_id,
+            token=grant.token,
+            context=self._context(inp, name, deadline_s),
+            **kw,
+        )
 
     async def _acquire(self, inp: m.PayoutInput) -> m.AcquireResult | None:
         # A frozen (SIGSTOPped) worker's open long-poll still receives this task; without a
@@ -551,9 +347,6 @@ class PayoutWorkflow:
         # twice through this: a grant obtained by an attempt Temporal already timed out goes to
         # nobody (the worker, which completes the activity itself, hears Temporal refuse the
         # answer and releases it at once), and a later grant has a higher token.
-        heartbeat = None
-        if workflow.patched(PATCH_ACQUIRE_HEARTBEAT):
-            heartbeat = timedelta(seconds=inp.holder_heartbeat_timeout_s)
         try:
             result: m.AcquireResult = await workflow.execute_activity_method(
                 PayoutActivities.acquire_lock,
@@ -564,7 +357,7 @@ class PayoutWorkflow:
                     context=self._context(inp, "acquire"),
                 ),
                 start_to_close_timeout=timedelta(seconds=inp.acquire_wait_s + 5),
-                heartbeat_timeout=heartbeat,
+                heartbeat_timeout=timedelta(seconds=inp.holder_heartbeat_timeout_s),
                 # The SDK already retries transport errors a bounded number of times with
                 # jitter; the workflow's own backoff handles the rest. One attempt here.
                 retry_policy=RetryPolicy(maximum_attempts=1),
@@ -579,6 +372,45 @@ class PayoutWorkflow:
             return None
         self._token = result.token
         return result
+
+    async def _acquire_and_execute(self, inp: m.PayoutInput) -> m.RunResult | None:
+        """The two-task path's one activity: the acquire, and under its grant the merged holder
+        step, in the worker that got the grant.
+
+        What prevents a double payout: ONE attempt (`SUBMIT_ONCE`), because the activity may
+        reach the submit; inside it is execute_payout, which submits only a payout it claimed
+        from PENDING itself (the activity's docstring has the rest). None: the activity itself
+        failed (a worker died or froze in it: its grant, if any, has an older token than the
+        next one, and the fences refuse it), so the next acquire comes soon."""
+        try:
+            run: m.RunResult = await workflow.execute_activity_method(
+                PayoutActivities.acquire_and_execute,
+                m.RunRequest(
+                    acquire=m.AcquireRequest(
+                        payout_id=inp.payout_id,
+                        account_id=inp.account_id,
+                        wait_s=inp.acquire_wait_s,
+                        context=self._context(inp, "execute"),
+                    ),
+                    submit_deadline_s=inp.submit_deadline_s,
+                ),
+                # The acquire's wait, then the merged step's own bound (see `_on_holder`).
+                start_to_close_timeout=timedelta(seconds=inp.acquire_wait_s + 5 + 60),
+                heartbeat_timeout=timedelta(seconds=inp.holder_heartbeat_timeout_s),
+                retry_policy=SUBMIT_ONCE,
+                summary=RUN_SUMMARY,
+            )
+        except ActivityError as err:
+            self._contended = isinstance(err.cause, ActivityTimeout)
+            self._last_error = f"acquire and execute failed: {cause(err)}"
+            return None
+        grant = run.grant
+        self._contended = grant.reason in ("held", "timeout")
+        if not grant.acquired:
+            self._last_error = f"lock not acquired: {grant.reason}"
+        else:
+            self._token = grant.token
+        return run
 
     async def _on_holder(
         self,
@@ -643,39 +475,21 @@ class PayoutWorkflow:
         )
 
     def _publish(self) -> None:
-        """Upsert state, account and escalation as search attributes when they changed, so that
-        operators find payouts by state in the Temporal UI and CLI (workflows.search_attributes).
-        Histories recorded before this patch replay without the upserts."""
+        """Upsert state, account and escalation as search attributes when they differ from the
+        workflow's own, so that operators find payouts by state in the Temporal UI and CLI
+        (workflows.search_attributes); the starter sets all three, so the middle of a payout
+        upserts nothing (one visibility write less per workflow task, issue 16)."""
         self._show()
-        now = (self._state, self._escalated)
-        if now == self._published or not workflow.patched(PATCH_SEARCH_ATTRIBUTES):
-            return
-        self._published = now
-        wanted: list[SearchAttributePair[Any]] = [
-            SearchAttributePair(PAYOUT_STATE, self._state),
-            SearchAttributePair(PAYOUT_ACCOUNT, self._input.account_id),
-            SearchAttributePair(PAYOUT_ESCALATED, self._escalated),
-        ]
-        if workflow.patched(PATCH_LEAN_VISIBILITY):
-            # What the workflow carries already: set at its start, or by an earlier upsert
-            # (the SDK updates `info` with every upsert, on replay too).
-            have = workflow.info().typed_search_attributes
-            wanted = [p for p in wanted if have.get(p.key) != p.value]
-            if not wanted:
-                return
-        workflow.upsert_search_attributes([p.key.value_set(p.value) for p in wanted])
-
-    def _step(
-        self, inp: m.PayoutInput, grant: m.AcquireResult, name: str, **kw: Any
-    ) -> m.StepRequest:
-        deadline_s = inp.submit_deadline_s if name in ("submit", "execute") else None
-        return m.StepRequest(
-            payout_id=inp.payout_id,
-            account_id=inp.account_id,
-            token=grant.token,
-            context=self._context(inp, name, deadline_s),
-            **kw,
+        changed = changed_search_attributes(
+            workflow.info().typed_search_attributes,
+            self._state,
+            self._input.account_id,
+            self._escalated,
         )
+        if changed:
+            workflow.upsert_search_attributes([p.key.value_set(p.value) for p in changed])
+
+    # ------------------------------------------------------------------ the critical section
 
     async def _critical_section(
         self, inp: m.PayoutInput, grant: m.AcquireResult, run: m.RunResult | None = None
@@ -683,32 +497,22 @@ class PayoutWorkflow:
         """Run the steps the payout's state calls for, under one grant. Returns whether the
         payout progressed (False: retry later after a backoff). `run`: what acquire_and_execute
         already did under this grant (the two-task path), in place of execute_payout."""
-        queue = grant.worker_queue
         holder_timed_out = False
         released = False  # by execute_payout, at the end of its last step
         try:
             if run is not None and run.failure is not None:
                 return self._section_failed(grant, run.failure.type, run.failure.message)
-            if run is not None or workflow.patched(PATCH_MERGED_HOLDER):
-                if run is not None and run.view is not None:
-                    view = run.view
-                    self._observe(view)
-                else:
-                    view = await self._execute(inp, grant)
-                released = view.released
-                if "submit" in view.steps and view.state == PayoutState.CLAIMED.value:
-                    # NOT_SUBMITTED (circuit open, admission full, ...): try again later, under a
-                    # new grant, by the state-based path (which reads the attempt record first).
-                    self._last_error = f"not submitted: {view.detail}"
-                    return False
+            if run is not None and run.view is not None:
+                view = run.view
+                self._observe(view)
             else:
-                # FR-14: re-read after acquiring; holding the lock does not mean there is work.
-                view = await self._on_holder(
-                    PayoutActivities.reread_and_claim,
-                    self._step(inp, grant, "claim"),
-                    queue,
-                    _DB_WRITE_RETRY,
-                )
+                view = await self._execute(inp, grant)
+            released = view.released
+            if "submit" in view.steps and view.state == PayoutState.CLAIMED.value:
+                # NOT_SUBMITTED (circuit open, admission full, ...): try again later, under a
+                # new grant, by the state-based path (which reads the attempt record first).
+                self._last_error = f"not submitted: {view.detail}"
+                return False
             return await self._advance(inp, grant, view)
         except ActivityError as err:
             # A timeout means the holder's worker died or stalled: re-acquire at once, and
@@ -718,18 +522,20 @@ class PayoutWorkflow:
             return self._section_failed(grant, kind, cause(err)) or holder_timed_out
         finally:
             if not released:
-                short = holder_timed_out and workflow.patched(PATCH_SHORT_RELEASE_AFTER_TIMEOUT)
-                if short and workflow.patched(PATCH_RELEASE_BESIDE_REACQUIRE):
-                    # Not awaited: the run loop re-acquires at once. What prevents a double payout
-                    # meanwhile is fencing, not this release: the next grant has a higher token,
-                    # and the paydb and the proxy refuse the timed-out holder's writes under its
-                    # own; the release itself is the server's compare-and-delete on this grant's
-                    # (key, session, token), so it can never end the next one.
-                    self._background_releases.append(
-                        asyncio.create_task(self._release(inp, grant, short=True))
-                    )
-                else:
-                    await self._release(inp, grant, short=short)
+                await self._release_after_section(inp, grant, holder_timed_out)
+
+    async def _release_after_section(
+        self, inp: m.PayoutInput, grant: m.AcquireResult, holder_timed_out: bool
+    ) -> None:
+        if not holder_timed_out:
+            await self._release(inp, grant)
+            return
+        # Not awaited: the run loop re-acquires at once. What prevents a double payout meanwhile
+        # is fencing, not this release: the next grant has a higher token, and the paydb and the
+        # proxy refuse the timed-out holder's writes under its own; the release itself is the
+        # server's compare-and-delete on this grant's (key, session, token), so it can never end
+        # the next one.
+        self._background_releases.append(asyncio.create_task(self._release(inp, grant, short=True)))
 
     def _section_failed(self, grant: m.AcquireResult, kind: str, why: str) -> bool:
         """A failed critical-section step: True when the grant is lost (fenced out, lock lost):
@@ -740,49 +546,10 @@ class PayoutWorkflow:
             return True
         return False
 
-    async def _acquire_and_execute(self, inp: m.PayoutInput) -> m.RunResult | None:
-        """The two-task path's one activity (patch `acquire-and-execute`): the acquire, and
-        under its grant the merged holder step, in the worker that got the grant.
-
-        What prevents a double payout: ONE attempt (`_SUBMIT_ONCE`), because the activity may
-        reach the submit; inside it is execute_payout, which submits only a payout it claimed
-        from PENDING itself (the activity's docstring has the rest). None: the activity itself
-        failed (a worker died or froze in it: its grant, if any, has an older token than the
-        next one, and the fences refuse it), so the next acquire comes soon."""
-        try:
-            run: m.RunResult = await workflow.execute_activity_method(
-                PayoutActivities.acquire_and_execute,
-                m.RunRequest(
-                    acquire=m.AcquireRequest(
-                        payout_id=inp.payout_id,
-                        account_id=inp.account_id,
-                        wait_s=inp.acquire_wait_s,
-                        context=self._context(inp, "execute"),
-                    ),
-                    submit_deadline_s=inp.submit_deadline_s,
-                ),
-                # The acquire's wait, then the merged step's own bound (see `_on_holder`).
-                start_to_close_timeout=timedelta(seconds=inp.acquire_wait_s + 5 + 60),
-                heartbeat_timeout=timedelta(seconds=inp.holder_heartbeat_timeout_s),
-                retry_policy=_SUBMIT_ONCE,
-                summary=RUN_SUMMARY,
-            )
-        except ActivityError as err:
-            self._contended = isinstance(err.cause, ActivityTimeout)
-            self._last_error = f"acquire and execute failed: {cause(err)}"
-            return None
-        grant = run.grant
-        self._contended = grant.reason in ("held", "timeout")
-        if not grant.acquired:
-            self._last_error = f"lock not acquired: {grant.reason}"
-        else:
-            self._token = grant.token
-        return run
-
     async def _execute(self, inp: m.PayoutInput, grant: m.AcquireResult) -> m.PayoutView:
-        """UC-01 steps 3-9 as one holder activity (patch `merged-holder-steps`).
+        """UC-01 steps 3-9 as one holder activity (the acquire was a separate activity).
 
-        What prevents a double payout: ONE attempt (`_SUBMIT_ONCE`), because the activity may
+        What prevents a double payout: ONE attempt (`SUBMIT_ONCE`), because the activity may
         reach the submit; it submits only a payout it claimed from PENDING itself; and any
         failure or timeout (FENCED_OUT, LOCK_LOST, a dead or frozen holder, a database error
         after the submit) ends this critical section without a retry: the next grant re-reads
@@ -795,7 +562,7 @@ class PayoutWorkflow:
             PayoutActivities.execute_payout,
             self._step(inp, grant, "execute"),
             grant.worker_queue,
-            _SUBMIT_ONCE,
+            SUBMIT_ONCE,
             summary=EXECUTE_SUMMARY,
         )
 
@@ -804,75 +571,62 @@ class PayoutWorkflow:
     ) -> bool:
         queue = grant.worker_queue
         while True:
-            state = view.state
-            if state in TERMINAL_STATES:
+            step = next_step(view)
+            if step is Next.DONE:
                 return True
-            if state == PayoutState.CLAIMED.value:
-                attempt = view.attempt
-                if attempt is None or attempt.outcome == "NOT_SUBMITTED":
-                    # Safe to submit: the proxy's record proves nothing was handed off
-                    # (FR-24). The proxy itself refuses a second attempt for this payout
-                    # (FR-18), so even a wrong decision here cannot pay twice.
-                    view = await self._on_holder(
-                        PayoutActivities.submit_to_rail,
-                        self._step(inp, grant, "submit"),
-                        queue,
-                        _SUBMIT_ONCE,
-                    )
-                    if view.state == PayoutState.CLAIMED.value:
-                        # NOT_SUBMITTED (circuit open, admission full, ...): try again later.
-                        self._last_error = f"not submitted: {view.detail}"
-                        return False
-                    continue
+            if step is Next.SUBMIT:
+                # The proxy's record proves nothing was handed off (FR-24); the proxy itself
+                # refuses a second attempt for this payout (FR-18), and the submit is one
+                # attempt (`SUBMIT_ONCE`), so even a wrong decision here cannot pay twice.
                 view = await self._on_holder(
-                    PayoutActivities.recover_from_attempt,
-                    self._step(inp, grant, "recover"),
+                    PayoutActivities.submit_to_rail,
+                    self._step(inp, grant, "submit"),
                     queue,
-                    _DB_WRITE_RETRY,
+                    SUBMIT_ONCE,
                 )
-                continue
-            if state == PayoutState.RAIL_SUBMITTED.value:
+                if view.state == PayoutState.CLAIMED.value:
+                    # NOT_SUBMITTED (circuit open, admission full, ...): try again later.
+                    self._last_error = f"not submitted: {view.detail}"
+                    return False
+            elif step is Next.RECOVER:
                 # Recovery by evidence: the attempt's recorded outcome decides; an attempt with
                 # no outcome becomes RAIL_AMBIGUOUS and is never resubmitted (UC-04, FR-23).
                 view = await self._on_holder(
                     PayoutActivities.recover_from_attempt,
                     self._step(inp, grant, "recover"),
                     queue,
-                    _DB_WRITE_RETRY,
+                    DB_WRITE_RETRY,
                 )
-                continue
-            if state == PayoutState.RAIL_ACKED.value:
+            elif step is Next.POST:
                 view = await self._on_holder(
                     PayoutActivities.post_to_ledger,
                     self._step(inp, grant, "post"),
                     queue,
-                    _DB_WRITE_RETRY,
+                    DB_WRITE_RETRY,
                 )
-                continue
-            if state == PayoutState.RAIL_AMBIGUOUS.value:
+            elif step is Next.AMBIGUOUS:
                 resolved = await self._ambiguous_step(inp, grant)
                 if resolved is None:
                     return True  # release the lock; resolve by lookups outside the section
                 view = resolved
-                continue
-            if state == PayoutState.PENDING.value:
+            elif step is Next.LATER:
                 # The claim did not happen (e.g. another holder's work in flight): retry later.
                 return False
-            # A state this code does not know (a newer deployment's?): never a reason to fail
-            # the workflow. Report it, back off and read the state afresh under a new grant.
-            self._last_error = f"unexpected payout state {state}"
-            workflow.logger.error("unexpected payout state %s", state)
-            return False
+            else:
+                # A state this code does not know (a newer deployment's?): never a reason to
+                # fail the workflow. Report it, back off and read the state afresh under a new
+                # grant.
+                self._last_error = f"unexpected payout state {view.state}"
+                workflow.logger.error("unexpected payout state %s", view.state)
+                return False
 
     async def _ambiguous_step(
         self, inp: m.PayoutInput, grant: m.AcquireResult
     ) -> m.PayoutView | None:
-        """RAIL_AMBIGUOUS under a grant (patch `operator-commands`). Evidence outranks any
-        command: a rail outcome already known is applied, and a pending abandon is refused
-        naming it; otherwise a pending abandon is carried out, unless the abandon activity's own
-        last lookup finds the rail's evidence first. None: nothing to do under this grant."""
-        if not self._commands_on():
-            return await self._legacy_ambiguous_step(inp, grant)
+        """RAIL_AMBIGUOUS under a grant. Evidence outranks any command: a rail outcome already
+        known is applied, and a pending abandon is refused naming it; otherwise a pending
+        abandon is carried out, unless the abandon activity's own last lookup finds the rail's
+        evidence first. None: nothing to do under this grant."""
         pending = self._desk.pending_abandon()
         if not self._resolution and pending is not None:
             view = await self._abandon_under(inp, grant, pending)
@@ -888,23 +642,12 @@ class PayoutWorkflow:
             await self._desk.refuse(pending, why, code="evidence")
         return await self._apply_resolution(inp, grant)
 
-    async def _legacy_ambiguous_step(
-        self, inp: m.PayoutInput, grant: m.AcquireResult
-    ) -> m.PayoutView | None:
-        """Before patch `operator-commands`: a pending abandon first (as those histories ran),
-        then a known resolution."""
-        if self._abandon is not None:
-            return await self._carry_out_abandon(inp, grant, self._abandon)
-        if self._resolution:
-            return await self._apply_resolution(inp, grant)
-        return None
-
     async def _apply_resolution(self, inp: m.PayoutInput, grant: m.AcquireResult) -> m.PayoutView:
         view = await self._on_holder(
             PayoutActivities.resolve_ambiguous,
             self._step(inp, grant, "resolve", resolution=self._resolution),
             grant.worker_queue,
-            _DB_WRITE_RETRY,
+            DB_WRITE_RETRY,
         )
         self._resolution = ""
         return view
@@ -926,10 +669,10 @@ class PayoutWorkflow:
                     command_id=pending.command_id,
                 ),
                 grant.worker_queue,
-                _DB_WRITE_RETRY,
+                DB_WRITE_RETRY,
             )
         except ActivityError as err:
-            if not _is_type(err, m.ASSERTION_REFUSED):
+            if not is_type(err, m.ASSERTION_REFUSED):
                 raise  # an outage or a lost grant: the abandon stays pending for the next grant
             await self._desk.refuse(pending, f"abandon refused: {cause(err)}", code="refused")
             return m.PayoutView(
@@ -941,36 +684,6 @@ class PayoutWorkflow:
         FAILED. Applied under the next grant; from now on an abandon is refused naming it."""
         self._resolution = "settled" if status == "settled" else "absent"
         self._evidence = f"{source} at {workflow.now().isoformat()}: {status}"
-
-    async def _carry_out_abandon(
-        self, inp: m.PayoutInput, grant: m.AcquireResult, cmd: m.OperatorCommand
-    ) -> m.PayoutView | None:
-        """The abandon under this grant; None when the payment store refused the command's
-        operator assertion: the rejection is recorded (audit row + `operator.signal_rejected`),
-        the command dropped, and nothing changed."""
-        try:
-            return await self._on_holder(
-                PayoutActivities.abandon_payout,
-                self._step(
-                    inp,
-                    grant,
-                    "abandon",
-                    operator=cmd.operator,
-                    reason=cmd.reason,
-                    assertion=cmd.assertion,
-                ),
-                grant.worker_queue,
-                _DB_WRITE_RETRY,
-            )
-        except ActivityError as err:
-            # Only new code can meet this refusal; the patch marks the commands it adds.
-            if not _is_type(err, m.ASSERTION_REFUSED) or not workflow.patched(
-                PATCH_VERIFIED_ABANDON
-            ):
-                raise
-            self._abandon = None
-            await self._reject("abandon", cmd, f"abandon refused: {cause(err)}")
-            return None
 
     async def _release(
         self, inp: m.PayoutInput, grant: m.AcquireResult, *, short: bool = False
@@ -1007,7 +720,7 @@ class PayoutWorkflow:
         return bool(self._resolution) or self._abandon_waiting()
 
     def _abandon_waiting(self) -> bool:
-        return self._abandon is not None or self._desk.pending_abandon() is not None
+        return self._desk.pending_abandon() is not None
 
     async def _resolve_ambiguity(self, inp: m.PayoutInput) -> None:
         """Lookups by client reference on durable timers until the rail's evidence settles it,
@@ -1046,7 +759,7 @@ class PayoutWorkflow:
                     context=self._context(inp, "lookup"),
                 ),
                 start_to_close_timeout=timedelta(seconds=60),
-                retry_policy=_unlimited_retry(inp),
+                retry_policy=unlimited_retry(inp),
             )
         except ActivityError as err:
             # Only a non-retryable failure gets here. Not evidence of anything: look again later.
@@ -1079,12 +792,7 @@ class PayoutWorkflow:
                     context=self._context(inp, "escalate"),
                 ),
                 start_to_close_timeout=timedelta(seconds=30),
-                retry_policy=_unlimited_retry(inp),
+                retry_policy=unlimited_retry(inp),
             )
         except ActivityError as err:
             self._last_error = f"escalation not recorded: {cause(err)}"
-
-
-def _is_type(err: ActivityError, error_type: str) -> bool:
-    cause = err.cause
-    return isinstance(cause, ApplicationError) and cause.type == error_type
