@@ -495,3 +495,38 @@ async def test_malformed_operator_signals_are_rejected_and_audited(
         for r in await audit_rows(system.database_url, payout_id, "signal_rejected:abandon")
     ]
     assert any("unexpected field" in w for w in whys) and any("invalid payload" in w for w in whys)
+
+
+async def test_a_submit_that_reached_nothing_is_submitted_under_the_next_grant(
+    temporal_env: WorkflowEnvironment, system: System, workers: str
+) -> None:
+    """The rail is down (nothing reaches it): the merged step's submit is NOT_SUBMITTED and the
+    payout stays CLAIMED; after a backoff the next grant reads the proxy's attempt record, which
+    proves nothing was handed off, and submits once more (`submit_to_rail`): POSTED, one
+    movement. Last in the module: the rail's outage also opens the proxy's circuit breaker."""
+    payout_id, account_id = ids()
+    await fund(system.database_url, account_id, 10_000)
+    await create_payout(system.database_url, payout_id, account_id, 400)
+    system.stub_set(outage=True)
+    try:
+        handle = await start(temporal_env.client, workers, payout_id, account_id)
+
+        async def not_submitted() -> bool:
+            status = await handle.query(PayoutWorkflow.status)
+            return status.last_error.startswith("not submitted")
+
+        await wait_for(not_submitted, timeout_s=60)
+    finally:
+        system.stub_set(outage=False)
+    result = await handle.result()
+    await record(handle, "not_submitted_then_submitted")
+    assert result.state == "POSTED"
+    assert len(system.movements(payout_id)) == 1
+    assert await balance_and_breaks(system.database_url, account_id) == (9_600, 0)
+    history = await handle.fetch_history()
+    scheduled = [
+        e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+    ]
+    assert m.SUBMIT_TO_RAIL in scheduled

@@ -41,6 +41,8 @@ REQUIRED = {
     "timeout_before_absent": "RAIL_AMBIGUOUS, lookups prove it absent: FAILED",
     "ambiguous_abandoned": "escalation past the SLA, an abandon signal carried out",
     "revoke": "a revoke signal carried out by the lock service; re-acquired, recovered",
+    "not_submitted_then_submitted": "the rail down: NOT_SUBMITTED, then the next grant's "
+    "submit_to_rail, as the attempt record proves nothing was handed off",
     # test_payout_resilience.py: the first run of an ambiguous payout, ending in ContinueAsNew.
     "continued_as_new": "continue-as-new after max_lookups_per_run, state carried",
     # test_operator_assertions.py: refused operator assertions, then a valid one carried out.
