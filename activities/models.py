@@ -10,24 +10,22 @@ from typing import Any
 # Activity names: the workflow refers to activities by these names so that workflow modules do
 # not import activity implementations (and their database and HTTP clients).
 ACQUIRE_LOCK = "acquire_lock"
-REREAD_AND_CLAIM = "reread_and_claim"
 SUBMIT_TO_RAIL = "submit_to_rail"
 RECOVER_FROM_ATTEMPT = "recover_from_attempt"
 POST_TO_LEDGER = "post_to_ledger"
 RELEASE_LOCK = "release_lock"
-#: The merged holder step (patch `merged-holder-steps`): re-read + claim, submit (once), post,
+#: The merged holder step: re-read + claim, submit (once), post,
 #: and the release of the grant at the end, as one activity on the holder's queue.
 EXECUTE_PAYOUT = "execute_payout"
-#: The two-task happy path (patch `acquire-and-execute`, issue 29): acquire, then the merged
+#: The two-task happy path (issue 29): acquire, then the merged
 #: holder step in the same activity, run by the worker that got the grant.
 ACQUIRE_AND_EXECUTE = "acquire_and_execute"
 LOOKUP_RAIL = "lookup_rail"
 RESOLVE_AMBIGUOUS = "resolve_ambiguous"
 ABANDON_PAYOUT = "abandon_payout"
 ESCALATE_AMBIGUOUS = "escalate_ambiguous"
-REVOKE_LOCK = "revoke_lock"
 RECORD_SIGNAL_REJECTED = "record_signal_rejected"
-#: Operator commands (patch `operator-commands`): verified and recorded once at acceptance by the
+#: Operator commands (issue 24): verified and recorded once at acceptance by the
 #: payment store, ended once (carried out or refused), each end with one audit row.
 ACCEPT_OPERATOR_COMMAND = "accept_operator_command"
 SETTLE_OPERATOR_COMMAND = "settle_operator_command"
@@ -163,12 +161,10 @@ class CarriedState:
     escalated: bool = False
     ambiguous_since: str | None = None  # ISO-8601 UTC, workflow time
     resolution: str = ""  # "settled" or "absent" when known and not yet written
-    abandon: OperatorCommand | None = None  # accepted, not yet carried out (before the patch)
-    pending_revokes: list[OperatorCommand] = field(default_factory=list)  # (before the patch)
     rejected_signals: list[SignalRejection] = field(default_factory=list)
     last_error: str = ""
     runs: int = 1  # how many runs this payout's workflow has had before this one
-    #: Patch `operator-commands`: the commands (all pending ones, and the latest ended ones).
+    #: The operator commands (all pending ones, and the latest ended ones).
     commands: list[CommandRecord] = field(default_factory=list)
     evidence: str = ""  # what the rail said that decided `resolution`
     lookups: int = 0  # lookups of this payout in all runs before this one
@@ -184,7 +180,7 @@ class PayoutInput:
     account_id: str
     correlation_id: str = ""
     amount: int = 0  # minor units, for what the Temporal UI shows (0: not given by the starter)
-    #: The two-task happy path (acquire_and_execute, patch `acquire-and-execute`); False: the
+    #: The two-task happy path (acquire_and_execute, issue 29); False: the
     #: acquire and the merged holder step as two activities (issue 29's A/B).
     two_task: bool = True
     # How long one acquire waits for the account's previous payout to release its lock. Long,
@@ -269,8 +265,7 @@ class StepRequest:
     operator: str = ""
     reason: str = ""
     resolution: str = ""  # for resolve_ambiguous: "settled" or "absent"
-    assertion: dict[str, Any] | None = None  # for abandon_payout: the operator assertion
-    #: abandon_payout (patch `operator-commands`): the command the payment store accepted; the
+    #: abandon_payout: the command the payment store accepted; the
     #: abandon is carried out under that acceptance, after one last lookup of the rail.
     command_id: str = ""
 

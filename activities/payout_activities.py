@@ -115,7 +115,7 @@ class PayoutActivities:
 
     @activity.defn(name=m.ACQUIRE_AND_EXECUTE)
     async def acquire_and_execute(self, req: m.RunRequest) -> m.RunResult:
-        """The two-task happy path (patch `acquire-and-execute`, issue 29): the worker that is
+        """The two-task happy path (issue 29): the worker that is
         granted the account's lock runs the critical section in the same activity, in the same
         process that holds the session, one workflow task and one activity fewer per payout.
 
@@ -179,10 +179,6 @@ class PayoutActivities:
     async def settle_operator_command(self, req: m.CommandSettlement) -> m.CommandVerdict:
         return await self._lookups.settle_operator_command(req)
 
-    @activity.defn(name=m.REVOKE_LOCK)
-    async def revoke_lock(self, req: m.RevokeRequest) -> None:
-        await self._revokes.revoke_lock(req)
-
     @activity.defn(name=m.CARRY_OUT_REVOKE)
     async def carry_out_revoke(self, req: m.RevokeRequest) -> m.CommandVerdict:
         return await self._revokes.carry_out_revoke(req)
@@ -195,11 +191,6 @@ class PayoutActivities:
     async def execute_payout(self, req: m.StepRequest) -> m.PayoutView:
         async with self.grants.holding(req):
             return await self._execute.execute_payout(req)
-
-    @activity.defn(name=m.REREAD_AND_CLAIM)
-    async def reread_and_claim(self, req: m.StepRequest) -> m.PayoutView:
-        async with self.grants.holding(req):
-            return await self._critical.reread_and_claim(req)
 
     @activity.defn(name=m.SUBMIT_TO_RAIL)
     async def submit_to_rail(self, req: m.StepRequest) -> m.PayoutView:
@@ -240,7 +231,6 @@ class PayoutActivities:
             self.acquire_lock,
             self.lookup_rail,
             self.escalate_ambiguous,
-            self.revoke_lock,
             self.record_signal_rejected,
             self.accept_operator_command,
             self.settle_operator_command,
@@ -251,7 +241,6 @@ class PayoutActivities:
         """The critical section: run only on this process's own queue, under its session."""
         return [
             self.execute_payout,
-            self.reread_and_claim,
             self.submit_to_rail,
             self.recover_from_attempt,
             self.post_to_ledger,

@@ -79,7 +79,7 @@ class OperatorDesk:
         self._cancel_audits: list[asyncio.Task[None]] = []
         self.cancel_requests = 0
         # The status query's `rejected_signals`: the workflow's own list, shared (it also holds
-        # the rejections of histories recorded before the desk existed).
+        # the rejections carried from the previous run).
         self.rejections: list[m.SignalRejection] = [] if rejections is None else rejections
 
     # ------------------------------------------------------------------ what the desk holds

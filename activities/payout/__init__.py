@@ -5,8 +5,8 @@
 a running step); `grants`: `HeldGrants`, the grants this process holds (in use, released, swept
 when idle); `fenced`: `HolderWriter`, every fenced write and the store's refusals; `lock_steps`:
 acquire, hand-over, release; `revokes`: break-glass revoke; `critical`: the critical-section
-steps (claim, submit, recover, post, resolve, abandon); `execute`: the merged `execute_payout`
-step; `lookups`: rail lookups, escalation and audit of refused operator commands. Each object
-receives what it uses in its constructor; none inherits from another. Import PayoutActivities
-from `activities.payout_activities`.
+steps (submit, recover, post, resolve, abandon); `execute`: the merged `execute_payout` step
+(claim, submit, post, release); `lookups`: rail lookups, escalation and audit of refused
+operator commands. Each object receives what it uses in its constructor; none inherits from
+another. Import PayoutActivities from `activities.payout_activities`.
 """

@@ -1,5 +1,6 @@
 """The critical-section steps of UC-01 and UC-04, run under the account's grant on the holder's
-own queue: re-read and claim, submit, recover from an attempt, post, resolve, abandon.
+own queue: submit, recover from an attempt, post, resolve, abandon (the claim is the start of
+`execute_payout`, `execute.py`).
 
 `CriticalSteps` writes only through its `HolderWriter`; `PayoutActivities` registers its steps
 as activities, each inside `HeldGrants.holding` (in use, heartbeating).
@@ -78,30 +79,6 @@ class CriticalSteps:
     async def latest_attempt(self, payout_id: str) -> AttemptRecord | None:
         """The proxy's record of the payout's attempt that counts (FR-24 evidence), if any."""
         return latest_live_attempt(await self._proxy.get_attempts(payout_id))
-
-    async def reread_and_claim(self, req: m.StepRequest) -> m.PayoutView:
-        """UC-01 steps 3-4: re-read inside the lease; claim only a PENDING payout (FR-14).
-
-        Whatever the state, the account's balance-row fence carries this token when the step
-        returns (the claim stamps it; otherwise `stamp_account_fence` does): a holder that takes
-        over a payout in flight fences the older holder out of the payment database before it
-        does anything else, not only once it happens to write (INV-01, FR-15).
-        """
-        payout = await self._writer.current(req.payout_id)
-        if payout.state == S.PENDING:
-            payout = await self._writer.write(
-                req,
-                lambda g: self._store.claim(
-                    req.payout_id, req.token, self._writer.ctx(req.context), grant=g
-                ),
-            )
-        else:
-            await self._writer.stamp_account_fence(req)
-        attempt = None
-        if payout.state in (S.CLAIMED, S.RAIL_SUBMITTED):
-            # Recovery evidence (FR-24): what the proxy recorded, never how much time passed.
-            attempt = await self.latest_attempt(req.payout_id)
-        return payout_view(payout, attempt)
 
     async def submit_to_rail(self, req: m.StepRequest) -> m.PayoutView:
         """UC-01 steps 5-7. Scheduled with maximum_attempts=1 and never retried here either.
@@ -300,29 +277,31 @@ class CriticalSteps:
     async def abandon_payout(self, req: m.StepRequest) -> m.PayoutView:
         """Break-glass RAIL_AMBIGUOUS -> ABANDONED, with the operator as the audited actor.
 
-        With `command_id` (patch `operator-commands`): the command the payment store accepted
-        (assertion verified, nonce recorded), carried out under that acceptance. Evidence
-        outranks the command: one last lookup of the rail first, and if it says settled,
-        declined or (proven) absent, nothing is abandoned and the view carries the evidence for
-        the workflow to apply. Only a rail that cannot tell (pending, unavailable) leaves the
-        operator's decision standing.
-
-        Without it (histories before the patch): the assertion itself is verified here. A
-        refused assertion or command changes nothing and is final (non-retryable
-        `OperatorAssertionRefused`): the workflow records the rejection."""
+        `command_id`: the command the payment store accepted (assertion verified, nonce
+        recorded), carried out under that acceptance. Evidence outranks the command: one last
+        lookup of the rail first, and if it says settled, declined or (proven) absent, nothing is
+        abandoned and the view carries the evidence for the workflow to apply. Only a rail that
+        cannot tell (pending, unavailable) leaves the operator's decision standing. A command
+        the store does not know as accepted and open changes nothing and is final
+        (non-retryable `OperatorAssertionRefused`): the workflow records the refusal."""
+        if not req.command_id:
+            raise ApplicationError(
+                "abandon_payout needs the command_id of an accepted abandon command",
+                type=m.ASSERTION_REFUSED,
+                non_retryable=True,
+            )
         ctx = self._writer.ctx(req.context)  # "via" this worker; the store audits the operator
-        if req.command_id:
-            current = await self._writer.current(req.payout_id)
-            if current.state == S.RAIL_AMBIGUOUS and current.client_reference:
-                found = await rail_evidence(self._proxy, current.client_reference, req.payout_id)
-                if found.status in ("settled", "declined", "absent"):
-                    log.warning(
-                        "operator.abandon_outranked",
-                        payout_id=req.payout_id,
-                        command_id=req.command_id,
-                        evidence=found.status,
-                    )
-                    return payout_view(current, evidence=found.status)
+        current = await self._writer.current(req.payout_id)
+        if current.state == S.RAIL_AMBIGUOUS and current.client_reference:
+            found = await rail_evidence(self._proxy, current.client_reference, req.payout_id)
+            if found.status in ("settled", "declined", "absent"):
+                log.warning(
+                    "operator.abandon_outranked",
+                    payout_id=req.payout_id,
+                    command_id=req.command_id,
+                    evidence=found.status,
+                )
+                return payout_view(current, evidence=found.status)
         try:
             return payout_view(
                 await self._writer.write(
@@ -334,7 +313,6 @@ class CriticalSteps:
                         operator=req.operator,
                         reason=req.reason,
                         grant=g,
-                        assertion=req.assertion,
                         command_id=req.command_id,
                     ),
                 )

@@ -1,5 +1,5 @@
-"""The merged holder step `execute_payout` (patch `merged-holder-steps`): UC-01 steps 3-9 in
-one activity.
+"""The merged holder step `execute_payout`: UC-01 steps 3-9 in one activity (re-read and
+claim, submit, post, release).
 """
 
 from __future__ import annotations
@@ -33,14 +33,14 @@ class ExecuteStep:
         self._critical = critical
 
     async def execute_payout(self, req: m.StepRequest) -> m.PayoutView:
-        """UC-01 steps 3-9 in one holder activity (patch `merged-holder-steps`): re-read and
-        claim, submit, post, and the release of the grant once the payout is terminal.
+        """UC-01 steps 3-9 in one holder activity: re-read and claim, submit, post, and the
+        release of the grant once the payout is terminal.
 
         What prevents a double payout: the workflow schedules this activity with
         maximum_attempts=1, so no retry can reach the submit twice; the submit happens only when
         THIS attempt moved the payout PENDING -> CLAIMED (a payout found CLAIMED or later is
         returned to the workflow, whose state-based recovery reads the proxy's attempt record
-        as evidence, exactly as after `reread_and_claim`); and the proxy itself refuses a second
+        as evidence); and the proxy itself refuses a second
         attempt for the payout (FR-18) and any token below the account's highest (FR-17). A
         failure or timeout anywhere after the claim leaves the payout CLAIMED, RAIL_SUBMITTED
         or RAIL_ACKED, and the workflow's next grant recovers from there by evidence, never by
@@ -60,14 +60,14 @@ class ExecuteStep:
         steps.append("claim")
         if not claimed_here or payout.state != S.CLAIMED:
             # Found in flight (another holder's work) or FAILED at the claim (insufficient
-            # funds): hand the state and its evidence to the workflow, as `reread_and_claim` does.
+            # funds): hand the state and its evidence to the workflow (`workflows.payout_steps`).
             attempt = None
             if payout.state in (S.CLAIMED, S.RAIL_SUBMITTED):
                 attempt = await self._critical.latest_attempt(req.payout_id)
             return await self._finish(req, payout_view(payout, attempt), steps)
         # Claimed from PENDING by this attempt: no edge leads back to PENDING and a submit needs
         # CLAIMED, so nobody has submitted this payout and the proxy can hold no attempt for it.
-        # The attempt read `reread_and_claim` makes here would find nothing: skipped.
+        # An attempt read here would find nothing: skipped.
         progress("submit", str(payout.state))
         view = await self._critical.submit(req, payout)
         steps.append("submit")

@@ -1,5 +1,5 @@
-"""The break-glass revokes (UC-06) through the lock service, which audits and alerts: the
-revoke signal of old histories and the accepted revoke command (patch `operator-commands`).
+"""The break-glass revoke (UC-06) through the lock service, which audits and alerts: an
+accepted revoke command (`workflows.operator_desk`), carried out once.
 Revoking does not undo a side effect in flight, it only fences the old holder out.
 """
 
@@ -18,40 +18,15 @@ __all__ = ["RevokeSteps"]
 
 
 class RevokeSteps:
-    """revoke_lock and carry_out_revoke (shared queue): they need no grant of this process."""
+    """carry_out_revoke (shared queue): it needs no grant of this process."""
 
     def __init__(self, *, store: PayoutStore, lock_http: httpx.AsyncClient) -> None:
         self._store = store
         # The lock server's HTTP API with the worker's bearer credential (common.credentials).
         self._lock_http = lock_http
 
-    async def revoke_lock(self, req: m.RevokeRequest) -> None:
-        """Break-glass (UC-06) through the lock service, which audits and alerts; revoking does
-        not undo a side effect in flight, it only fences the old holder out.
-
-        Retried without limit by the workflow: an unreachable lock service or database (raised
-        here) is an outage to wait out; a 4xx is the lock service refusing the command, which is
-        final (non-retryable) and reported by the workflow as a rejected signal. A retry after
-        the revoke went through but its audit row did not can revoke a second time; that costs
-        the current holder its grant (it re-acquires with a higher token), never safety.
-        """
-        response = await self._post_revoke(req)
-        if response.status_code >= 400:
-            raise ApplicationError(
-                f"revoke refused: HTTP {response.status_code} {response.text}",
-                non_retryable=response.status_code < 500,
-            )
-        revoked = response.json()
-        await self._store.record_audit(
-            actor=str(revoked.get("operator") or req.operator),  # the identity the server audited
-            action="lock_revoke_requested",
-            payout_id=req.payout_id or None,
-            account_id=req.account_id,
-            details={"reason": req.reason, **revoked},
-        )
-
     async def _post_revoke(self, req: m.RevokeRequest) -> httpx.Response:
-        """The revoke request both paths send. The lock server verifies the operator assertion
+        """The revoke request. The lock server verifies the operator assertion
         it carries (action, payout, expiry, its own signature) and audits the identity inside;
         without one it refuses."""
         body = {
@@ -64,7 +39,7 @@ class RevokeSteps:
         return await self._lock_http.post("/v1/locks/revoke", json=body)
 
     async def carry_out_revoke(self, req: m.RevokeRequest) -> m.CommandVerdict:
-        """An accepted revoke command (patch `operator-commands`), carried out once: the lock
+        """An accepted revoke command, carried out once: the lock
         server verifies its operator assertion again (signature, action, payout, the lock key of
         the payout's account, expiry) and revokes; the command then ends `carried_out` with the
         audit row `lock_revoke_requested`, or `refused` with the server's reason (a 4xx).

@@ -45,7 +45,7 @@ def floor_figures(
 ) -> dict[str, Any]:
     """`baseline_floor` is the payout's shape before the merge (6 workflow tasks); `floor` the
     floor shape whose workflow tasks, counted from its histories, are nearest the real payouts'
-    measured tasks per payout (the 2-task `run` shape since patch acquire-and-execute, the
+    measured tasks per payout (the 2-task `run` shape of the two-task path, the
     3-task `execute` one for the three-task A/B); `merged_floor` the issue's 4-task trial, and
     `three_task_floor` / `two_task_floor` always, for comparison."""
     means = {shape: bench_floor.mean(runs) for shape, runs in floors.items()}

@@ -7,11 +7,12 @@ Owns: three shapes. `FloorToday`: PayoutWorkflow's commands before the merge (on
 the shared queue returning a worker queue, then claim, submit, post and release on that queue: 5
 activities, 6 workflow tasks; `baseline_floor`). `FloorMerged`: claim+submit+post as one holder
 activity and release after it (3 activities, 4 workflow tasks; the issue's trial).
-`FloorExecute`: PayoutWorkflow's commands since patch `merged-holder-steps` (the acquire, then one
-holder activity that also releases: 2 activities, 3 workflow tasks). `FloorRun`: since patch
-`acquire-and-execute`, one activity on the shared queue that acquires and executes (1 activity, 2
-workflow tasks; `floor` when the payouts take 2 tasks, issue 29). Must never: touch
-money, a lock or a database; it measures what Temporal alone costs for a workflow of that shape.
+`FloorExecute`: PayoutWorkflow's commands in its three-task shape (`two_task=False`: the
+acquire, then one holder activity that also releases: 2 activities, 3 workflow tasks).
+`FloorRun`: its two-task shape, one activity on the shared queue that acquires and executes
+(1 activity, 2 workflow tasks; `floor` when the payouts take 2 tasks, issue 29). Must never:
+touch money, a lock or a database; it measures what Temporal alone costs for a workflow of that
+shape.
 """
 
 from __future__ import annotations

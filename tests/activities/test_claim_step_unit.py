@@ -1,5 +1,5 @@
-"""UNIT tests of the claim step's decisions (`reread_and_claim`), with a MOCK store and a MOCK
-proxy: what is under test is which fenced write the step makes in each payout state. The store's
+"""UNIT tests of the claim step's decisions (the start of `execute_payout`), with a MOCK store and
+a MOCK proxy: what is under test is which fenced write the step makes in each payout state. The store's
 statements themselves are tested against real PostgreSQL (tests/railproxy/test_fence_before_gates.py,
 tests/ledger/). The lock server runs in-process over the FAKE backend, for a real grant.
 """
@@ -23,6 +23,8 @@ from activities.payout_activities import PayoutActivities
 from ledger import FencedOut, Payout, PayoutState
 from lockservice.sdk import LockClient
 from lockservice.server import create_app
+from railproxy.client import SubmitResult
+from railproxy.models import HandoffCertainty
 from tests.lockservice.fake_backend import FakeBackend
 
 S = PayoutState
@@ -78,6 +80,15 @@ class MockProxy:
         return []
 
 
+class NotSubmittingProxy(MockProxy):
+    """A proxy that hands nothing off (circuit open): the step ends after the claim."""
+
+    async def submit(self, req: Any) -> SubmitResult:
+        return SubmitResult(
+            handoff_certainty=HandoffCertainty.NOT_SUBMITTED, http_status=503, code="CIRCUIT_OPEN"
+        )
+
+
 def _activity_env() -> ActivityEnvironment:
     """An activity context whose attempt has just started (so the acquire is not 'late')."""
     env = ActivityEnvironment()
@@ -115,10 +126,10 @@ async def _step(
 async def test_unit_pending_payout_is_claimed_which_stamps_the_fence() -> None:
     """A PENDING payout is claimed (the claim stamps the balance fence in its transaction)."""
     store = MockStore(S.PENDING)
-    async with _step(store) as (acts, req):
-        view = await _activity_env().run(acts.reread_and_claim, req)
+    async with _step(store, NotSubmittingProxy()) as (acts, req):
+        view = await _activity_env().run(acts.execute_payout, req)
     assert store.calls == [("claim", req.token)]
-    assert view.state == "CLAIMED"
+    assert view.state == "CLAIMED" and view.steps == ["claim", "submit"]
     # The write presented the lease's signed grant (what the real store verifies).
     [grant] = store.grants
     assert (grant.key, grant.token) == ("payout:acct-1", req.token) and grant.signature
@@ -136,7 +147,7 @@ async def test_unit_payout_in_any_other_state_gets_the_account_fence_stamped(
     claim step stamps the account's balance fence with its token and changes nothing else."""
     store = MockStore(state)
     async with _step(store) as (acts, req):
-        view = await _activity_env().run(acts.reread_and_claim, req)
+        view = await _activity_env().run(acts.execute_payout, req)
     assert store.calls == [("stamp_account_fence", req.token)]
     assert store.fence == req.token
     assert view.state == str(state)
@@ -147,5 +158,5 @@ async def test_unit_stamp_refused_is_fenced_out_and_never_retried() -> None:
     store = MockStore(S.RAIL_SUBMITTED, fence=10**9)
     async with _step(store) as (acts, req):
         with pytest.raises(ApplicationError) as err:
-            await _activity_env().run(acts.reread_and_claim, req)
+            await _activity_env().run(acts.execute_payout, req)
     assert err.value.type == m.FENCED_OUT and err.value.non_retryable

@@ -50,7 +50,7 @@ async def test_bench_e2e_tiny_prints_the_issue_json_last(tmp_path: Path) -> None
     assert (result["n"], result["workers"], result["rail_latency_ms"]) == (3, 1, 300)
     assert result["baseline_floor"]["workflow_tasks"] == 6
     # `floor` is the floor shape nearest the payouts' measured workflow tasks: since the
-    # two-task path (patch acquire-and-execute), the 2-task shape.
+    # two-task path (issue 29), the 2-task shape.
     assert result["floor_shape"] == "run"
     assert result["floor"]["workflow_tasks"] == SHAPES[result["floor_shape"]][1] == 2
     assert result["merged_floor"]["workflow_tasks"] == 4

@@ -40,7 +40,7 @@ class MockWorld:
     rejected: list[m.SignalRejection] = field(default_factory=list)
     revokes: list[m.RevokeRequest] = field(default_factory=list)
     escalations: int = 0
-    # Operator commands (patch `operator-commands`): what the MOCK payment store accepted, by
+    # Operator commands: what the MOCK payment store accepted, by
     # command id; the nonces it saw (a repeated nonce is refused as a replay); what it settled.
     accepted: dict[str, m.CommandRequest] = field(default_factory=dict)
     nonces: set[str] = field(default_factory=set)
@@ -50,7 +50,7 @@ class MockWorld:
     # While set and not yet released, carry_out_revoke waits on it (a revoke in flight).
     revoke_gate: asyncio.Event | None = None
     # Outages: while set, these activities fail with a retryable error (an unreachable service).
-    lock_service_down: bool = False  # revoke_lock
+    lock_service_down: bool = False  # carry_out_revoke
     lookup_failures: int = 0  # the next N lookup attempts fail
     escalate_failures: int = 0  # the next N escalate attempts fail
     failed_attempts: dict[str, int] = field(default_factory=dict)
@@ -88,8 +88,8 @@ class MockWorld:
             queue = "no-such-worker-queue" if step == "dead_queue" else world.holder_queue
             return m.AcquireResult(acquired=True, token=token, worker_queue=queue)
 
-        @activity.defn(name=m.REREAD_AND_CLAIM)
         async def claim(req: m.StepRequest) -> m.PayoutView:
+            """The claim at the start of the merged step (no activity of its own)."""
             world.calls.append(("claim", req.token))
             step = world.claim_script.pop(0) if world.claim_script else ""
             if step == "fenced":
@@ -252,13 +252,6 @@ class MockWorld:
             world.escalations += 1
             world.calls.append(("escalate", 0))
 
-        @activity.defn(name=m.REVOKE_LOCK)
-        async def revoke(req: m.RevokeRequest) -> None:
-            if world.lock_service_down:
-                world.fail("revoke", "lock service unreachable")
-            world.revokes.append(req)
-            world.calls.append(("revoke", 0))
-
         @activity.defn(name=m.RECORD_SIGNAL_REJECTED)
         async def record_rejected(rej: m.SignalRejection) -> None:
             world.rejected.append(rej)
@@ -267,7 +260,6 @@ class MockWorld:
             acquire,
             acquire_and_execute,
             execute,
-            claim,
             submit,
             recover,
             post,
@@ -276,7 +268,6 @@ class MockWorld:
             resolve,
             abandon,
             escalate,
-            revoke,
             record_rejected,
             accept,
             settle,

@@ -252,6 +252,32 @@ async def test_a_forged_abandon_never_displaces_a_signed_one(
     assert len(system.movements(payout_id)) == 1
 
 
+async def test_the_abandons_last_lookup_finds_the_evidence_first(
+    temporal_env: WorkflowEnvironment, system: System, workers: str, lagging_rail: None
+) -> None:
+    """An abandon accepted while the rail could not tell waits for the account's lock; the rail
+    settles meanwhile, and the abandon activity's own last lookup finds it: nothing is
+    abandoned, the command ends refused naming the evidence (its one audit row, through
+    settle_operator_command), and the payout is POSTED, paid once."""
+    payout_id, account_id, handle = await _ambiguous(
+        temporal_env, system, workers, resolution_sla_s=0.5
+    )
+    await _until(handle, lambda s: s.escalated)
+    async with LockClient(system.lock_url, ttl_s=30.0, token=token("worker")) as locks:
+        blocker = await locks.acquire(f"payout:{account_id}", wait_s=_FREE_WITHIN_S)
+        await handle.signal("abandon", signed_command(system, "abandon", payout_id, "ticket 11"))
+        await _until(handle, lambda s: any(c.status == "pending" for c in s.commands))
+        system.stub_set(visibility_delay_s=0)  # the rail now shows it settled
+        await locks.release(blocker)
+    result = await handle.result()
+    await record(handle, "commands_abandon_outranked_by_last_lookup")
+    assert result.state == "POSTED"
+    (command,) = result.commands
+    assert command.status == "refused" and "evidence came first" in command.why, command
+    assert await audit_rows(system.database_url, payout_id, "abandon") == []
+    assert len(system.movements(payout_id)) == 1
+
+
 async def test_an_operator_assertion_is_single_use(
     temporal_env: WorkflowEnvironment, system: System, workers: str, lagging_rail: None
 ) -> None:

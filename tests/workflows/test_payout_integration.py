@@ -19,6 +19,7 @@ from typing import Any
 
 import asyncpg
 import httpx
+import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
@@ -68,7 +69,7 @@ def ids(prefix: str = "po-") -> tuple[str, str]:
 
 
 async def start(
-    client: Client, queue: str, payout_id: str, account_id: str, **kw: float
+    client: Client, queue: str, payout_id: str, account_id: str, **kw: float | bool
 ) -> WorkflowHandle[PayoutWorkflow, m.PayoutStatus]:
     inp = m.PayoutInput(payout_id=payout_id, account_id=account_id, **{**FAST, **kw})  # type: ignore[arg-type]
     return await client.start_workflow(
@@ -95,46 +96,47 @@ async def balance_and_breaks(database_url: str, account_id: str) -> tuple[int, i
         await conn.close()
 
 
+@pytest.mark.parametrize("two_task", [True, False], ids=["two_task", "three_task"])
 async def test_happy_path_pays_once_and_posts(
-    temporal_env: WorkflowEnvironment, system: System, workers: str
+    temporal_env: WorkflowEnvironment, system: System, workers: str, two_task: bool
 ) -> None:
-    """UC-01: one rail movement, POSTED, the account debited once, the ledger balanced."""
+    """UC-01: one rail movement, POSTED, the account debited once, the ledger balanced; in both
+    shapes of the A/B switch (`PayoutInput.two_task`)."""
     payout_id, account_id = ids()
     await fund(system.database_url, account_id, 10_000)
     await create_payout(system.database_url, payout_id, account_id, 2_500)
-    handle = await start(temporal_env.client, workers, payout_id, account_id)
+    handle = await start(temporal_env.client, workers, payout_id, account_id, two_task=two_task)
     result = await handle.result()
-    # The shape since patch acquire-and-execute; `lean_happy_path.json` is the same run before
-    # it (three tasks), `merged_happy_path.json` before lean-visibility, `happy_path.json`
-    # before the merge.
-    await record(handle, "two_task_happy_path")
+    await record(handle, "two_task_happy_path" if two_task else "three_task_happy_path")
     assert result.state == "POSTED"
     assert len(system.movements(payout_id)) == 1
     assert await balance_and_breaks(system.database_url, account_id) == (7_500, 0)
-    # ONE activity acquired, then did claim, submit, post and the release (patch
-    # acquire-and-execute): 2 workflow tasks, and what it did is in its result for operators.
+    # Two-task: ONE activity acquired, then did claim, submit, post and the release: 2 workflow
+    # tasks. Three-task: the acquire, then execute_payout on the holder's queue: 3 tasks. What
+    # the merged step did is in its result for operators.
     history = await handle.fetch_history()
     done = [
         e.activity_task_completed_event_attributes
         for e in history.events
         if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED
     ]
-    assert len(done) == 1  # acquire_and_execute: no separate acquire, step or release
-    executed = json.loads(done[0].result.payloads[0].data)["view"]
+    assert len(done) == (1 if two_task else 2)  # no separate step or release
+    executed = json.loads(done[-1].result.payloads[0].data)
+    executed = executed["view"] if two_task else executed
     assert executed["steps"] == ["claim", "submit", "post", "release"] and executed["released"]
     tasks = EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
     completed = [e.event_id for e in history.events if e.event_type == tasks]
-    assert len(completed) == 2
-    # Search attributes (its own and the SDK's TemporalChangeVersion of each patch) are upserted
-    # by the first and the last task: one visibility write each (patch lean-visibility). Started
-    # without search attributes, the first task upserted all three.
+    assert len(completed) == (2 if two_task else 3)
+    # Search attributes are upserted by the first and the last task only (one visibility write
+    # each; the middle task upserts nothing). Started without search attributes, the first task
+    # upserted all three; the last only the state.
     upserts = [
         e.upsert_workflow_search_attributes_event_attributes
         for e in history.events
         if e.event_type == EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES
     ]
-    assert {u.workflow_task_completed_event_id for u in upserts} == {completed[0], completed[1]}
-    last = [u for u in upserts if u.workflow_task_completed_event_id == completed[1]]
+    assert {u.workflow_task_completed_event_id for u in upserts} == {completed[0], completed[-1]}
+    last = [u for u in upserts if u.workflow_task_completed_event_id == completed[-1]]
     assert [set(u.search_attributes.indexed_fields) for u in last] == [{"PayoutState"}]
     # The grant was released by the activity: the account's lock is free at once.
     assert lock_token(system, f"payout:{account_id}") is None
@@ -185,7 +187,9 @@ async def test_insufficient_funds_never_reaches_the_rail(
     payout_id, account_id = ids()
     await fund(system.database_url, account_id, 100)
     await create_payout(system.database_url, payout_id, account_id, 1_000)
-    result = await (await start(temporal_env.client, workers, payout_id, account_id)).result()
+    handle = await start(temporal_env.client, workers, payout_id, account_id)
+    result = await handle.result()
+    await record(handle, "insufficient_funds")
     assert result.state == "FAILED"
     assert system.movements(payout_id) == []
 
@@ -215,7 +219,9 @@ async def test_timeout_before_handoff_is_resolved_absent(
     payout_id, account_id = ids("tb-")
     await fund(system.database_url, account_id, 10_000)
     await create_payout(system.database_url, payout_id, account_id, 500)
-    result = await (await start(temporal_env.client, workers, payout_id, account_id)).result()
+    handle = await start(temporal_env.client, workers, payout_id, account_id)
+    result = await handle.result()
+    await record(handle, "timeout_before_absent")
     assert result.state == "FAILED"
     assert system.movements(payout_id) == []
     assert await balance_and_breaks(system.database_url, account_id) == (10_000, 0)
@@ -309,12 +315,13 @@ async def test_two_workers_one_account_each_payout_once(
     assert await balance_and_breaks(system.database_url, account_id) == (92_000, 0)
 
 
+@pytest.mark.parametrize("two_task", [True, False], ids=["two_task", "three_task"])
 async def test_worker_killed_mid_submit_recovers_by_state(
-    temporal_env: WorkflowEnvironment, system: System, run_dir: Path
+    temporal_env: WorkflowEnvironment, system: System, run_dir: Path, two_task: bool
 ) -> None:
     """UC-04: a worker process is SIGKILLed while its submit is in flight; another worker
     re-acquires with a higher token, reads the proxy's attempt record and completes the
-    payout without submitting again."""
+    payout without submitting again; in both shapes of the A/B switch."""
     queue = f"payouts-{uuid.uuid4()}"
     payout_id, account_id = ids("slow-")
     await fund(system.database_url, account_id, 10_000)
@@ -334,7 +341,12 @@ async def test_worker_killed_mid_submit_recovers_by_state(
     doomed = spawn(["worker_main.py"], env, system.log_dir / "doomed-worker.log")
     try:
         handle = await start(
-            temporal_env.client, queue, payout_id, account_id, submit_deadline_s=5.0
+            temporal_env.client,
+            queue,
+            payout_id,
+            account_id,
+            submit_deadline_s=5.0,
+            two_task=two_task,
         )
 
         async def in_flight() -> bool:
@@ -344,15 +356,15 @@ async def test_worker_killed_mid_submit_recovers_by_state(
             return any(a["outcome"] is None for a in attempts["attempts"])
 
         await wait_for(in_flight, timeout_s=60)
-        first_token = (await handle.query(PayoutWorkflow.status)).token
+        first_token = lock_token(system, f"payout:{account_id}") or 0
         doomed.send_signal(signal.SIGKILL)
         doomed.wait(10)
         async with in_process_workers(temporal_env.client, system, queue, count=1):
             result = await handle.result()
-        # Killed inside the two-task step, after the submit was sent: recovered by the proxy's
-        # attempt record (`merged_worker_killed_recovered.json`: the same in the three-task
-        # shape, `worker_killed_recovered.json` before the merge).
-        await record(handle, "two_task_worker_killed_recovered")
+        # Killed inside the merged step, after the submit was sent: recovered by the proxy's
+        # attempt record under the next grant.
+        shape = "two_task" if two_task else "three_task"
+        await record(handle, f"{shape}_worker_killed_recovered")
     finally:
         if doomed.poll() is None:
             stop(doomed)
@@ -361,9 +373,9 @@ async def test_worker_killed_mid_submit_recovers_by_state(
     assert result.token > first_token
     assert len(system.movements(payout_id)) == 1
     assert await balance_and_breaks(system.database_url, account_id) == (8_800, 0)
-    # The killed attempt was the two-task step; it was not retried, and the next grant (another
-    # acquire_and_execute, which found the payout in flight) did not submit again: it
-    # recovered from the attempt record, then posted.
+    # The killed attempt was the merged step; it was not retried, and the next grant (another
+    # merged step, which found the payout in flight) did not submit again: it recovered from
+    # the attempt record, then posted.
     history = await handle.fetch_history()
     scheduled = [
         e.activity_task_scheduled_event_attributes.activity_type.name
@@ -371,7 +383,9 @@ async def test_worker_killed_mid_submit_recovers_by_state(
         if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
     ]
     assert scheduled.count(m.SUBMIT_TO_RAIL) == 0
-    assert m.RECOVER_FROM_ATTEMPT in scheduled and scheduled.count(m.ACQUIRE_AND_EXECUTE) == 2
+    assert m.RECOVER_FROM_ATTEMPT in scheduled
+    merged = m.ACQUIRE_AND_EXECUTE if two_task else m.EXECUTE_PAYOUT
+    assert scheduled.count(merged) == 2
 
 
 def test_worker_main_entry_point_is_importable() -> None:
@@ -481,3 +495,38 @@ async def test_malformed_operator_signals_are_rejected_and_audited(
         for r in await audit_rows(system.database_url, payout_id, "signal_rejected:abandon")
     ]
     assert any("unexpected field" in w for w in whys) and any("invalid payload" in w for w in whys)
+
+
+async def test_a_submit_that_reached_nothing_is_submitted_under_the_next_grant(
+    temporal_env: WorkflowEnvironment, system: System, workers: str
+) -> None:
+    """The rail is down (nothing reaches it): the merged step's submit is NOT_SUBMITTED and the
+    payout stays CLAIMED; after a backoff the next grant reads the proxy's attempt record, which
+    proves nothing was handed off, and submits once more (`submit_to_rail`): POSTED, one
+    movement. Last in the module: the rail's outage also opens the proxy's circuit breaker."""
+    payout_id, account_id = ids()
+    await fund(system.database_url, account_id, 10_000)
+    await create_payout(system.database_url, payout_id, account_id, 400)
+    system.stub_set(outage=True)
+    try:
+        handle = await start(temporal_env.client, workers, payout_id, account_id)
+
+        async def not_submitted() -> bool:
+            status = await handle.query(PayoutWorkflow.status)
+            return status.last_error.startswith("not submitted")
+
+        await wait_for(not_submitted, timeout_s=60)
+    finally:
+        system.stub_set(outage=False)
+    result = await handle.result()
+    await record(handle, "not_submitted_then_submitted")
+    assert result.state == "POSTED"
+    assert len(system.movements(payout_id)) == 1
+    assert await balance_and_breaks(system.database_url, account_id) == (9_600, 0)
+    history = await handle.fetch_history()
+    scheduled = [
+        e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+    ]
+    assert m.SUBMIT_TO_RAIL in scheduled

@@ -53,7 +53,7 @@ async def start(
 
 async def test_happy_path_runs_uc01_steps_in_order(temporal_env: WorkflowEnvironment) -> None:
     """acquire, claim, submit, post, release: one submit, all under the same token, inside ONE
-    activity on the shared queue (patch acquire-and-execute, issue 29) that also released the
+    activity on the shared queue (issue 29) that also released the
     grant: 2 workflow tasks and 1 activity per payout."""
     world = new_world()
     async with running(temporal_env, world) as q:

@@ -1,9 +1,13 @@
-"""Replay tests: histories recorded from real runs (tests/workflows/test_payout_integration.py
-and, for `continued_as_new`, test_payout_resilience.py; for the operator-assertion ones,
-test_operator_assertions.py; for the operator-command ones (issue 24), test_operator_commands.py;
-for the Temporal restart one, test_temporal_restart.py; with
-RECORD_HISTORIES=1) must replay against the current PayoutWorkflow without a
-non-determinism error; a deliberately non-deterministic change must be caught."""
+"""Replay tests: histories recorded from real runs of the current PayoutWorkflow (with
+RECORD_HISTORIES=1, by the tests named in REQUIRED) must replay against it without a
+non-determinism error; a deliberately non-deterministic change must be caught.
+
+The corpus is exactly REQUIRED (no stale file) and holds no patch marker: nothing is deployed
+yet, so every patch was retired (issue 30). From the first release on, a change of the commands
+the workflow issues goes behind `workflow.patched` and adds a history per new branch, and the
+old histories stay until the patch is removed (docs/workflow.md, "Changing the workflow"): then
+PATCHES below names the patch ids the corpus may hold, deliberately.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import base64
 import json
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from temporalio import workflow
@@ -18,53 +23,50 @@ from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 
 from activities import models as m
-from workflows.payout import (
-    PATCH_CONTINUE_AS_NEW,
-    PATCH_MERGED_HOLDER,
-    PATCH_RELEASE_BESIDE_REACQUIRE,
-    PayoutWorkflow,
-)
+from workflows.payout import PayoutWorkflow
 
 HISTORIES = Path(__file__).parent / "histories"
+#: History name -> the test that records it (RECORD_HISTORIES=1), and the branch it covers.
 REQUIRED = {
-    "happy_path",
-    "decline",
-    "ambiguous_resolved",
-    "ambiguous_abandoned",
-    "worker_killed_recovered",
-    # The same scenario recorded after the release-beside-reacquire patch (issue 16, takeover):
-    # the killed holder's release is scheduled beside the next acquire, not before it.
-    "worker_killed_release_beside_reacquire",
-    "revoke",
-    "continued_as_new",  # the first run of an ambiguous payout, ending in ContinueAsNew
-    # test_operator_assertions.py: signals carrying refused operator assertions (recorded
-    # rejections; the abandon refusal's patch marker), then a valid one carried out.
-    "revoke_assertions_refused_then_valid",
-    "abandon_assertions_refused_then_valid",
-    # test_payout_integration.py since patch merged-holder-steps: the one merged holder step,
-    # and the holder killed inside it after the submit, recovered by the attempt record.
-    "merged_happy_path",
-    "merged_worker_killed_recovered",
-    # test_temporal_restart.py: Temporal restarted while a grant was in flight and down past
-    # the acquire's start-to-close; the acquire timed out, the workflow backed off and paid
-    # under a re-acquired grant.
-    "temporal_restart_acquire_timed_out",
-    # Since patch lean-visibility: merged-holder-steps decided in the first workflow task, the
-    # search attributes upserted only when they change (the middle task upserts nothing).
-    "lean_happy_path",
-    # test_operator_commands.py since patch operator-commands (issue 24): the dynamic signal
-    # handler, Updates, the store's verdicts, evidence over an abandon, a refused cancellation.
-    "commands_evidence_outranks_abandon",
-    "commands_malformed_signals",
-    "commands_forged_abandon_refused_signed_carried_out",
-    "commands_revoke_then_replay_refused",
-    "commands_update_abandon_carried_out",
-    "commands_cancel_refused",
-    # Since patch acquire-and-execute (issue 29): the two-task happy path, and the holder killed
-    # inside it after the submit, recovered by the attempt record under the next grant.
-    "two_task_happy_path",
-    "two_task_worker_killed_recovered",
+    # test_payout_integration.py, both shapes of the A/B switch `PayoutInput.two_task`.
+    "two_task_happy_path": "acquire_and_execute: claim, submit, post, release in one activity",
+    "three_task_happy_path": "acquire_lock, then execute_payout on the holder's queue",
+    "two_task_worker_killed_recovered": "holder killed in acquire_and_execute after the submit; "
+    "the next grant recovers from the proxy's attempt record",
+    "three_task_worker_killed_recovered": "holder killed in execute_payout after the submit: "
+    "the step times out, its release runs beside the next acquire, recovery by the attempt",
+    "decline": "the rail declines: FAILED, no ledger",
+    "insufficient_funds": "FAILED at the claim, the rail never reached",
+    "ambiguous_resolved": "RAIL_AMBIGUOUS, a lookup finds it settled: resolve_ambiguous, post",
+    "timeout_before_absent": "RAIL_AMBIGUOUS, lookups prove it absent: FAILED",
+    "ambiguous_abandoned": "escalation past the SLA, an abandon signal carried out",
+    "revoke": "a revoke signal carried out by the lock service; re-acquired, recovered",
+    "not_submitted_then_submitted": "the rail down: NOT_SUBMITTED, then the next grant's "
+    "submit_to_rail, as the attempt record proves nothing was handed off",
+    # test_payout_resilience.py: the first run of an ambiguous payout, ending in ContinueAsNew.
+    "continued_as_new": "continue-as-new after max_lookups_per_run, state carried",
+    # test_operator_assertions.py: refused operator assertions, then a valid one carried out.
+    "revoke_assertions_refused_then_valid": "revokes refused by the lock server, then one",
+    "abandon_assertions_refused_then_valid": "abandons refused by the payment store, then one",
+    # test_operator_commands.py: the dynamic signal handler, Updates, the store's verdicts.
+    "commands_evidence_outranks_abandon": "the abandon's last lookup finds the rail's evidence",
+    "commands_malformed_signals": "malformed signals refused and audited",
+    "commands_forged_abandon_refused_signed_carried_out": "forged abandon refused, signed one",
+    "commands_abandon_outranked_by_last_lookup": "an accepted abandon refused: the abandon's "
+    "last lookup finds the rail's evidence (settle_operator_command)",
+    "commands_revoke_then_replay_refused": "a revoke carried out, its replayed assertion refused",
+    "commands_update_abandon_carried_out": "an abandon Update carried out",
+    "commands_cancel_refused": "a cancellation request refused; the payout goes on",
+    # test_temporal_restart.py: Temporal down past the acquire's start-to-close.
+    "temporal_restart_acquire_timed_out": "the acquire timed out, backoff, re-acquired",
 }
+#: Patch ids the corpus may hold (docs/workflow.md, "Changing the workflow"): none today.
+PATCHES: frozenset[str] = frozenset()
+
+
+def events(name: str) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = json.loads((HISTORIES / f"{name}.json").read_text())["events"]
+    return found
 
 
 def load(name: str) -> WorkflowHistory:
@@ -72,15 +74,43 @@ def load(name: str) -> WorkflowHistory:
     return WorkflowHistory.from_json(f"replay-{name}", text)
 
 
-def test_every_required_history_is_committed() -> None:
-    """The replay corpus covers the scenarios the issue names."""
-    assert {p.stem for p in HISTORIES.glob("*.json")} >= REQUIRED
+def scheduled(name: str) -> list[str]:
+    return [
+        e["activityTaskScheduledEventAttributes"]["activityType"]["name"]
+        for e in events(name)
+        if e["eventType"] == "EVENT_TYPE_ACTIVITY_TASK_SCHEDULED"
+    ]
+
+
+def test_the_corpus_is_exactly_the_required_histories() -> None:
+    """Every required history is committed, and nothing else: a stale history (of a branch the
+    workflow no longer has) is deleted, not kept replaying by accident."""
+    assert {p.stem for p in HISTORIES.iterdir()} == set(REQUIRED)
+    assert all(p.suffix == ".json" for p in HISTORIES.iterdir())
 
 
 @pytest.mark.parametrize("name", sorted(REQUIRED))
 async def test_recorded_history_replays(name: str) -> None:
     """The current workflow code makes the same decisions as the code that recorded the run."""
     await Replayer(workflows=[PayoutWorkflow]).replay_workflow(load(name))
+
+
+@pytest.mark.parametrize("name", sorted(REQUIRED))
+def test_no_history_holds_a_patch_marker(name: str) -> None:
+    """No patch marker (`core_patch`, `__temporal_patch`, "patched") and no TemporalChangeVersion
+    upsert, unless its patch id is in PATCHES: a future patch is added deliberately."""
+    for e in events(name):
+        if e["eventType"] == "EVENT_TYPE_MARKER_RECORDED":
+            attrs = e["markerRecordedEventAttributes"]
+            marker = attrs.get("markerName", "")
+            assert "patch" not in marker.lower(), f"{name}: marker {marker}"
+            data = attrs.get("details", {}).get("patch-data", {}).get("payloads", [])
+            ids = {json.loads(base64.b64decode(d["data"]))["id"] for d in data}
+            assert ids <= PATCHES, f"{name}: patch ids {ids}"
+        if e["eventType"] == "EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES":
+            fields = e["upsertWorkflowSearchAttributesEventAttributes"]["searchAttributes"]
+            assert "TemporalChangeVersion" not in fields.get("indexedFields", {}), name
+    assert "__temporal_patch" not in (HISTORIES / f"{name}.json").read_text()
 
 
 @workflow.defn(name="PayoutWorkflow")
@@ -93,111 +123,78 @@ class ReorderedPayoutWorkflow(PayoutWorkflow):
         return await super().run(inp)
 
 
-async def test_a_non_deterministic_change_is_caught() -> None:
+@pytest.mark.parametrize("name", ["two_task_happy_path", "three_task_happy_path"])
+async def test_a_non_deterministic_change_is_caught(name: str) -> None:
     """Replaying a real history against a changed command sequence fails (negative control)."""
     with pytest.raises(workflow.NondeterminismError):
-        await Replayer(workflows=[ReorderedPayoutWorkflow]).replay_workflow(load("happy_path"))
+        await Replayer(workflows=[ReorderedPayoutWorkflow]).replay_workflow(load(name))
 
 
-def test_histories_were_recorded_from_real_runs() -> None:
-    """Each history ran real activities (not mocks): it contains the UC-01 activity names."""
-    names = set()
-    for event in json.loads((HISTORIES / "happy_path.json").read_text())["events"]:
-        attrs = event.get("activityTaskScheduledEventAttributes")
-        if attrs:
-            names.add(attrs["activityType"]["name"])
-    assert {
+def test_both_shapes_were_recorded_from_real_runs() -> None:
+    """The two shapes of the A/B switch: one activity (two tasks), or the acquire and the merged
+    holder step, each scheduled with ONE attempt (they may reach the submit)."""
+    assert scheduled("two_task_happy_path") == [m.ACQUIRE_AND_EXECUTE]
+    assert scheduled("three_task_happy_path") == [m.ACQUIRE_LOCK, m.EXECUTE_PAYOUT]
+    attempts = [
+        e["activityTaskScheduledEventAttributes"]["retryPolicy"]["maximumAttempts"]
+        for name in ("two_task_happy_path", "three_task_happy_path")
+        for e in events(name)
+        if e["eventType"] == "EVENT_TYPE_ACTIVITY_TASK_SCHEDULED"
+        and e["activityTaskScheduledEventAttributes"]["activityType"]["name"]
+        in (m.ACQUIRE_AND_EXECUTE, m.EXECUTE_PAYOUT)
+    ]
+    assert attempts == [1, 1]
+
+
+def test_the_corpus_schedules_every_activity_the_workflow_can() -> None:
+    """Every activity PayoutWorkflow (and its operator desk) schedules appears in some history,
+    so each branch that issues it is replayed, and no history schedules one it no longer can."""
+    everything = {name for h in REQUIRED for name in scheduled(h)}
+    activities = {
+        m.ACQUIRE_AND_EXECUTE,
         m.ACQUIRE_LOCK,
-        m.REREAD_AND_CLAIM,
+        m.EXECUTE_PAYOUT,
         m.SUBMIT_TO_RAIL,
+        m.RECOVER_FROM_ATTEMPT,
         m.POST_TO_LEDGER,
         m.RELEASE_LOCK,
-    } <= names
+        m.LOOKUP_RAIL,
+        m.RESOLVE_AMBIGUOUS,
+        m.ABANDON_PAYOUT,
+        m.ESCALATE_AMBIGUOUS,
+        m.RECORD_SIGNAL_REJECTED,
+        m.ACCEPT_OPERATOR_COMMAND,
+        m.SETTLE_OPERATOR_COMMAND,
+        m.CARRY_OUT_REVOKE,
+    }
+    assert everything == activities
 
 
 def test_the_continue_as_new_history_hands_its_state_to_the_next_run() -> None:
-    """The corpus' continue-as-new history ends in ContinueAsNew behind its patch marker, and
-    the next run's input carries the ambiguous payout's state and its escalation."""
-    events = json.loads((HISTORIES / "continued_as_new.json").read_text())["events"]
-    assert events[-1]["eventType"] == "EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW"
-    markers = [
-        e["markerRecordedEventAttributes"]["details"]["patch-data"]["payloads"][0]["data"]
-        for e in events
-        if e["eventType"] == "EVENT_TYPE_MARKER_RECORDED"
-    ]
-    assert [json.loads(base64.b64decode(d))["id"] for d in markers] == [PATCH_CONTINUE_AS_NEW]
-    attrs = events[-1]["workflowExecutionContinuedAsNewEventAttributes"]
+    """The corpus' continue-as-new history ends in ContinueAsNew, and the next run's input
+    carries the ambiguous payout's state and its escalation."""
+    found = events("continued_as_new")
+    assert found[-1]["eventType"] == "EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW"
+    attrs = found[-1]["workflowExecutionContinuedAsNewEventAttributes"]
     carried = json.loads(base64.b64decode(attrs["input"]["payloads"][0]["data"]))["carried"]
     assert carried["state"] == "RAIL_AMBIGUOUS" and carried["escalated"] is True
     assert carried["ambiguous_since"] and carried["runs"] == 1
 
 
-def _patch_ids(events: list[dict[str, object]]) -> list[str]:
-    return [
-        json.loads(
-            base64.b64decode(
-                e["markerRecordedEventAttributes"]["details"]["patch-data"]["payloads"][0]["data"]
-            )
-        )["id"]  # type: ignore[index]
-        for e in events
-        if e["eventType"] == "EVENT_TYPE_MARKER_RECORDED"
-    ]
-
-
-def test_the_release_beside_reacquire_history_schedules_both_in_one_task() -> None:
-    """The corpus covers the new path: after the killed holder's step timed out, the next
-    acquire and the old grant's release are scheduled by the same workflow task, and the
-    history without the patch (worker_killed_recovered) releases first."""
-
-    def after_timeout(name: str) -> list[str]:
-        events = json.loads((HISTORIES / f"{name}.json").read_text())["events"]
-        first = next(
-            i
-            for i, e in enumerate(events)
-            if e["eventType"] == "EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT"
+def test_the_timed_out_holder_is_released_beside_the_next_acquire() -> None:
+    """After the killed holder's step timed out (three-task shape), the next acquire and the
+    old grant's release are scheduled by the same workflow task."""
+    found = events("three_task_worker_killed_recovered")
+    first = next(
+        i for i, e in enumerate(found) if e["eventType"] == "EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT"
+    )
+    after = [
+        (
+            e["activityTaskScheduledEventAttributes"]["activityType"]["name"],
+            e["activityTaskScheduledEventAttributes"]["workflowTaskCompletedEventId"],
         )
-        return [
-            e["activityTaskScheduledEventAttributes"]["activityType"]["name"]
-            for e in events[first:]
-            if e["eventType"] == "EVENT_TYPE_ACTIVITY_TASK_SCHEDULED"
-        ][:2]
-
-    new = json.loads((HISTORIES / "worker_killed_release_beside_reacquire.json").read_text())
-    assert PATCH_RELEASE_BESIDE_REACQUIRE in _patch_ids(new["events"])
-    assert after_timeout("worker_killed_release_beside_reacquire") == [
-        m.ACQUIRE_LOCK,
-        m.RELEASE_LOCK,
-    ]
-    assert after_timeout("worker_killed_recovered")[0] == m.RELEASE_LOCK
-
-
-def test_the_merged_histories_run_the_merged_holder_step_behind_its_patch() -> None:
-    """The merged-shape histories schedule execute_payout (one attempt) behind the patch marker,
-    and no separate reread_and_claim; the pre-merge happy path has neither."""
-
-    def shape(name: str) -> tuple[list[str], list[str], list[int]]:
-        events = json.loads((HISTORIES / f"{name}.json").read_text())["events"]
-        names, attempts = [], []
-        for e in events:
-            attrs = e.get("activityTaskScheduledEventAttributes")
-            if attrs:
-                names.append(attrs["activityType"]["name"])
-                if attrs["activityType"]["name"] == m.EXECUTE_PAYOUT:
-                    attempts.append(attrs["retryPolicy"]["maximumAttempts"])
-        patches = [
-            json.loads(base64.b64decode(d))["id"]
-            for e in events
-            if e["eventType"] == "EVENT_TYPE_MARKER_RECORDED"
-            for d in [
-                e["markerRecordedEventAttributes"]["details"]["patch-data"]["payloads"][0]["data"]
-            ]
-        ]
-        return names, patches, attempts
-
-    names, patches, attempts = shape("merged_happy_path")
-    assert names == [m.ACQUIRE_LOCK, m.EXECUTE_PAYOUT] and attempts == [1]
-    assert PATCH_MERGED_HOLDER in patches
-    names, patches, _ = shape("merged_worker_killed_recovered")
-    assert m.EXECUTE_PAYOUT in names and m.SUBMIT_TO_RAIL not in names
-    names, patches, _ = shape("happy_path")
-    assert m.EXECUTE_PAYOUT not in names and PATCH_MERGED_HOLDER not in patches
+        for e in found[first:]
+        if e["eventType"] == "EVENT_TYPE_ACTIVITY_TASK_SCHEDULED"
+    ][:2]
+    assert [name for name, _ in after] == [m.ACQUIRE_LOCK, m.RELEASE_LOCK]
+    assert after[0][1] == after[1][1]
