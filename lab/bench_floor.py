@@ -33,7 +33,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from lab.bench_locks import loadavg
-from stack.embedded import temporal_binary
+from stack.embedded.temporal import temporal_binary
 from stack.services import TEMPORAL_SQLITE_PRAGMAS
 from workflows.floor import FloorExecute, FloorMerged, FloorRun, FloorToday
 

@@ -28,7 +28,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from common.tls import client_context
-from stack.embedded import EtcdMemberTLS, PostgresTLS
+from stack.embedded.etcd import EtcdMemberTLS
+from stack.embedded.postgres import PostgresTLS
 
 if TYPE_CHECKING:
     from lockservice.backends.etcd_client import EtcdTLSFiles

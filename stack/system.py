@@ -45,14 +45,9 @@ from stack.config import (
     port_in_use,
 )
 from stack.credentials import STACK_OPERATOR, StackCredentials, stack_credentials
-from stack.embedded import (
-    EmbeddedEtcd,
-    EmbeddedPostgres,
-    EmbeddedServerError,
-    EtcdMember,
-    PostgresTLS,
-    free_port,
-)
+from stack.embedded.etcd import EmbeddedEtcd, EtcdMember
+from stack.embedded.postgres import EmbeddedPostgres, PostgresTLS
+from stack.embedded.shared import EmbeddedServerError, free_port
 from stack.envfile import ENV_FILE_NAME, stack_environment, write_env_file
 from stack.pki import StackTLS, issue_stack_tls
 from stack.preflight import check_ports, refuse_leftovers, safe_url

@@ -28,7 +28,7 @@ from lockservice.backends.etcd_client import etcd_client
 from lockservice.backends.etcd_retention import session_deadline
 from lockservice.server import create_app
 from lockservice.settings import LockSettings
-from stack.embedded import EmbeddedEtcd
+from stack.embedded.etcd import EmbeddedEtcd
 from tests.lockservice.server_fixtures import serve_app
 
 PREFIX = "ret/"

@@ -15,7 +15,7 @@ from lockservice import api
 from lockservice._http import KeepAliveTransport
 from lockservice.client import LockClient
 from lockservice.server import create_app
-from stack.embedded import free_port
+from stack.embedded.shared import free_port
 from stack.pki import StackPKI
 from tests.lockservice import server_fixtures as _fx
 from tests.lockservice.fake_backend import FakeBackend

@@ -26,7 +26,7 @@ from payouts.batch import PayoutSpec
 from payouts.reconcile_cli import SCHEDULE_ID
 from payouts.workload import create_payouts, seed_accounts, start_workflows
 from stack.config import StackConfig
-from stack.embedded import temporal_binary
+from stack.embedded.temporal import temporal_binary
 from stack.promconfig import OPS_DIR
 from stack.system import Stack
 

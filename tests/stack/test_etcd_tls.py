@@ -20,7 +20,7 @@ import pytest
 from lockservice.api import Grant
 from lockservice.backends import create_backend
 from lockservice.backends.etcd_client import EtcdTLSFiles, etcd_client
-from stack.embedded import EmbeddedEtcd, EtcdMember
+from stack.embedded.etcd import EmbeddedEtcd, EtcdMember
 from stack.pki import StackPKI, StackTLS, issue_stack_tls
 
 pytestmark = pytest.mark.timeout(120)

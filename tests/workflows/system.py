@@ -28,7 +28,7 @@ from ledger import PayoutStore
 from ledger import WorkContext as LedgerContext
 from lockservice.client import LockClient
 from railproxy.client import RailProxyClient
-from stack.embedded import free_port
+from stack.embedded.shared import free_port
 from tests import waiting
 from tests.conftest import as_role
 from tests.credentials import headers, server_env, token

@@ -26,7 +26,7 @@ from temporalio.testing import WorkflowEnvironment
 from activities import models as m
 from ledger.queries import ledger_discrepancies
 from lockservice.client import LockClient
-from stack.embedded import temporal_binary
+from stack.embedded.temporal import temporal_binary
 from tests.credentials import OPERATOR, headers, token, token_file
 from tests.grants import public_keys
 from tests.workflows.system import (
