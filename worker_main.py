@@ -10,7 +10,9 @@ re-acquire elsewhere with a higher token.
 
 Run: `python worker_main.py` (settings from the environment, prefix `WORKER_`, and the reconciler's
 `RECONCILE_*` variables for the ReconcileWorkflow activity it runs; see README). One settings
-object, `WorkerSettings`, is read once at start and passed down.
+object, `WorkerSettings` (`worker.settings`), is read once at start and passed down. This file
+is the entry and its main loop; the process itself is assembled in the `worker` package
+(`worker.process`), which registers what each queue runs in one place (`worker.registration`).
 """
 
 from __future__ import annotations
