@@ -9,3 +9,11 @@ listens on a Unix socket and cannot be restarted under test control, while the t
 `payouts up` need TCP addresses that every process can reach, plus stop/start/kill of a real server.
 Must never: be imported by a component or the worker (it is part of the local stack).
 """
+
+# The one name still imported from the package itself: stack/services.py (changed on another
+# branch at the same time, so left untouched here) imports `temporal_binary` from
+# `stack.embedded`. Once that branch is merged, its import becomes
+# `from stack.embedded.temporal import temporal_binary` and these two lines go.
+from stack.embedded.temporal import temporal_binary
+
+__all__ = ["temporal_binary"]
