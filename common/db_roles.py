@@ -41,7 +41,7 @@ CHECKER = "payouts_checker"
 #: transaction fails closed: its writes never commit, and the next holder, under a newer grant,
 #: proceeds. A holder that legitimately waits is not idle (it waits inside a statement), and no
 #: code of ours waits on anything else inside a transaction. Processes that know their own lease
-#: set a shorter value on their connections (worker_main: its lock TTL), which overrides this.
+#: set a shorter value on their connections (worker/process.py: its lock TTL), which overrides this.
 IDLE_IN_TRANSACTION_S = 15
 _WRITER_SETTINGS = (("idle_in_transaction_session_timeout", f"{IDLE_IN_TRANSACTION_S}s"),)
 

@@ -4,7 +4,8 @@ certificate per Kubernetes Secret that deploy/k8s mounts.
 Owns: `ca` (a new CA: `ca.pem`, its key `ca.key` 0600), `issue` (a fresh key and certificate
 signed by that CA for each entry of CERTS, with exactly the in-cluster names its clients check)
 and `show` (subject, names, expiry and whether each certificate chains to the CA, to check before
-and after a rotation). The operator runs it on their own machine; `ca.key` goes to Secret Manager
+and after a rotation); the certificates themselves are built by `stack.pki`, the project's one
+certificate builder. The operator runs it on their own machine; `ca.key` goes to Secret Manager
 (`tls-ca-key`, no workload can read it) and is shredded here, each leaf goes into its own
 Kubernetes Secret with `kubectl create secret tls`. Must never: overwrite a CA (a second CA is a
 rotation: `--dir` another folder), print a private key, or be imported by a component.
@@ -16,17 +17,26 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import ipaddress
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+# The certificates are built by the local stack's PKI, the project's one certificate builder,
+# with this deployment's names, lifetimes and usages.
+from stack.pki import (
+    ca_certificate,
+    leaf_certificate,
+    load_ca,
+    new_key,
+    subject,
+    write_certificate,
+    write_private_key,
+)
 
 NAMESPACE = "payouts"
 CA_DAYS = 5 * 365
@@ -103,41 +113,6 @@ CERTS: dict[str, Leaf] = {
 }
 
 
-def _write_private(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-
-
-def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-
-
-def _name(common_name: str) -> x509.Name:
-    return x509.Name(
-        [
-            x509.NameAttribute(NameOID.ORGANIZATION_NAME, ORGANIZATION),
-            x509.NameAttribute(NameOID.COMMON_NAME, common_name),
-        ]
-    )
-
-
-def _key_usage(*, ca: bool) -> x509.KeyUsage:
-    return x509.KeyUsage(
-        digital_signature=True,
-        key_cert_sign=ca,
-        crl_sign=ca,
-        content_commitment=False,
-        key_encipherment=False,
-        data_encipherment=False,
-        key_agreement=False,
-        encipher_only=False,
-        decipher_only=False,
-    )
-
-
 def create_ca(directory: Path, common_name: str) -> Path:
     """`directory/ca.pem` and `ca.key` (0600). Refuses a directory that already has a CA."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -145,61 +120,33 @@ def create_ca(directory: Path, common_name: str) -> Path:
     cert_file, key_file = directory / "ca.pem", directory / "ca.key"
     if cert_file.exists() or key_file.exists():
         raise FileExistsError(f"{directory} already holds a CA: a new CA goes in another folder")
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name(common_name))
-        .issuer_name(_name(common_name))
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=CA_DAYS))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(_key_usage(ca=True), critical=True)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False)
-        .sign(key, hashes.SHA256())
+    key = new_key()
+    write_private_key(key_file, key)
+    write_certificate(
+        cert_file, ca_certificate(key, subject(ORGANIZATION, common_name), days=CA_DAYS)
     )
-    _write_private(key_file, _key_pem(key))
-    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     return cert_file
 
 
 def issue(directory: Path, leaf: Leaf) -> tuple[Path, Path]:
     """A fresh key and certificate for `leaf`, signed by `directory`'s CA: `<name>.pem`, and
     `<name>.key` (0600). An earlier pair of the same name is replaced (a rotation)."""
-    ca_key = serialization.load_pem_private_key((directory / "ca.key").read_bytes(), None)
-    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
-        raise TypeError("ca.key is not an EC key")
-    ca_cert = x509.load_pem_x509_certificate((directory / "ca.pem").read_bytes())
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.UTC)
-    usages = [ExtendedKeyUsageOID.SERVER_AUTH] if leaf.server else []
-    usages += [ExtendedKeyUsageOID.CLIENT_AUTH] if leaf.client else []
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(_name(leaf.name))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=CERT_DAYS))
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(_key_usage(ca=False), critical=True)
-        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False
-        )
+    ca_key, ca_cert = load_ca(directory / "ca.pem", directory / "ca.key")
+    key = new_key()
+    cert = leaf_certificate(
+        ca_key,
+        ca_cert,
+        key,
+        subject(ORGANIZATION, leaf.name),
+        dns=leaf.dns,
+        ips=leaf.ip,
+        server=leaf.server,
+        client=leaf.client,
+        days=CERT_DAYS,
     )
-    sans: list[x509.GeneralName] = [x509.DNSName(n) for n in leaf.dns]
-    sans += [x509.IPAddress(ipaddress.ip_address(a)) for a in leaf.ip]
-    if sans:
-        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
-    cert = builder.sign(ca_key, hashes.SHA256())
     cert_file, key_file = directory / f"{leaf.name}.pem", directory / f"{leaf.name}.key"
-    key_file.unlink(missing_ok=True)
-    _write_private(key_file, _key_pem(key))
-    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    write_private_key(key_file, key)
+    write_certificate(cert_file, cert)
     return cert_file, key_file
 
 

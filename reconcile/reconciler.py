@@ -80,7 +80,7 @@ LAST_COMPLETED = Gauge(
 )
 
 
-#: Defaults the reconciler's settings share with the worker's (worker_main.WorkerSettings reads
+#: Defaults the reconciler's settings share with the worker's (worker.settings.WorkerSettings reads
 #: the same RECONCILE_* variables for the ReconcileWorkflow activity it runs).
 RAIL_ADMIN_URL = "http://127.0.0.1:8710"
 AMBIGUITY_SLA_S = 4 * 3600.0

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Literal
 
-from stack.embedded import free_port
+from stack.embedded.shared import free_port
 
 Backend = Literal["postgres", "etcd"]
 Standby = Literal["none", "sync", "async"]

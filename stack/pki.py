@@ -6,9 +6,12 @@ across runs like the grant-signing key, and a server certificate per component
 client certificate; for etcd (mutual TLS, client and peer), a certificate per member that it
 serves to clients and presents to its peers, and a client certificate for each of its clients
 (the lock server's, and the stack's own: its leader checks, the local Prometheus, the operator's
-shell); for PostgreSQL, the certificate its TLS front serves (stack.pgtls). Must never: be
-imported by a component (production certificates come from the deployment's CA), hand a CA key
-to any process, or issue a certificate without the SANs its clients check.
+shell); for PostgreSQL, the certificate its TLS front serves (stack.pgtls); and the building
+of every certificate of the project (`ca_certificate`, `leaf_certificate`, the key and
+certificate writers), which the GKE deployment's script (deploy/k8s_tls.py) issues through with
+its own names, lifetimes and usages. Must never: be imported by a component (production
+certificates come from the deployment's CA), hand a CA key to any process, or issue a
+certificate without the SANs its clients check.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from common.tls import client_context
-from stack.embedded import EtcdMemberTLS, PostgresTLS
+from stack.embedded.etcd import EtcdMemberTLS
+from stack.embedded.postgres import PostgresTLS
 
 if TYPE_CHECKING:
     from lockservice.server import EtcdTLSFiles
@@ -46,32 +50,135 @@ class CertFiles:
     key: Path
 
 
-def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
+# ---------------------------------------------------------------- certificate building
+# The one place that builds certificates: the local stack's CA below, and the GKE deployment's
+# (deploy/k8s_tls.py, with its own names, lifetimes and usages) both issue through these.
+
+
+def new_key() -> ec.EllipticCurvePrivateKey:
+    """A fresh P-256 private key (every certificate of the project has its own)."""
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def subject(organization: str, common_name: str) -> x509.Name:
+    return x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization),
+            x509.NameAttribute(NameOID.COMMON_NAME, common_name),
+        ]
+    )
+
+
+def _key_usage(*, ca: bool) -> x509.KeyUsage:
+    return x509.KeyUsage(
+        digital_signature=True,
+        key_cert_sign=ca,
+        crl_sign=ca,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
+
+def ca_certificate(
+    key: ec.EllipticCurvePrivateKey, name: x509.Name, *, days: int
+) -> x509.Certificate:
+    """A self-signed CA certificate for `key`, valid `days` (from five minutes ago: clock skew),
+    that signs leaf certificates only (path length 0)."""
+    now = datetime.datetime.now(datetime.UTC)
+    return (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(_key_usage(ca=True), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False)
+        .sign(key, hashes.SHA256())
+    )
+
+
+def leaf_certificate(
+    ca_key: ec.EllipticCurvePrivateKey,
+    ca_cert: x509.Certificate,
+    key: ec.EllipticCurvePrivateKey,
+    name: x509.Name,
+    *,
+    dns: Sequence[str] = (),
+    ips: Sequence[str] = (),
+    server: bool,
+    client: bool,
+    days: int,
+) -> x509.Certificate:
+    """A certificate for `key` signed by the CA, for exactly the names its clients check (`dns`,
+    `ips`; none: a client certificate only) and exactly the usages given (serves, is presented
+    as a client), valid `days` from five minutes ago."""
+    now = datetime.datetime.now(datetime.UTC)
+    usages = [ExtendedKeyUsageOID.SERVER_AUTH] if server else []
+    usages += [ExtendedKeyUsageOID.CLIENT_AUTH] if client else []
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(_key_usage(ca=False), critical=True)
+        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False
+        )
+    )
+    sans: list[x509.GeneralName] = [x509.IPAddress(ipaddress.ip_address(a)) for a in ips]
+    sans += [x509.DNSName(n) for n in dns]
+    if sans:
+        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    return builder.sign(ca_key, hashes.SHA256())
+
+
+def load_ca(cert_file: Path, key_file: Path) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    """A CA's key and certificate, as `write_private_key` and `write_certificate` left them."""
+    ca_key = serialization.load_pem_private_key(key_file.read_bytes(), None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise TypeError(f"{key_file} is not an EC key")
+    return ca_key, x509.load_pem_x509_certificate(cert_file.read_bytes())
+
+
+def write_private_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
+    """`key` as PEM, readable by its owner only (0600), replacing any earlier one at once."""
     pem = key.private_bytes(
         serialization.Encoding.PEM,
         serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption(),
     )
     tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    tmp.unlink(missing_ok=True)  # created below with 0600, never with an earlier file's mode
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(pem)
     tmp.replace(path)  # atomic: a reader sees the old key or the new one, never half of one
 
 
-def _write_cert(path: Path, cert: x509.Certificate) -> None:
+def write_certificate(path: Path, cert: x509.Certificate) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     tmp.replace(path)
 
 
+#: The local stack's certificates' organisation (deploy/k8s_tls.py names the GKE deployment's).
+_ORGANIZATION = "fenced-payouts local stack"
+
+
 def _name(common_name: str) -> x509.Name:
-    return x509.Name(
-        [
-            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "fenced-payouts local stack"),
-            x509.NameAttribute(NameOID.COMMON_NAME, common_name),
-        ]
-    )
+    return subject(_ORGANIZATION, common_name)
 
 
 class StackPKI:
@@ -88,37 +195,10 @@ class StackPKI:
         if self.ca_file.exists() and self._ca_key_file.exists():
             return self.ca_file
         self.directory.mkdir(parents=True, exist_ok=True)
-        key = ec.generate_private_key(ec.SECP256R1())
-        now = datetime.datetime.now(datetime.UTC)
+        key = new_key()
         name = _name(f"fenced-payouts local CA {self.directory.resolve()}"[:64])
-        cert = (
-            x509.CertificateBuilder()
-            .subject_name(name)
-            .issuer_name(name)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=_CA_DAYS))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False)
-            .sign(key, hashes.SHA256())
-        )
-        _write_key(self._ca_key_file, key)
-        _write_cert(self.ca_file, cert)
+        write_private_key(self._ca_key_file, key)
+        write_certificate(self.ca_file, ca_certificate(key, name, days=_CA_DAYS))
         return self.ca_file
 
     def postgres_tls(self) -> PostgresTLS:
@@ -138,37 +218,23 @@ class StackPKI:
         """A fresh certificate for component `name` valid for 127.0.0.1, localhost, `name` and
         `extra_hosts`, for server and client authentication, signed by the CA."""
         self.ensure_ca()
-        ca_key = serialization.load_pem_private_key(self._ca_key_file.read_bytes(), None)
-        assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
-        ca_cert = x509.load_pem_x509_certificate(self.ca_file.read_bytes())
-        key = ec.generate_private_key(ec.SECP256R1())
-        now = datetime.datetime.now(datetime.UTC)
-        sans: list[x509.GeneralName] = [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-        sans += [x509.DNSName(h) for h in dict.fromkeys(("localhost", name, *extra_hosts))]
-        cert = (
-            x509.CertificateBuilder()
-            .subject_name(_name(name))
-            .issuer_name(ca_cert.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=_CERT_DAYS))
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-            .add_extension(
-                x509.ExtendedKeyUsage(
-                    [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
-                ),
-                critical=False,
-            )
-            .add_extension(
-                x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False
-            )
-            .sign(ca_key, hashes.SHA256())
+        ca_key, ca_cert = load_ca(self.ca_file, self._ca_key_file)
+        key = new_key()
+        hosts = tuple(dict.fromkeys(("localhost", name, *extra_hosts)))
+        cert = leaf_certificate(
+            ca_key,
+            ca_cert,
+            key,
+            _name(name),
+            dns=hosts,
+            ips=("127.0.0.1",),
+            server=True,
+            client=True,
+            days=_CERT_DAYS,
         )
         files = CertFiles(directory / f"{name}.pem", directory / f"{name}.key")
-        _write_key(files.key, key)
-        _write_cert(files.cert, cert)
+        write_private_key(files.key, key)
+        write_certificate(files.cert, cert)
         return files
 
 

@@ -28,6 +28,18 @@ from stack.config import ServiceFailedError
 HealthCheck = Callable[[], Awaitable[bool]]
 
 
+@dataclass(frozen=True)
+class ProcessInfo:
+    """One running process of the stack, as `Stack.processes` reports it."""
+
+    name: str
+    pid: int
+    log_path: Path
+    url: str | None = None
+    #: A worker's Temporal SDK metrics (PayoutWorkflow's end-to-end latency histogram).
+    sdk_metrics_url: str | None = None
+
+
 def pid_alive(pid: int) -> bool:
     """True if the process exists and is not a zombie.
 

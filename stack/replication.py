@@ -27,13 +27,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stack.embedded import (
-    EmbeddedPostgres,
-    EmbeddedServerError,
-    PostgresTLS,
-    _pg_bin,
-    free_port,
-)
+from stack.embedded.postgres import EmbeddedPostgres, PostgresTLS, pg_bin
+from stack.embedded.shared import EmbeddedServerError, free_port
 
 #: What each node calls itself to the other (cluster_name is the WAL receiver's application_name
 #: when primary_conninfo names none, and synchronous_standby_names matches on it).
@@ -121,7 +116,7 @@ class ReplicatedPostgres:
         target._chown(target.data_dir)
         target._run(
             [
-                _pg_bin("pg_basebackup"),
+                pg_bin("pg_basebackup"),
                 "-h",
                 str(source.data_dir),  # its socket: the TCP port may be the TLS front's
                 "-p",
@@ -169,9 +164,7 @@ class ReplicatedPostgres:
         (the dead node becomes the standby slot, not running)."""
         standby = self.standby
         wait = ["-w", "-t", str(int(timeout))]
-        standby._run(
-            [_pg_bin("pg_ctl"), "-D", str(standby.data_dir), *wait, "promote"], timeout + 5
-        )
+        standby._run([pg_bin("pg_ctl"), "-D", str(standby.data_dir), *wait, "promote"], timeout + 5)
         deadline = time.monotonic() + timeout
         while _psql(standby, "SELECT pg_is_in_recovery()") != "f":
             if time.monotonic() > deadline:
@@ -232,7 +225,7 @@ def _psql(server: EmbeddedPostgres, sql: str) -> str:
     """One statement's single value, through psql (no event loop needed), '' on no row."""
     out = subprocess.run(
         [
-            _pg_bin("psql"),
+            pg_bin("psql"),
             "-XAt",
             "-h",
             str(server.data_dir),

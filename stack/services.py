@@ -18,7 +18,7 @@ from lockservice.server import KeyPairFiles, generate_keypair
 from stack.balancer import Pool, haproxy_binary, write_config
 from stack.config import StackConfig
 from stack.credentials import StackCredentials, stack_credentials
-from stack.embedded import temporal_binary
+from stack.embedded.temporal import temporal_binary
 from stack.pki import StackTLS
 from stack.process import (
     HealthCheck,

@@ -32,7 +32,9 @@ from common.db_roles import LOCKSERVICE, role_url
 from common.migrate import migrate
 from common.pgutil import create_database, drop_database
 from ledger import WorkContext
-from stack.embedded import EmbeddedEtcd, EmbeddedPostgres, temporal_binary
+from stack.embedded.etcd import EmbeddedEtcd
+from stack.embedded.postgres import EmbeddedPostgres
+from stack.embedded.temporal import temporal_binary
 from stack.pki import StackPKI
 from workflows.search_attributes import SEARCH_ATTRIBUTES
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import uvicorn
 
-from stack.embedded import free_port
+from stack.embedded.shared import free_port
 
 
 class ServerThread:

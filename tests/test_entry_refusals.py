@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from stack.embedded import free_port
+from stack.embedded.shared import free_port
 from tests.credentials import server_env, token_file
 from tests.grants import lock_server_env, public_keys
 

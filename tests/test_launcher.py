@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 
 from common.tracefile import read_spans
-from stack.embedded import free_port
+from stack.embedded.shared import free_port
 
 PROGRAM = """
 import sys

@@ -133,7 +133,7 @@ class HeldGrants:
 
     async def sweep_idle(self, idle_s: float, every_s: float = 5.0) -> None:
         """Release grants this process holds that no step has used for `idle_s`; runs until
-        cancelled (worker_main starts it).
+        cancelled (worker/process.py starts it).
 
         Why: a grant whose workflow moved on is never released by that workflow, and this
         process's session, kept alive by the heartbeat, would hold it forever, stopping every

@@ -35,7 +35,7 @@ from temporalio.worker import Worker
 
 from lab.bench.floor_workflows import FloorExecute, FloorMerged, FloorRun, FloorToday
 from lab.bench.locks import loadavg
-from stack.embedded import temporal_binary
+from stack.embedded.temporal import temporal_binary
 from stack.services import TEMPORAL_SQLITE_PRAGMAS
 
 #: Shape name -> (workflow, the workflow tasks it is built to take; `burst` counts them).

@@ -68,13 +68,9 @@ from lockservice import api
 from lockservice.api import Grant, LockBackend
 from lockservice.sdk import KeepAliveTransport, LockClient
 from lockservice.server import create_backend, generate_keypair
-from stack.embedded import (
-    EmbeddedEtcd,
-    EmbeddedPostgres,
-    PostgresTLS,
-    free_port,
-    start_tls_front,
-)
+from stack.embedded.etcd import EmbeddedEtcd
+from stack.embedded.postgres import EmbeddedPostgres, PostgresTLS, start_tls_front
+from stack.embedded.shared import free_port
 from stack.pki import StackTLS, issue_stack_tls
 from stack.replication import ReplicatedPostgres
 

@@ -39,7 +39,8 @@ from lab.bench.cpu import process_cpu_s, tree_cpu_s
 from ledger import PayoutStore, WorkContext
 from outbox.delivery import OutboxSettings
 from outbox.publisher import Publisher
-from stack.embedded import EmbeddedPostgres, free_port
+from stack.embedded.postgres import EmbeddedPostgres
+from stack.embedded.shared import free_port
 
 _IDENTITIES: dict[str, Kind] = {"bench-operator": "operator", "outbox": "component"}
 

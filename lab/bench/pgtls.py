@@ -20,7 +20,7 @@ from typing import Any
 import asyncpg
 
 from lab.bench.cpu import process_cpu_s
-from stack.embedded import EmbeddedPostgres
+from stack.embedded.postgres import EmbeddedPostgres
 from stack.pki import StackPKI
 
 CONNECTIONS = 4

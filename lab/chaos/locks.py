@@ -54,8 +54,9 @@ def outage_window(
 
 def workers_outage_window(worker_env: Mapping[str, str]) -> tuple[float, float]:
     """The window of a run whose workers get `worker_env` (WORKER_LOCK_TTL_S and
-    WORKER_LOCK_HEARTBEAT_S; worker_main's defaults otherwise), with the SDK's own retries
-    (worker_main builds its LockClient with the SDK's default attempts and backoffs)."""
+    WORKER_LOCK_HEARTBEAT_S; the worker's defaults otherwise, worker/settings.py), with the SDK's
+    own retries (worker/process.py builds its LockClient with the SDK's default attempts and
+    backoffs)."""
     return outage_window(
         ttl_s=float(worker_env.get("WORKER_LOCK_TTL_S", "15")),
         heartbeat_s=float(worker_env.get("WORKER_LOCK_HEARTBEAT_S", "5")),

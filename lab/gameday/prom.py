@@ -23,7 +23,7 @@ import httpx
 import yaml
 
 from stack import promconfig
-from stack.embedded import free_port
+from stack.embedded.shared import free_port
 from stack.process import ManagedProcess, http_check
 from stack.system import Stack
 

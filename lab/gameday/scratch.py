@@ -42,7 +42,7 @@ from reconcile.reconciler import (
     reconcile,
     stub_movement_source,
 )
-from stack.embedded import free_port
+from stack.embedded.shared import free_port
 
 #: The planted payout's age: inside the reconciled window, which ends a minute before now.
 PLANTED_AGE = timedelta(minutes=10)

@@ -15,7 +15,7 @@ import pytest
 
 from activities import worker_http
 from common.tls import client_context, server_context
-from stack.embedded import free_port
+from stack.embedded.shared import free_port
 from stack.pki import StackPKI
 
 

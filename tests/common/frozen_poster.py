@@ -1,5 +1,5 @@
 """The holder a frozen-holder test freezes (tests/common/test_frozen_holder.py): a separate
-process that posts one payout with the real PayoutStore on a pool built as worker_main builds
+process that posts one payout with the real PayoutStore on a pool built as worker/process.py builds
 it (`create_pool(..., idle_in_transaction_s=<its lock TTL>)`), then prints one JSON line with
 what happened and exits 0 (posted) or 3 (the post failed).
 

@@ -65,7 +65,7 @@ COMPONENTS: tuple[Component, ...] = (
     Component(
         "worker",
         ("python", "/app/worker_main.py"),
-        settings=("worker_main:WorkerSettings",),
+        settings=("worker.settings:WorkerSettings",),
         extra=TEMPORAL_CLIENT,
     ),
     Component("migrate", ("payouts", "db", "migrate"), modules=("payouts.cli",), one_shot=True),

@@ -25,7 +25,7 @@ import pytest
 
 from common.db_roles import ROLE_NAMES
 from lockservice.server.backends.postgres import PostgresBackend
-from stack.embedded import EmbeddedPostgres, _pg_bin
+from stack.embedded.postgres import EmbeddedPostgres, pg_bin
 from stack.pki import StackPKI
 from tests.deploy.conftest import ROOT, compose
 
@@ -93,7 +93,7 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
             # psql (pgserver's build: no SSL) over the server's socket, as the image's init does
             "PGHOST": str(pg.socket_path.parent),
             "PGPORT": str(url.port),
-            "PATH": f"{Path(_pg_bin('psql')).parent}:{os.environ['PATH']}",
+            "PATH": f"{Path(pg_bin('psql')).parent}:{os.environ['PATH']}",
         }
         script = ROOT / "deploy" / "compose" / "postgres-init.sh"
         subprocess.run(["sh", str(script)], env=env, check=True, capture_output=True)

@@ -33,7 +33,7 @@ from ledger import WorkContext as LedgerContext
 from lockservice.sdk import LockClient
 from railproxy import RailProxyClient, SubmitContext, SubmitRequest
 from railproxy.models import GrantIn
-from stack.embedded import free_port
+from stack.embedded.shared import free_port
 from tests.credentials import OPERATOR, server_env, token
 from tests.credentials import headers as credential_headers
 from tests.fuzz.conftest import fresh_database

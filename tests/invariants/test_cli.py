@@ -12,7 +12,7 @@ from common.db_roles import CHECKER
 from lockservice.server import create_app
 from payouts import invariants_cli
 from payouts.cli import main
-from stack.embedded import free_port
+from stack.embedded.shared import free_port
 from tests.conftest import as_role, last_json_line
 from tests.invariants.conftest import World
 from tests.lockservice.server_fixtures import serve_app

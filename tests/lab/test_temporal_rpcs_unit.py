@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from lab.bench.temporal_rpcs import parse, per_item, scrape, settled
-from stack.embedded import free_port
+from stack.embedded.shared import free_port
 
 _PAGE = """\
 # HELP service_requests service_requests counter

@@ -18,7 +18,8 @@ import pytest
 
 from lockservice.api import BackendUnavailable, LockBackend
 from lockservice.server import create_backend
-from stack.embedded import EmbeddedEtcd, EmbeddedPostgres
+from stack.embedded.etcd import EmbeddedEtcd
+from stack.embedded.postgres import EmbeddedPostgres
 
 BackendFactory = Callable[[], Awaitable[LockBackend]]
 T = TypeVar("T")

@@ -18,7 +18,7 @@ from fastapi import FastAPI
 
 from lockservice.api import LockBackend
 from lockservice.server import create_app
-from stack.embedded import free_port
+from stack.embedded.shared import free_port
 from tests.lockservice.fake_backend import FakeBackend
 
 

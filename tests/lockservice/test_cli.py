@@ -9,7 +9,7 @@ import sys
 
 import httpx
 
-from stack.embedded import free_port
+from stack.embedded.shared import free_port
 from tests.lockservice import server_fixtures as _fx
 
 live_server = _fx.live_server  # fixture

@@ -26,7 +26,8 @@ from lockservice.api import (
     SessionNotFound,
 )
 from lockservice.server import create_backend
-from stack.embedded import EmbeddedEtcd, EmbeddedPostgres
+from stack.embedded.etcd import EmbeddedEtcd
+from stack.embedded.postgres import EmbeddedPostgres
 from tests.lockservice.conftest import BackendFactory, until_available
 
 

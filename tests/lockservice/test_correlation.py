@@ -13,7 +13,7 @@ import httpx
 
 from common import correlation
 from lockservice.sdk import LockClient
-from stack.embedded import free_port
+from stack.embedded.shared import free_port
 from tests.credentials import server_env, token
 from tests.grants import lock_server_env
 from tests.workflows.system import spawn, stop, wait_for, wait_healthy

@@ -25,7 +25,7 @@ from lockservice.server import LockSettings, create_app, create_backend, etcd_cl
 from lockservice.server.backends import etcd as etcd_module
 from lockservice.server.backends.etcd import EtcdBackend
 from lockservice.server.backends.etcd_retention import session_deadline
-from stack.embedded import EmbeddedEtcd
+from stack.embedded.etcd import EmbeddedEtcd
 from tests.lockservice.server_fixtures import serve_app
 
 PREFIX = "ret/"

@@ -14,7 +14,7 @@ from common.tls import client_context, uvicorn_ssl
 from lockservice import api
 from lockservice.sdk import KeepAliveTransport, LockClient
 from lockservice.server import create_app
-from stack.embedded import free_port
+from stack.embedded.shared import free_port
 from stack.pki import StackPKI
 from tests.lockservice import server_fixtures as _fx
 from tests.lockservice.fake_backend import FakeBackend

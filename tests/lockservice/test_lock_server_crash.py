@@ -23,7 +23,7 @@ import pytest
 
 from lockservice import api
 from lockservice.sdk import LockClient
-from stack.embedded import free_port
+from stack.embedded.shared import free_port
 from tests.credentials import server_env, token
 from tests.grants import lock_server_env
 from tests.workflows.system import spawn, stop

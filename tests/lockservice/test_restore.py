@@ -40,7 +40,8 @@ from lockservice.api import (
 from lockservice.server import create_app, create_backend
 from lockservice.server.restore import bump_after_restore, min_epoch_for
 from lockservice.server.watermark import Watermark, location_identity
-from stack.embedded import EmbeddedEtcd, EmbeddedPostgres, _pg_bin
+from stack.embedded.etcd import EmbeddedEtcd
+from stack.embedded.postgres import EmbeddedPostgres, pg_bin
 from tests.lockservice.conftest import until_available
 
 _PREFIX = "r/"
@@ -221,7 +222,7 @@ async def test_postgres_restore_procedure(
     await watermark.check(backend)
     async with _server(backend, watermark) as http:
         before_backup = await _issue_http(http, "acct:1", 3)
-        await _run([_pg_bin("pg_dump"), "-d", url, "--schema=lockservice", "-Fc", "-f", str(dump)])
+        await _run([pg_bin("pg_dump"), "-d", url, "--schema=lockservice", "-Fc", "-f", str(dump)])
         after_backup = await _issue_http(http, "acct:1", 3)
         # After the backup an epoch bump happened: "stored epoch + 1" alone would reissue these.
         bumped = {"min_epoch": 1, "operator": "ops", "reason": "drill"}
@@ -236,7 +237,7 @@ async def test_postgres_restore_procedure(
         await conn.execute("DROP SCHEMA lockservice CASCADE")
     finally:
         await conn.close()
-    await _run([_pg_bin("pg_restore"), "-d", url, "--exit-on-error", str(dump)])
+    await _run([pg_bin("pg_restore"), "-d", url, "--exit-on-error", str(dump)])
 
     # A lock server started on the restored data (its state dir survived, as it is not in the
     # backup): it detects the restore and refuses every grant.

@@ -25,7 +25,7 @@ from lab.gameday.rules import expr_names
 from payouts.batch import PayoutSpec
 from payouts.workload import create_payouts, seed_accounts, start_workflows
 from stack.config import StackConfig
-from stack.embedded import temporal_binary
+from stack.embedded.temporal import temporal_binary
 from stack.promconfig import OPS_DIR
 from stack.system import Stack
 from workflows.reconcile_schedule import SCHEDULE_ID

@@ -23,7 +23,7 @@ from common.credentials import Kind, issue_tokens, read_token, write_credentials
 from ledger import PayoutStore, WorkContext
 from outbox.delivery import DownstreamClient, Outcome
 from outbox.publisher import Publisher
-from stack.embedded import free_port
+from stack.embedded.shared import free_port
 from tests.outbox.conftest import (
     FinLedger,
     MakePublisher,

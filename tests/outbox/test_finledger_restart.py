@@ -37,7 +37,7 @@ import pytest
 from common.credentials import Kind, issue_tokens, read_token, write_credentials
 from ledger import PayoutStore, WorkContext
 from outbox.publisher import Publisher
-from stack.embedded import free_port
+from stack.embedded.shared import free_port
 from tests.outbox.conftest import new_account, outbox_rows, outbox_settings, post_payout
 from tests.workflows.system import spawn, wait_healthy
 

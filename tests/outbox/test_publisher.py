@@ -15,7 +15,7 @@ from finledger import FinledgerSettings
 from finledger import create_app as create_finledger
 from ledger import PayoutState, PayoutStore, WorkContext
 from outbox.publisher import outbox_summary
-from stack.embedded import free_port
+from stack.embedded.shared import free_port
 from tests.outbox.conftest import (
     FinLedger,
     MakePublisher,

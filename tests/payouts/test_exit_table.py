@@ -25,7 +25,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from payouts.cli import build_parser
 from payouts.errors import EXIT, EXIT_TABLE, exit_table_markdown
-from stack.embedded import free_port
+from stack.embedded.shared import free_port
 from tests.credentials import OPERATOR, token_file
 from tests.payouts.test_cli_commands import lock_url
 

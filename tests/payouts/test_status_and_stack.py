@@ -19,7 +19,8 @@ from temporalio.testing import WorkflowEnvironment
 
 from common.stackmark import mark_database, mark_temporal
 from payouts.errors import EXIT
-from stack.embedded import free_port, temporal_binary
+from stack.embedded.shared import free_port
+from stack.embedded.temporal import temporal_binary
 from stack.envfile import write_env_file
 from tests.payouts.test_exit_table import clean_env, one_line, payouts
 from workflows.search_attributes import SEARCH_ATTRIBUTES

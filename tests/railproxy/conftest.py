@@ -23,7 +23,7 @@ from common.pgutil import create_database, drop_database
 from railproxy import ProxySettings, RailProxyClient, SubmitContext, SubmitRequest
 from railproxy import create_app as create_proxy
 from railproxy.models import GrantIn
-from stack.embedded import free_port
+from stack.embedded.shared import free_port
 from tests.conftest import as_role
 from tests.grants import account_grant, public_keys
 from tests.servers import ServerThread

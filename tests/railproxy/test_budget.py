@@ -20,7 +20,7 @@ from common.pgutil import create_database, create_pool, drop_database
 from railproxy.budget import Limits, SharedBudget
 from railproxy.errors import AdmissionFull, LookupUnavailable, RateLimited, StoreUnavailable
 from railproxy.models import HandoffCertainty, Outcome
-from stack.embedded import free_port
+from stack.embedded.shared import free_port
 from tests.conftest import as_role
 from tests.pgoutage import database_down
 from tests.rail import Stub

@@ -26,7 +26,7 @@ from common.db_roles import RAILPROXY
 from common.pgutil import create_database, drop_database
 from railproxy import create_app
 from railproxy.errors import StartupRefused
-from stack.embedded import free_port
+from stack.embedded.shared import free_port
 from tests.conftest import as_role
 from tests.credentials import server_env, token_file
 from tests.grants import lock_server_env, public_keys

@@ -39,7 +39,7 @@ import pytest
 
 from common.db_roles import RAILPROXY
 from railproxy import RailProxyClient
-from stack.embedded import free_port
+from stack.embedded.shared import free_port
 from tests.conftest import as_role
 from tests.credentials import headers, server_env, token
 from tests.grants import public_keys

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 
 from railstub import create_app as create_stub
-from stack.embedded import free_port
+from stack.embedded.shared import free_port
 from tests.credentials import headers, server_env
 from tests.rail import STUB_SETTINGS, Stub
 from tests.servers import ServerThread

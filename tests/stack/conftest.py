@@ -16,7 +16,7 @@ import pytest
 
 from common.pgutil import create_database, drop_database
 from stack.config import Ports
-from stack.embedded import free_port
+from stack.embedded.shared import free_port
 from stack.process import pid_alive
 
 

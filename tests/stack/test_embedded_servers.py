@@ -10,8 +10,8 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from stack.embedded import (
-    EmbeddedEtcd,
+from stack.embedded.etcd import EmbeddedEtcd
+from stack.embedded.postgres import (
     EmbeddedPostgres,
     _others_can_traverse,
     _world_reachable_copy,

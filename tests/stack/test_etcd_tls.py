@@ -19,7 +19,7 @@ import pytest
 
 from lockservice.api import Grant
 from lockservice.server import EtcdTLSFiles, create_backend, etcd_client
-from stack.embedded import EmbeddedEtcd, EtcdMember
+from stack.embedded.etcd import EmbeddedEtcd, EtcdMember
 from stack.pki import StackPKI, StackTLS, issue_stack_tls
 
 pytestmark = pytest.mark.timeout(120)

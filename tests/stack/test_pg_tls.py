@@ -27,7 +27,8 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from stack.embedded import EmbeddedPostgres, free_port, port_is_open
+from stack.embedded.postgres import EmbeddedPostgres
+from stack.embedded.shared import free_port, port_is_open
 from stack.pgtls import GSSENC_REQUEST, SSL_REQUEST
 from stack.pki import StackPKI
 from tests.waiting import wait_for

@@ -122,9 +122,14 @@ async def test_two_of_each_behind_the_balancer_survive_a_dead_lock_server_and_pr
         assert expected | {"outbox-1", "outbox-2"} <= set(procs)
         assert "lock-server" not in procs and "railproxy" not in procs
         # Each lock server its own issuance watermark, each process its own identity.
-        dirs = {stack._procs[n].env["LOCK_STATE_DIR"] for n in ("lock-server-1", "lock-server-2")}
+        dirs = {
+            stack.launcher.procs[n].env["LOCK_STATE_DIR"]
+            for n in ("lock-server-1", "lock-server-2")
+        }
         assert len(dirs) == 2
-        publishers = {stack._procs[n].env["OUTBOX_PUBLISHER_ID"] for n in ("outbox-1", "outbox-2")}
+        publishers = {
+            stack.launcher.procs[n].env["OUTBOX_PUBLISHER_ID"] for n in ("outbox-1", "outbox-2")
+        }
         assert publishers == {"outbox-1", "outbox-2"}
         async with httpx.AsyncClient(timeout=10, verify=stack.client_verify()) as http:
             for name in ("lock-server-1", "lock-server-2"):

@@ -56,7 +56,7 @@ async def _assert_credentials(stack: Stack) -> None:
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, name
     owners = {"worker": "worker-", "railproxy": "railproxy", "outbox": "outbox"}
     for identity, path in creds.tokens.items():
-        holders = {n for n, p in stack._procs.items() if str(path) in p.env.values()}
+        holders = {n for n, p in stack.launcher.procs.items() if str(path) in p.env.values()}
         prefix = owners.get(identity)
         if identity == "reconciler":  # the hourly reconcile Schedule runs in the workers
             assert holders and all(n.startswith("worker") for n in holders), holders
@@ -78,13 +78,13 @@ async def _assert_credentials(stack: Stack) -> None:
 def _assert_private_key_only_at_the_lock_server(stack: Stack, stack_dir: Path) -> None:
     """INV-07: the generated private key (0600, under the run dir) reaches only the lock server;
     the proxy and the workers get the public directory."""
-    private = Path(stack._procs["lock-server"].env["LOCK_SIGNING_KEY_PATH"])
+    private = Path(stack.launcher.procs["lock-server"].env["LOCK_SIGNING_KEY_PATH"])
     assert stat.S_IMODE(private.stat().st_mode) == 0o600
     assert private.resolve().is_relative_to(stack_dir.resolve())
-    for name, proc in stack._procs.items():
+    for name, proc in stack.launcher.procs.items():
         if name != "lock-server":
             assert str(private) not in proc.env.values(), name
-    public = stack._procs["railproxy"].env["RAILPROXY_GRANT_PUBLIC_KEYS"]
+    public = stack.launcher.procs["railproxy"].env["RAILPROXY_GRANT_PUBLIC_KEYS"]
     assert (Path(public) / private.name).exists()
 
 
@@ -106,7 +106,7 @@ def _assert_every_process_on_its_own_role(stack: Stack, stack_dir: Path) -> set[
     session of every role (`_assert_role_sessions`); the passwords are never printed. Returns
     the roles that must have a session open."""
     expected_sessions: set[str] = set()
-    for name, proc in stack._procs.items():
+    for name, proc in stack.launcher.procs.items():
         assert "DATABASE_URL" not in proc.env, name
         assert stack.database_url not in proc.env.values(), name
         own = _PROCESS_DSNS.get("worker" if name in stack.workers else name)
@@ -369,7 +369,7 @@ async def test_etcd_backend_with_fencing_off_is_wired_and_loud(
             assert proxy["experiment_mode"] is True  # verified against the stub (FR-29)
             assert proxy["submission_guard_enforced"] is False
             assert await _acquire_token(stack, "stack-test:etcd") > 0
-            lock_env = stack._procs["lock-server"].env
+            lock_env = stack.launcher.procs["lock-server"].env
             assert lock_env["LOCK_BACKEND"] == "etcd"
             await _etcd_is_mutual_tls_end_to_end(stack, lock_env)
 

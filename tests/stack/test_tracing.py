@@ -24,7 +24,7 @@ from temporalio.client import Client
 from common.tracefile import SpanRecord, orphans, payout_trace_ids, read_spans, trace_of
 from stack.cli import export_env
 from stack.config import Ports, StackConfig
-from stack.embedded import free_port
+from stack.embedded.shared import free_port
 from stack.system import Stack
 from tests.stack.conftest import external_database
 from tests.stack.test_stack import _ID_LABELS, _metrics_endpoints

@@ -28,7 +28,7 @@ from ledger import PayoutStore
 from ledger import WorkContext as LedgerContext
 from lockservice.sdk import LockClient
 from railproxy.client import RailProxyClient
-from stack.embedded import free_port
+from stack.embedded.shared import free_port
 from tests import waiting
 from tests.conftest import as_role
 from tests.credentials import headers, server_env, token
@@ -215,13 +215,13 @@ async def in_process_workers(
     `verify_assertions=False` is WORKER_VERIFY_OPERATOR_ASSERTIONS=false (negative control)."""
     # min_size=0: a pool at a dead port is created empty and fails each acquire, like a worker
     # whose database is unreachable.
-    # The payment store's own role, as worker_main connects (WORKER_DATABASE_URL).
+    # The payment store's own role, as the worker connects (WORKER_DATABASE_URL).
     pool = await asyncpg.create_pool(
         database_url or as_role(system.database_url, db_roles.PAYDB),
         min_size=0 if database_url else 1,
         max_size=10,
     )
-    # As worker_main builds it: every fenced write verifies the lock server's signed grant.
+    # As worker/process.py builds it: every fenced write verifies the lock server's signed grant.
     store = PayoutStore(pool, verifier=grant_verifier(), verify_assertions=verify_assertions)
     workers: list[InProcessWorker] = []
     try:
@@ -250,7 +250,7 @@ async def in_process_workers(
                     worker_id=name,
                     lock_url=system.lock_url,
                     token=token("worker"),
-                    temporal=own,  # as worker_main: grants are handed over by the activities
+                    temporal=own,  # as worker/process.py: grants are handed over by the activities
                 )
                 await stack.enter_async_context(
                     Worker(
@@ -266,7 +266,7 @@ async def in_process_workers(
                 workers.append(InProcessWorker(name=name, acts=acts, locks=locks))
             yield workers
     finally:
-        for worker in workers:  # as worker_main: after the Workers running them have stopped
+        for worker in workers:  # as worker/process.py: after the Workers running them have stopped
             await worker.acts.aclose()
         await pool.close()
 

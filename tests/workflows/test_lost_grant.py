@@ -1,6 +1,6 @@
 """A grant whose acquire result never reached its workflow is given back at once (issue 16),
 with the real components: Temporal dev server, PostgreSQL, the lock server and the real
-activities in an in-process worker (its own lock session, as worker_main runs it).
+activities in an in-process worker (its own lock session, as worker/process.py runs it).
 
 The loss is made through the real mechanism: the payout's acquire waits at the lock server for
 the account's key, which the test holds; its workflow is terminated meanwhile (like an attempt

@@ -27,7 +27,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from activities import models as m
 from lockservice.sdk import LockClient
-from stack.embedded import temporal_binary
+from stack.embedded.temporal import temporal_binary
 from tests.credentials import OPERATOR, token
 from tests.grants import operator_assertion as locally_signed
 from tests.workflows.system import (

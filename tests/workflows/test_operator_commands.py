@@ -33,7 +33,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from activities import models as m
 from lockservice.sdk import LockClient
-from stack.embedded import temporal_binary
+from stack.embedded.temporal import temporal_binary
 from tests.credentials import OPERATOR, token, token_file
 from tests.workflows.system import (
     System,

@@ -27,7 +27,7 @@ from temporalio.testing import WorkflowEnvironment
 from activities import models as m
 from ledger.queries import ledger_discrepancies
 from lockservice.sdk import LockClient
-from stack.embedded import temporal_binary
+from stack.embedded.temporal import temporal_binary
 from tests.credentials import OPERATOR, headers, token, token_file
 from tests.grants import public_keys
 from tests.workflows.system import (
@@ -394,7 +394,7 @@ def test_worker_main_entry_point_is_importable() -> None:
         [
             sys.executable,
             "-c",
-            "import worker_main; print(worker_main.WorkerSettings().task_queue)",
+            "import worker_main; from worker.settings import WorkerSettings; print(WorkerSettings().task_queue)",
         ],
         capture_output=True,
         text=True,

@@ -21,7 +21,7 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
 from activities import models as m
-from stack.embedded import free_port
+from stack.embedded.shared import free_port
 from tests.credentials import OPERATOR
 from tests.workflows.system import (
     System,

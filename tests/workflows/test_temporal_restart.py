@@ -44,7 +44,8 @@ from activities import models as m
 from common.lockkey import lock_key
 from common.migrate import migrate
 from lockservice.sdk import LockClient
-from stack.embedded import free_port, temporal_binary
+from stack.embedded.shared import free_port
+from stack.embedded.temporal import temporal_binary
 from stack.services import TEMPORAL_SQLITE_PRAGMAS
 from tests.credentials import token
 from tests.workflows.system import (

