@@ -39,7 +39,8 @@ from lab.chaos.rail import RAIL_BASELINE
 from lab.chaos.replicas import HeldPayout
 from lab.chaos.schedule import Fault, make_schedule
 from lab.chaos.summary import TERMINAL, Evidence, summarize
-from lab.experiments.pause_crash import FAST_WORKFLOW, WORKER_ENV, isolated_ports, json_events
+from lab.experiments.evidence import json_events
+from lab.experiments.harness import FAST_WORKFLOW, WORKER_ENV, isolated_ports
 from stack.config import StackConfig
 from stack.system import Stack
 
