@@ -136,6 +136,9 @@ async def postgres_floor(database_url: str) -> AsyncIterator[Op]:
         await conn.close()
 
 
+# --------------------------------------------------------------------------- through the server
+
+
 async def measure(  # noqa: PLR0917 - the run's servers, floors and provider, in order
     url: str,
     token: str,
