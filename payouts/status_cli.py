@@ -124,7 +124,7 @@ async def gather_status(
     if db_url is None:
         report["database_note"] = "not read: set $PAYDB_DATABASE_URL or $DATABASE_URL"
     _fill_recorded_at(workflow, trail)
-    report["failure"] = _failure(workflow, row)
+    report["failure"] = payout_failure(workflow, row)
     if audit:
         report["audit"] = [_audit_json(r) for r in trail]
     return report
@@ -166,7 +166,7 @@ def _fill_recorded_at(workflow: dict[str, Any] | None, trail: list[Any]) -> None
         attempt["recorded_at_source"] = "payment database: the RAIL_SUBMITTED audit row"
 
 
-def _failure(workflow: dict[str, Any] | None, row: Any) -> str | None:
+def payout_failure(workflow: dict[str, Any] | None, row: Any) -> str | None:
     """Why the payout FAILED or was ABANDONED, in words; None for any other state."""
     state = str(row.state) if row else (workflow or {}).get("state")
     if state not in ("FAILED", "ABANDONED"):

@@ -26,7 +26,7 @@ SEARCH_ATTRIBUTES: tuple[SearchAttributeKey[str] | SearchAttributeKey[bool], ...
     PAYOUT_ESCALATED,
 )
 #: Each attribute's type as `temporal` and the dev server name it.
-_KINDS = {
+SEARCH_ATTRIBUTE_TYPES = {
     PAYOUT_STATE.name: "Keyword",
     PAYOUT_ACCOUNT.name: "Keyword",
     PAYOUT_ESCALATED.name: "Bool",
@@ -36,7 +36,7 @@ _KINDS = {
 def dev_server_flags() -> list[str]:
     """`temporal server start-dev` flags that register every attribute."""
     flags: list[str] = []
-    for name, kind in _KINDS.items():
+    for name, kind in SEARCH_ATTRIBUTE_TYPES.items():
         flags += ["--search-attribute", f"{name}={kind}"]
     return flags
 

@@ -59,7 +59,8 @@ from lab.bench.e2e_system import (
 )
 from lab.bench.hot import HotTarget, hot_account
 from lab.bench.locks import loadavg
-from lab.experiments.pause_crash import LOCK_TTL_S, isolated_ports, pause_experiment
+from lab.experiments.harness import LOCK_TTL_S, isolated_ports
+from lab.experiments.pause import pause_experiment
 from payouts.commands import connect_temporal
 from stack.config import StackConfig
 from stack.pki import trust_stack_ca_in_this_process

@@ -28,7 +28,7 @@ import httpx
 from lab.bench import temporal_rpcs
 from lab.bench.cpu import per_item_ms, snapshot
 from lab.bench.stats import nearest_rank
-from lab.experiments.pause_crash import json_events
+from lab.experiments.evidence import json_events
 from ledger.states import TERMINAL_STATES
 from payouts.commands import PayoutSpec, create_payouts, seed_accounts, start_workflows
 from payouts.follow import settle_payouts

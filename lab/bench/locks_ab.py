@@ -18,7 +18,8 @@ its threads; CPU is steadier than latency on a busy machine). `spread` is the ma
 rounds. `hand_written_better_beyond_spread` is true when the hand-written side's worst round
 used less CPU per operation than the library side's best round: the only outcome that keeps a
 hand-written part (docs/performance.md).
-Owns: measuring. Must never: start servers (lab.bench.locks does, and stops them), or assert.
+Owns: measuring. Must never: start servers (lab.bench.locks does, through lab.bench.locks_servers,
+and stops them), or assert.
 """
 
 from __future__ import annotations

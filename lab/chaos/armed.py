@@ -20,7 +20,8 @@ from typing import Any
 
 from lab.chaos.attempts import ProxyAttempts
 from lab.chaos.schedule import Fault
-from lab.experiments.pause_crash import json_events, process_state, resumed_then_submitted
+from lab.experiments.evidence import json_events, resumed_then_submitted
+from lab.experiments.harness import process_state
 from stack.process import ManagedProcess
 from stack.system import Stack
 

@@ -17,7 +17,8 @@ from typing import Any
 
 from common.logs import configure_logging
 from lab.chaos.faults import ChaosError
-from lab.chaos.run import ChaosOptions, run_chaos
+from lab.chaos.options import ChaosOptions
+from lab.chaos.run import run_chaos
 from lab.chaos.schedule import ScheduleError
 from lab.stoppable import run_stoppable
 from stack.config import MAX_REPLICAS, StackError

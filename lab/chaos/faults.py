@@ -39,7 +39,7 @@ from lab.chaos.rail import RAIL_BASELINE, RAIL_CLOCK_BASELINE, RailFaults
 from lab.chaos.replicas import ReplicaFaults
 from lab.chaos.schedule import Fault
 from lab.chaos.signals import HostileSignals
-from lab.experiments.pause_crash import process_state
+from lab.experiments.harness import process_state
 from stack.process import ManagedProcess, pid_alive
 from stack.system import Stack
 

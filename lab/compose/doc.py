@@ -21,7 +21,7 @@ from pathlib import Path
 from lab.compose.engine import Engine
 from lab.compose.plan import DocCommand, doc_block, doc_commands, expand
 
-__all__ = ["DocRunner", "DocStepFailed", "read_env_file"]
+__all__ = ["DocRunner", "DocStepFailed", "read_env_file", "split_subcommand"]
 
 
 class DocStepFailed(Exception):
@@ -39,7 +39,7 @@ def read_env_file(path: Path) -> dict[str, str]:
     return out
 
 
-def _subcommand(args: list[str]) -> tuple[list[str], str, list[str]]:
+def split_subcommand(args: list[str]) -> tuple[list[str], str, list[str]]:
     """Split `[global options] SUBCOMMAND [rest]` of a compose command line."""
     with_value = {"--env-file", "-f", "--file", "-p", "--project-name", "--profile"}
     i = 0
@@ -96,7 +96,7 @@ class DocRunner:
             self.values.update(read_env_file(self.engine.root / argv[1]))
             return ""
         if argv[:2] == ["docker", "compose"]:
-            options, sub, rest = _subcommand(argv[2:])
+            options, sub, rest = split_subcommand(argv[2:])
             if sub == "build" and not rest:
                 self.progress("  (built by the runner: the build trusts this machine's CA)")
                 self.build()

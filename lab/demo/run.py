@@ -23,7 +23,9 @@ import asyncpg
 import httpx
 
 from lab.demo.report import counts_in_words, rail_outcomes
-from lab.experiments.pause_crash import isolated_ports, json_events, pause_experiment
+from lab.experiments.evidence import json_events
+from lab.experiments.harness import isolated_ports
+from lab.experiments.pause import pause_experiment
 from payouts.batch import generate
 from payouts.follow import settle_payouts, terminal_count
 from payouts.trace_cli import payout_waterfalls

@@ -8,13 +8,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from lab.experiments.pause_crash import (
-    CRASH_STATES,
-    ExperimentError,
-    crash_experiment,
-    default_config,
-    pause_experiment,
-)
+from lab.experiments.crash import CRASH_STATES, crash_experiment
+from lab.experiments.harness import ExperimentError, default_config
+from lab.experiments.pause import pause_experiment
 from lab.stoppable import run_stoppable
 from stack.pki import trust_stack_ca_in_this_process
 

@@ -23,7 +23,7 @@ import httpx
 
 from lab.chaos.faults import FaultInjector
 from lab.chaos.rail import RAIL_BASELINE
-from lab.experiments.pause_crash import isolated_ports
+from lab.experiments.harness import isolated_ports
 from lab.gameday.ctx import Ctx, Scenario
 from lab.gameday.prom import GamedayPrometheus
 from lab.gameday.rules import FAULT_ONLY_SERIES, alert_series, runbook_of

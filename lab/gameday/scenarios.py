@@ -21,7 +21,8 @@ from common.lockkey import lock_key
 from lab.chaos.faults import FaultInjector
 from lab.chaos.rail import RAIL_BASELINE
 from lab.chaos.schedule import Fault
-from lab.experiments.pause_crash import FAST_WORKFLOW, LOCK_TTL_S, WORKER_ENV, json_events
+from lab.experiments.evidence import json_events
+from lab.experiments.harness import FAST_WORKFLOW, LOCK_TTL_S, WORKER_ENV
 from lab.gameday.ctx import Ctx, Scenario
 from lab.gameday.runbooks import OVERRIDE_PREFIX
 from lab.gameday.scratch import ScratchReconciler

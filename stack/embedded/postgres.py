@@ -26,7 +26,15 @@ from stack.embedded.shared import (
     wait_for_port,
 )
 
-__all__ = ["EmbeddedPostgres", "PostgresTLS", "pg_bin", "pg_data_dir", "start_tls_front"]
+__all__ = [
+    "EmbeddedPostgres",
+    "PostgresTLS",
+    "others_can_traverse",
+    "pg_bin",
+    "pg_data_dir",
+    "start_tls_front",
+    "world_reachable_copy",
+]
 
 
 _PG_USER = "pgserver"
@@ -36,7 +44,7 @@ def pg_bin(name: str) -> str:
     return str(_pg_install() / "bin" / name)
 
 
-def _others_can_traverse(path: Path) -> bool:
+def others_can_traverse(path: Path) -> bool:
     """Whether a user who is neither owner nor group member can reach `path` (every existing
     ancestor has the others-execute bit). Parts that do not exist yet are made 0755 later."""
     for part in [path, *path.parents]:
@@ -47,7 +55,7 @@ def _others_can_traverse(path: Path) -> bool:
 
 def _postgres_can_reach(path: Path) -> bool:
     """Whether PostgreSQL can reach `path`: it runs as us unless we are root (_pg_system_user)."""
-    return os.geteuid() != 0 or _others_can_traverse(path)
+    return os.geteuid() != 0 or others_can_traverse(path)
 
 
 def _path_key(path: Path) -> str:
@@ -55,7 +63,7 @@ def _path_key(path: Path) -> str:
     return hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
 
 
-def _world_reachable_copy(root: Path, parts: tuple[str, ...], label: str) -> Path:
+def world_reachable_copy(root: Path, parts: tuple[str, ...], label: str) -> Path:
     """`root` itself when others can reach `root/parts[0]`, else a copy of `parts` (paths under
     `root`, copied with their layout) under the system's temp directory; returns the new root.
 
@@ -83,7 +91,7 @@ def _world_reachable_copy(root: Path, parts: tuple[str, ...], label: str) -> Pat
 
 def _pg_install() -> Path:
     site = package_dir("pgserver").parent
-    root = _world_reachable_copy(site, ("pgserver/pginstall", "pgserver.libs"), "pgserver")
+    root = world_reachable_copy(site, ("pgserver/pginstall", "pgserver.libs"), "pgserver")
     return root / "pgserver" / "pginstall"
 
 

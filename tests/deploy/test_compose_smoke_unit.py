@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lab.compose.doc import _subcommand, read_env_file
+from lab.compose.doc import read_env_file, split_subcommand
 from lab.compose.images import STANDINS
 from lab.compose.plan import (
     State,
@@ -127,7 +127,7 @@ def test_the_doc_has_every_block_the_run_follows_with_runnable_lines() -> None:
         for c in commands:
             assert not c.argv or c.argv[0] in ("make", "docker", "."), c.text
             if c.argv[:2] == ["docker", "compose"]:
-                _subcommand(c.argv[2:])  # a compose subcommand is found
+                split_subcommand(c.argv[2:])  # a compose subcommand is found
     switch = doc_commands(doc_block(DOC, "switch-backend"))
     assert switch[-1].env == {"LOCK_BACKEND": "etcd"}
     assert any("bump-epoch" in c.argv for c in switch)
@@ -154,7 +154,9 @@ def test_expand_refuses_a_variable_the_run_does_not_have() -> None:
 
 
 def test_compose_global_options_are_told_from_the_subcommand(tmp_path: Path) -> None:
-    opts, sub, rest = _subcommand(["--env-file", "e", "--profile", "tools", "run", "--rm", "x"])
+    opts, sub, rest = split_subcommand(
+        ["--env-file", "e", "--profile", "tools", "run", "--rm", "x"]
+    )
     assert opts == ["--env-file", "e", "--profile", "tools"] and sub == "run" and rest[0] == "--rm"
     env = tmp_path / "compose.env"
     env.write_text("# head\nA=1\n\nB=x=y\n")

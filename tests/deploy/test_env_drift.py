@@ -135,7 +135,7 @@ def test_image_copies_every_package_the_project_installs() -> None:
 
 
 def test_compose_registers_every_search_attribute_the_workflow_upserts() -> None:
-    from workflows.search_attributes import _KINDS
+    from workflows.search_attributes import SEARCH_ATTRIBUTE_TYPES
 
     command = compose()["services"]["temporal-setup"]["command"]
     pairs = dict(
@@ -145,4 +145,4 @@ def test_compose_registers_every_search_attribute_the_workflow_upserts() -> None
             strict=True,
         )
     )
-    assert pairs == _KINDS
+    assert pairs == SEARCH_ATTRIBUTE_TYPES

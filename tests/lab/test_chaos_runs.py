@@ -23,7 +23,8 @@ from typing import Any
 
 import pytest
 
-from lab.chaos.run import ChaosOptions, run_chaos
+from lab.chaos.options import ChaosOptions
+from lab.chaos.run import run_chaos
 from lab.chaos.schedule import ETCD_REPLICA_KINDS, FAULT_KINDS, REPLICA_KINDS
 from stack.balancer import haproxy_available
 

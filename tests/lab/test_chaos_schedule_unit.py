@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from lab.chaos.locks import outage_window, workers_outage_window
-from lab.chaos.run import CHAOS_LOCK_TTL_S, CHAOS_WORKER_ENV
+from lab.chaos.options import CHAOS_LOCK_TTL_S, CHAOS_WORKER_ENV
 from lab.chaos.schedule import (
     ETCD_REPLICA_KINDS,
     FAULT_KINDS,

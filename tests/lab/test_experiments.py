@@ -18,7 +18,9 @@ from typing import Any
 
 import pytest
 
-from lab.experiments.pause_crash import crash_experiment, default_config, pause_experiment
+from lab.experiments.crash import crash_experiment
+from lab.experiments.harness import default_config
+from lab.experiments.pause import pause_experiment
 from stack.config import StackConfig
 from tests.stack.conftest import external_database
 

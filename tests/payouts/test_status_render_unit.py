@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from payouts.status_cli import _failure, failure_words, render
+from payouts.status_cli import failure_words, payout_failure, render
 
 
 def _workflow(**over: Any) -> dict[str, Any]:
@@ -64,10 +64,10 @@ def test_each_failure_reason_reads_as_words() -> None:
 
 
 def test_without_the_row_the_workflow_says_why_it_failed() -> None:
-    assert _failure(_workflow(), None) == "declined by the rail"
+    assert payout_failure(_workflow(), None) == "declined by the rail"
     no_attempt = _workflow(attempt=None)
-    assert (_failure(no_attempt, None) or "").startswith("absent at the rail")
-    assert _failure(_workflow(state="POSTED"), None) is None
+    assert (payout_failure(no_attempt, None) or "").startswith("absent at the rail")
+    assert payout_failure(_workflow(state="POSTED"), None) is None
 
 
 def test_the_text_names_lookups_commands_verdicts_and_revokes() -> None:

@@ -13,9 +13,9 @@ import pytest
 from stack.embedded.etcd import EmbeddedEtcd
 from stack.embedded.postgres import (
     EmbeddedPostgres,
-    _others_can_traverse,
-    _world_reachable_copy,
+    others_can_traverse,
     pg_data_dir,
+    world_reachable_copy,
 )
 from tests.jsonlogs import non_json_lines
 
@@ -95,14 +95,14 @@ def test_binaries_in_a_private_directory_are_copied_where_others_can_reach_them(
     private.chmod(0o700)
     label = f"test{uuid.uuid4().hex[:6]}"
     parts = ("pgserver/pginstall", "pgserver.libs")
-    copy = _world_reachable_copy(private, parts, label)
+    copy = world_reachable_copy(private, parts, label)
     try:
         assert copy != private
         assert (copy / "pgserver" / "pginstall" / "bin" / "initdb").read_text() == "#!/bin/sh\n"
         assert (copy / "pgserver.libs" / "libpq.so").read_text() == "lib"
-        assert _others_can_traverse(copy / "pgserver.libs")
+        assert others_can_traverse(copy / "pgserver.libs")
         # A second start reuses the complete copy.
-        assert _world_reachable_copy(private, parts, label) == copy
+        assert world_reachable_copy(private, parts, label) == copy
     finally:
         shutil.rmtree(copy, ignore_errors=True)
 

@@ -23,7 +23,7 @@ from temporalio.client import Client
 
 from common import db_roles
 from common.stackmark import database_mark, temporal_mark
-from lab.experiments.pause_crash import json_events
+from lab.experiments.evidence import json_events
 from payouts.batch import PayoutSpec
 from payouts.workload import create_payouts, seed_accounts, start_workflows
 from stack import promconfig

@@ -18,7 +18,8 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from activities import models as m
-from lab.experiments.pause_crash import default_config, pause_experiment
+from lab.experiments.harness import default_config
+from lab.experiments.pause import pause_experiment
 from stack.config import StackConfig
 from tests.workflows.test_payout_orchestration import new_world, running, start, wait_status
 
