@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from stack.config import DEFAULT_TEMPORAL_TRANSFER_RPS, StackConfig, StackError
-from stack.services import Addresses, ServiceFactory
+from stack.service_env import Addresses
+from stack.services import ServiceFactory
 
 _ADDR = Addresses(
     database_url="postgresql://x/y",

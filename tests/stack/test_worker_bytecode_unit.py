@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 from stack.config import StackConfig
-from stack.services import PROJECT_ROOT, ServiceFactory
+from stack.service_env import PROJECT_ROOT
+from stack.services import ServiceFactory
 from tests.stack.test_transfer_rps_unit import _ADDR
 
 
