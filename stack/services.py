@@ -1,7 +1,11 @@
-"""The commands and environments of the stack's child processes (docs/architecture.md, "Processes").
+"""The commands of the stack's child processes (docs/architecture.md, "Processes"): the Temporal
+dev server, the lock servers, the rail stub, the rail proxies, the finance-ledger stand-in, the
+outbox publishers, the balancer in front of the replicas, and the workers.
 
-Owns: how each service is started (argv, settings variables, health check) from the stack's
-addresses. Must never: start anything itself, or weaken fencing unless `fencing` is False (FR-29).
+Owns: how each service is started (argv, its own settings variables, health check) from the
+stack's addresses; what every child gets alike (environment, database role, TLS, credentials) is
+`stack.service_env`. Must never: start anything itself, or weaken fencing unless `fencing` is
+False (FR-29).
 """
 
 from __future__ import annotations
@@ -10,28 +14,23 @@ import importlib
 import importlib.util
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 
-from common.tracing import TRACE_DIR_VAR
-from lockservice.server import KeyPairFiles, generate_keypair
 from stack.balancer import Pool, haproxy_binary, write_config
 from stack.config import StackConfig
-from stack.credentials import StackCredentials, stack_credentials
 from stack.embedded.temporal import temporal_binary
-from stack.pki import StackTLS
-from stack.process import (
-    HealthCheck,
-    ManagedProcess,
-    command_check,
-    http_check,
-)
+from stack.process import ManagedProcess, command_check, http_check
+from stack.service_env import PROJECT_ROOT, Addresses, ServiceEnv, flag
 from workflows.search_attributes import dev_server_flags
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+__all__ = [
+    "TEMPORAL_SQLITE_PRAGMAS",
+    "WORKER_SCRIPT",
+    "ServiceFactory",
+    "finledger_available",
+    "worker_available",
+]
+
 WORKER_SCRIPT = PROJECT_ROOT / "worker_main.py"
-#: Key id of the local stack's grant-signing key (lockservice.server.signing).
-STACK_KEY_ID = "stack-k1"
 #: The dev server's SQLite in WAL mode with NORMAL sync: it survives a crash of the server process
 #: (only an OS crash can lose the last commits), and every task no longer waits for an fsync,
 #: which on a 2-core machine is the difference between a busy and a saturated Temporal.
@@ -41,30 +40,6 @@ TEMPORAL_SQLITE_PRAGMAS = (
     "--sqlite-pragma",
     "synchronous=normal",
 )
-
-
-@dataclass(frozen=True)
-class Addresses:
-    """Where every service of a started stack answers."""
-
-    database_url: str
-    etcd_endpoints: tuple[str, ...]
-    temporal_address: str
-    ui_url: str
-    lock_url: str
-    railstub_url: str
-    railproxy_url: str
-    finledger_url: str
-    #: Per-component DSNs by variable (no passwords), and the folder of the libpq password
-    #: files each process gets as PGPASSFILE (common/db_roles.py).
-    role_urls: Mapping[str, str] = field(default_factory=dict)
-    pgpass_dir: str = ""
-    #: The stack's CA and certificates (None: plain HTTP, `PAYOUTS_TLS=false`).
-    tls: StackTLS | None = None
-
-
-def _flag(value: bool) -> str:
-    return "true" if value else "false"
 
 
 def finledger_available() -> bool:
@@ -87,92 +62,7 @@ class ServiceFactory:
     ) -> None:
         self.config = config
         self.addr = addresses
-        self.base_env = base_env
-        self.logs = config.run_dir / "logs"
-        self._keys: KeyPairFiles | None = None
-        self._creds: StackCredentials | None = None
-
-    @property
-    def grant_keys(self) -> KeyPairFiles:
-        """The stack's grant-signing key pair under `<run dir>/keys/`, generated on first start
-        and kept for the next (INV-07): the private key (0600) goes only to the lock server, the
-        public directory to the rail proxy and the workers."""
-        if self._keys is None:
-            self._keys = generate_keypair(self.config.run_dir / "keys", STACK_KEY_ID)
-        return self._keys
-
-    @property
-    def lock_state_dir(self) -> Path:
-        """The lock server's LOCK_STATE_DIR, kept across restarts like the backend's data."""
-        return self.config.run_dir / "lock-state"
-
-    @property
-    def credentials(self) -> StackCredentials:
-        """The stack's bearer tokens: each process gets only its own token file and its own
-        credentials file (docs/architecture.md, Trust)."""
-        if self._creds is None:
-            self._creds = stack_credentials(self.config.run_dir)
-        return self._creds
-
-    def _env(self, name: str, own: Mapping[str, str]) -> dict[str, str]:
-        env = dict(self.base_env)
-        env["PYTHONUNBUFFERED"] = "1"
-        # Every process's spans, one file each, under the run directory (common.tracing); a
-        # collector (OTEL_EXPORTER_OTLP_ENDPOINT) takes precedence, OTEL_SDK_DISABLED=true: none.
-        env[TRACE_DIR_VAR] = str((self.config.run_dir / "traces").resolve())
-        # No child gets the admin DSN: each one connects with its own role (_db below).
-        if self.addr.etcd_endpoints:
-            env["ETCD_ENDPOINTS"] = ",".join(self.addr.etcd_endpoints)
-        env.update(own)
-        env.update(self.config.service_env.get("*", {}))
-        env.update(self.config.service_env.get(name, {}))
-        return env
-
-    def _server_tls(self, prefix: str, name: str) -> dict[str, str]:
-        tls = self.addr.tls
-        return tls.server_env(prefix, name) if tls else {}
-
-    def _scheme(self) -> str:
-        return "https" if self.addr.tls else "http"
-
-    def _client_tls(self, prefix: str) -> dict[str, str]:
-        tls = self.addr.tls
-        return tls.client_env(prefix) if tls else {}
-
-    def _check(self, url: str, *, json_status: str | None = None) -> HealthCheck:
-        """GET url, verifying the server against the stack's CA when TLS is on."""
-        tls = self.addr.tls
-        verify = tls.client_context() if tls else True
-        return http_check(url, json_status=json_status, verify=verify)
-
-    def _db(self, process: str, *variables: str) -> dict[str, str]:
-        """The process's own role DSN(s) and a password file holding only its roles."""
-        env = {var: self.addr.role_urls[var] for var in variables}
-        env["PGPASSFILE"] = str(Path(self.addr.pgpass_dir) / f"{process}.pgpass")
-        return env
-
-    def _python(
-        self,
-        name: str,
-        args: list[str],
-        own: Mapping[str, str],
-        health: HealthCheck,
-        health_what: str,
-        *,
-        url: str | None = None,
-        port: int | None = None,
-    ) -> ManagedProcess:
-        return ManagedProcess(
-            name=name,
-            argv=[sys.executable, *args],
-            env=self._env(name, own),
-            log_path=self.logs / f"{name}.log",
-            health=health,
-            health_what=health_what,
-            cwd=PROJECT_ROOT,
-            url=url,
-            port=port,
-        )
+        self.common = ServiceEnv(config, addresses, base_env)
 
     def temporal(self) -> ManagedProcess:
         p = self.config.ports
@@ -221,8 +111,8 @@ class ServiceFactory:
                 "json",
                 "--ui-disable-news-fetch",  # no outbound call from a local stack
             ],
-            env=self._env("temporal", {}),
-            log_path=self.logs / "temporal.log",
+            env=self.common.env("temporal", {}),
+            log_path=self.common.logs / "temporal.log",
             health=health,
             health_what="`temporal operator cluster health` and the Web UI answering",
             url=self.addr.temporal_address,
@@ -238,18 +128,18 @@ class ServiceFactory:
             "LOCK_BACKEND": self.config.backend,
             "LOCK_HOST": "127.0.0.1",
             "LOCK_PORT": str(port),
-            **self._db("lock", "LOCK_DATABASE_URL"),
-            "LOCK_SIGNING_KEY_PATH": str(self.grant_keys.private_path),
-            "LOCK_SIGNING_KEY_ID": self.grant_keys.kid,
-            "LOCK_CREDENTIALS_PATH": str(self.credentials.servers["lock-server"]),
+            **self.common.db("lock", "LOCK_DATABASE_URL"),
+            "LOCK_SIGNING_KEY_PATH": str(self.common.grant_keys.private_path),
+            "LOCK_SIGNING_KEY_ID": self.common.grant_keys.kid,
+            "LOCK_CREDENTIALS_PATH": str(self.common.credentials.servers["lock-server"]),
             # INV-04: the issuance watermark, outside the backend's data (as compose and the
             # manifests give it a volume): a backend restored beneath this stack is refused.
             # Each replica keeps its own (the watermark is what THIS process has issued).
             "LOCK_STATE_DIR": str(
-                self.lock_state_dir / name if replicated else self.lock_state_dir
+                self.common.lock_state_dir / name if replicated else self.common.lock_state_dir
             ),
             "LOCK_REPLICA_ID": name,
-            **self._server_tls("LOCK_", "lock-server"),
+            **self.common.server_tls("LOCK_", "lock-server"),
         }
         if self.addr.etcd_endpoints:
             own["LOCK_ETCD_ENDPOINTS"] = ",".join(self.addr.etcd_endpoints)
@@ -258,11 +148,11 @@ class ServiceFactory:
             own.update(self.addr.tls.etcd_client_env("LOCK_", "lock-server"))
         base = self._replica_url(self.addr.lock_url, port)
         url = f"{base}/health"
-        return self._python(
+        return self.common.python(
             name,
             ["-m", "lockservice", "serve"],
             own,
-            self._check(url, json_status="ok"),
+            self.common.check(url, json_status="ok"),
             f"GET {url}",
             url=base,
             port=port,
@@ -277,7 +167,7 @@ class ServiceFactory:
     def railstub(self) -> ManagedProcess:
         port = self.config.ports.railstub
         url = f"{self.addr.railstub_url}/health"
-        return self._python(
+        return self.common.python(
             "railstub",
             ["-m", "railstub"],
             {
@@ -286,10 +176,10 @@ class ServiceFactory:
                 # Durable beside the stack's other state: a restarted stub (`payouts up` again,
                 # a chaos restart) still knows every movement, as a real rail keeps its records.
                 "RAILSTUB_MOVEMENTS_PATH": str(self.config.run_dir / "railstub-movements.sqlite"),
-                "RAILSTUB_CREDENTIALS_PATH": str(self.credentials.servers["railstub"]),
-                **self._server_tls("RAILSTUB_", "railstub"),
+                "RAILSTUB_CREDENTIALS_PATH": str(self.common.credentials.servers["railstub"]),
+                **self.common.server_tls("RAILSTUB_", "railstub"),
             },
-            self._check(url),
+            self.common.check(url),
             f"GET {url}",
             url=self.addr.railstub_url,
             port=port,
@@ -304,32 +194,32 @@ class ServiceFactory:
             "RAILPROXY_HOST": "127.0.0.1",
             "RAILPROXY_PORT": str(port),
             "RAILPROXY_REPLICA_ID": name,
-            **self._db("railproxy", "RAILPROXY_DATABASE_URL"),
+            **self.common.db("railproxy", "RAILPROXY_DATABASE_URL"),
             "RAILPROXY_RAIL_URL": self.addr.railstub_url,
-            "RAILPROXY_GRANT_PUBLIC_KEYS": str(self.grant_keys.public_dir),
-            "RAILPROXY_CREDENTIALS_PATH": str(self.credentials.servers["railproxy"]),
-            "RAILPROXY_TOKEN_FILE": str(self.credentials.tokens["railproxy"]),
+            "RAILPROXY_GRANT_PUBLIC_KEYS": str(self.common.grant_keys.public_dir),
+            "RAILPROXY_CREDENTIALS_PATH": str(self.common.credentials.servers["railproxy"]),
+            "RAILPROXY_TOKEN_FILE": str(self.common.credentials.tokens["railproxy"]),
             # FR-29: the proxy's fence and per-payout submission guard are what stop a second
             # rail movement when a paused holder wakes up; only the experiment turns them off.
-            "RAILPROXY_ENFORCE_FENCING": _flag(self.config.fencing),
-            "RAILPROXY_ENFORCE_SUBMISSION_GUARD": _flag(self.config.fencing),
+            "RAILPROXY_ENFORCE_FENCING": flag(self.config.fencing),
+            "RAILPROXY_ENFORCE_SUBMISSION_GUARD": flag(self.config.fencing),
             # ... and so is the grant check (INV-07): a paused holder's grant has expired by its
             # own statement when it thaws, which alone would refuse it and hide the duplicate
             # the negative control must show.
-            "RAILPROXY_VERIFY_GRANTS": _flag(self.config.fencing),
+            "RAILPROXY_VERIFY_GRANTS": flag(self.config.fencing),
             # With them off the proxy starts only in experiment mode, which it verifies by asking
             # its rail (the local stub) to identify itself (railproxy.startup).
-            "RAILPROXY_EXPERIMENT_MODE": _flag(not self.config.fencing),
-            **self._server_tls("RAILPROXY_", "railproxy"),
-            **self._client_tls("RAILPROXY_"),  # the rail's certificate
+            "RAILPROXY_EXPERIMENT_MODE": flag(not self.config.fencing),
+            **self.common.server_tls("RAILPROXY_", "railproxy"),
+            **self.common.client_tls("RAILPROXY_"),  # the rail's certificate
         }
         base = self._replica_url(self.addr.railproxy_url, port)
         url = f"{base}/health"
-        return self._python(
+        return self.common.python(
             name,
             ["-m", "railproxy"],
             own,
-            self._check(url),
+            self.common.check(url),
             f"GET {url}",
             url=base,
             port=port,
@@ -340,17 +230,17 @@ class ServiceFactory:
         own = {
             "FINLEDGER_HOST": "127.0.0.1",
             "FINLEDGER_PORT": str(port),
-            "FINLEDGER_CREDENTIALS_PATH": str(self.credentials.servers["finledger"]),
+            "FINLEDGER_CREDENTIALS_PATH": str(self.common.credentials.servers["finledger"]),
             # Durable beside the stub's log: a restarted ledger (`payouts up` again, a chaos
             # restart) still knows every posting it booked and answers a redelivery duplicate.
             "FINLEDGER_BOOK_PATH": str(self.config.run_dir / "finledger-book.sqlite"),
-            **self._server_tls("FINLEDGER_", "finledger"),
+            **self.common.server_tls("FINLEDGER_", "finledger"),
         }
-        return self._python(
+        return self.common.python(
             "finledger",
             ["-m", "finledger"],
             own,
-            self._check(f"{self.addr.finledger_url}/health"),
+            self.common.check(f"{self.addr.finledger_url}/health"),
             f"GET {self.addr.finledger_url}/health",
             url=self.addr.finledger_url,
             port=port,
@@ -360,22 +250,22 @@ class ServiceFactory:
         """One outbox publisher; replicas claim disjoint batches (FOR UPDATE SKIP LOCKED,
         outbox.ops), and the ledger answers a redelivered event as a duplicate."""
         port = port or self.config.ports.outbox_metrics
-        url = f"{self._scheme()}://127.0.0.1:{port}"
+        url = f"{self.common.scheme()}://127.0.0.1:{port}"
         own = {
-            **self._db("outbox", "OUTBOX_DATABASE_URL"),
+            **self.common.db("outbox", "OUTBOX_DATABASE_URL"),
             "OUTBOX_FINLEDGER_URL": self.addr.finledger_url,
             "FINLEDGER_URL": self.addr.finledger_url,
             "OUTBOX_METRICS_PORT": str(port),
             "OUTBOX_PUBLISHER_ID": name,
-            "OUTBOX_TOKEN_FILE": str(self.credentials.tokens["outbox"]),
-            **self._client_tls("OUTBOX_"),  # the finance ledger's certificate
-            **self._server_tls("OUTBOX_", "outbox"),  # its own /metrics
+            "OUTBOX_TOKEN_FILE": str(self.common.credentials.tokens["outbox"]),
+            **self.common.client_tls("OUTBOX_"),  # the finance ledger's certificate
+            **self.common.server_tls("OUTBOX_", "outbox"),  # its own /metrics
         }
-        return self._python(
+        return self.common.python(
             name,
             ["-m", "outbox"],
             own,
-            self._check(f"{url}/metrics"),
+            self.common.check(f"{url}/metrics"),
             f"GET {url}/metrics",
             url=url,
             port=port,
@@ -391,8 +281,8 @@ class ServiceFactory:
             ca_file=tls.ca_file if tls else None,
         )
         checks = [
-            self._check(f"{self.addr.lock_url}/health", json_status="ok"),
-            self._check(f"{self.addr.railproxy_url}/health"),
+            self.common.check(f"{self.addr.lock_url}/health", json_status="ok"),
+            self.common.check(f"{self.addr.railproxy_url}/health"),
         ]
 
         async def health() -> bool:
@@ -413,8 +303,8 @@ class ServiceFactory:
                 "-f",
                 str(config),
             ],
-            env=self._env("balancer", {}),
-            log_path=self.logs / "balancer.log",
+            env=self.common.env("balancer", {}),
+            log_path=self.common.logs / "balancer.log",
             health=health,
             health_what=f"GET {self.addr.lock_url}/health and {self.addr.railproxy_url}/health",
             cwd=PROJECT_ROOT,
@@ -432,35 +322,35 @@ class ServiceFactory:
             "PYTHONDONTWRITEBYTECODE": "",
             "PYTHONPYCACHEPREFIX": str(self.config.run_dir / "pycache"),
             "WORKER_TEMPORAL_ADDRESS": self.addr.temporal_address,
-            **self._db("worker", "WORKER_DATABASE_URL", "RECONCILE_DATABASE_URL"),
+            **self.common.db("worker", "WORKER_DATABASE_URL", "RECONCILE_DATABASE_URL"),
             "WORKER_LOCK_URL": self.addr.lock_url,
             "WORKER_RAILPROXY_URL": self.addr.railproxy_url,
-            "WORKER_GRANT_PUBLIC_KEYS": str(self.grant_keys.public_dir),
-            "WORKER_TOKEN_FILE": str(self.credentials.tokens["worker"]),
+            "WORKER_GRANT_PUBLIC_KEYS": str(self.common.grant_keys.public_dir),
+            "WORKER_TOKEN_FILE": str(self.common.credentials.tokens["worker"]),
             # The hourly reconcile Schedule runs in the workers, as the reconciler component.
-            "RECONCILE_TOKEN_FILE": str(self.credentials.tokens["reconciler"]),
+            "RECONCILE_TOKEN_FILE": str(self.common.credentials.tokens["reconciler"]),
             "WORKER_ID": name,
             "WORKER_METRICS_PORT": str(metrics_port),
             "WORKER_SDK_METRICS_PORT": str(sdk_metrics_port),
             # FR-29: the worker's own fencing checks; off only for the negative-control experiment.
-            "WORKER_ENFORCE_FENCING": _flag(self.config.fencing),
-            "WORKER_VERIFY_GRANTS": _flag(self.config.fencing),
+            "WORKER_ENFORCE_FENCING": flag(self.config.fencing),
+            "WORKER_VERIFY_GRANTS": flag(self.config.fencing),
             # Off is refused outside experiment mode, which the worker verifies at the proxy.
-            "WORKER_EXPERIMENT_MODE": _flag(not self.config.fencing),
+            "WORKER_EXPERIMENT_MODE": flag(not self.config.fencing),
             "WORKER_TASK_QUEUE": self.config.task_queue,
             # The hourly reconcile Schedule runs in the workers: it reads this stack's rail log,
             # on whatever port the stack gave the stub.
             "RECONCILE_RAIL_ADMIN_URL": self.addr.railstub_url,
             # The lock server's, the proxy's and (for the reconcile activity) the rail's.
-            **self._client_tls("WORKER_"),
-            **self._server_tls("WORKER_", "worker"),  # its own /metrics and /health
+            **self.common.client_tls("WORKER_"),
+            **self.common.server_tls("WORKER_", "worker"),  # its own /metrics and /health
         }
-        url = f"{self._scheme()}://127.0.0.1:{metrics_port}"
-        proc = self._python(
+        url = f"{self.common.scheme()}://127.0.0.1:{metrics_port}"
+        proc = self.common.python(
             name,
             [str(WORKER_SCRIPT)],
             own,
-            self._check(f"{url}/health"),
+            self.common.check(f"{url}/health"),
             f"GET {url}/health (Temporal connected, lock session not past its deadline)",
             url=url,
             port=metrics_port,

@@ -48,12 +48,8 @@ from stack.launcher import Launcher
 from stack.pki import StackTLS, issue_stack_tls
 from stack.preflight import check_ports, refuse_leftovers, safe_url
 from stack.process import ManagedProcess, ProcessInfo
-from stack.services import (
-    Addresses,
-    ServiceFactory,
-    finledger_available,
-    worker_available,
-)
+from stack.service_env import Addresses
+from stack.services import ServiceFactory, finledger_available, worker_available
 from stack.statefile import write_state
 
 if TYPE_CHECKING:
@@ -274,7 +270,8 @@ class Stack:
         )
         self._roles = roles
         # No child inherits SSL_CERT_FILE: each gets the stack's CA by its own variable
-        # (stack.services), so a client left unconfigured fails instead of trusting by accident.
+        # (stack.service_env), so a client left unconfigured fails instead of trusting by
+        # accident.
         inherited_out = ("DATABASE_URL", "SSL_CERT_FILE")
         base_env = {k: v for k, v in os.environ.items() if k not in inherited_out}
         self._factory = f = ServiceFactory(self.config, self.addresses, base_env)

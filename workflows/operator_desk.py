@@ -15,13 +15,13 @@ Rules (docs/workflow.md, "Operator commands"):
 - Evidence outranks any command: an abandon is refused when a rail outcome is known
   (`Facts.evidence`), and the abandon activity looks at the rail once more before it acts.
 
-Deterministic workflow code: imported by `workflows.payout` inside the sandbox; no I/O.
+Accepted revokes are carried out by the run's revoke coroutine, `workflows.operator_revokes`.
+Deterministic workflow code: imported by `workflows.payout_state` inside the sandbox; no I/O.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -29,7 +29,7 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RawValue, RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
+from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from temporalio.converter import value_to_type
@@ -38,6 +38,17 @@ with workflow.unsafe.imports_passed_through():
     from activities.payout_activities import PayoutActivities
     from ledger.states import TERMINAL_STATES, PayoutState
 
+__all__ = [
+    "ACTIONS",
+    "AUDIT_TIMEOUT",
+    "Facts",
+    "OperatorDesk",
+    "cause",
+    "decode_signal",
+    "missing_identity",
+    "operator_command",
+]
+
 #: The commands a payout workflow takes; any other signal name is refused (and audited).
 ACTIONS = ("abandon", "revoke")
 #: Ended commands kept in the status query and carried to the next run (all are in the
@@ -45,7 +56,7 @@ ACTIONS = ("abandon", "revoke")
 _CARRIED_ENDED = 50
 #: The fields an operator command may carry; anything else makes it invalid.
 _COMMAND_FIELDS = frozenset(f.name for f in dataclasses.fields(m.OperatorCommand))
-_AUDIT_TIMEOUT = timedelta(seconds=30)
+AUDIT_TIMEOUT = timedelta(seconds=30)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,8 +85,6 @@ class OperatorDesk:
         self._retry = retry  # reads, audits, revokes: no attempt limit (an outage only delays)
         self._records: list[m.CommandRecord] = list(carried)
         self._count = 0  # commands received by this run: part of each command id
-        self._stopping = False
-        self._revoking = False
         self._cancel_audits: list[asyncio.Task[None]] = []
         self.cancel_requests = 0
         # The status query's `rejected_signals`: the workflow's own list, shared (it also holds
@@ -99,7 +108,15 @@ class OperatorDesk:
         return next((r for r in self._abandons() if r.status == "pending"), None)
 
     def pending_revokes(self) -> int:
-        return sum(1 for r in self._records if r.action == "revoke" and r.status == "pending")
+        return len(self.pending("revoke"))
+
+    def pending(self, action: str) -> list[m.CommandRecord]:
+        """The accepted commands of `action` waiting to be carried out, oldest first."""
+        return [r for r in self._records if r.action == action and r.status == "pending"]
+
+    def next_revoke(self) -> m.CommandRecord | None:
+        """The accepted revoke to carry out next (`workflows.operator_revokes`), if any."""
+        return next(iter(self.pending("revoke")), None)
 
     def _abandons(self) -> list[m.CommandRecord]:
         return [r for r in self._records if r.action == "abandon"]
@@ -222,6 +239,10 @@ class OperatorDesk:
     def carried_out(self, record: m.CommandRecord, what: str) -> None:
         self._end(record, "carried_out", what)
 
+    def refused(self, record: m.CommandRecord, why: str) -> None:
+        """End a command the payment store refused itself (the store wrote its audit row)."""
+        self._end(record, "refused", why)
+
     async def refuse(self, record: m.CommandRecord, why: str, code: str) -> None:
         """End an accepted command that will not be carried out: its one audit row."""
         self._end(record, "refused", why)
@@ -234,7 +255,7 @@ class OperatorDesk:
                     why=why[:2000],
                     code=code,
                 ),
-                start_to_close_timeout=_AUDIT_TIMEOUT,
+                start_to_close_timeout=AUDIT_TIMEOUT,
                 retry_policy=self._retry,
             )
         except ActivityError as err:
@@ -272,7 +293,7 @@ class OperatorDesk:
                     reason=record.reason,
                     assertion=record.assertion,
                 ),
-                start_to_close_timeout=_AUDIT_TIMEOUT,
+                start_to_close_timeout=AUDIT_TIMEOUT,
                 retry_policy=self._retry,
             )
         except ActivityError as err:
@@ -294,111 +315,11 @@ class OperatorDesk:
             await workflow.execute_activity_method(
                 PayoutActivities.record_signal_rejected,
                 rejection,
-                start_to_close_timeout=_AUDIT_TIMEOUT,
+                start_to_close_timeout=AUDIT_TIMEOUT,
                 retry_policy=self._retry,
             )
         except ActivityError as err:
             workflow.logger.error("could not audit the rejected %s: %s", signal, cause(err))
-
-    # ------------------------------------------------------------------ revokes
-
-    async def run_revokes(self) -> None:
-        """Carry out accepted revokes one by one, for as long as the run lasts.
-
-        Each attempt is one activity attempt of at most `_AUDIT_TIMEOUT`, retried here after a
-        capped backoff rather than by Temporal: so no revoke is ever in flight for longer than
-        one attempt, and continue-as-new waits for that attempt instead of cancelling it. A
-        revoke that completes in the same activation in which the run continues as new is then
-        recorded as carried out, not carried to the next run and done twice (the SDK erases the
-        result of an activity cancelled in the activation that completes it).
-        """
-        failures = 0
-        while True:
-            await workflow.wait_condition(lambda: self._stopping or self._next_revoke() is not None)
-            record = self._next_revoke()
-            if self._stopping or record is None:
-                return
-            self._revoking = True
-            try:
-                verdict = await self._revoke_once(record)
-            finally:
-                self._revoking = False
-            if verdict is None:  # an outage: try again after a backoff, unless stopping
-                failures += 1
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await workflow.wait_condition(
-                        lambda: self._stopping, timeout=self._revoke_backoff(failures)
-                    )
-                continue
-            failures = 0
-            if verdict.outcome == "carried_out":
-                self.carried_out(record, verdict.why)
-            else:
-                self._end(record, "refused", verdict.why or "the revoke was refused")
-
-    async def stop(self, revoker: asyncio.Task[None], *, cancel_in_flight: bool) -> None:
-        """Stop the revoke coroutine `revoker` (running `run_revokes`).
-
-        Before continuing as new (`cancel_in_flight=False`) it lets the attempt in flight end
-        (at most one attempt's timeout), so that the revoke is neither lost nor carried out
-        again by the next run. Once the payout is terminal it cancels it instead: the account's
-        lock may belong to its next payout by now, so the revoke must not go through later
-        (`carry_out_revoke` also refuses to revoke for a terminal payout, which closes the
-        window of an attempt already running)."""
-        self._stopping = True
-        if cancel_in_flight:
-            revoker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await revoker
-            return
-        await revoker
-
-    async def drop_pending_revokes(self, state: str) -> None:
-        """The payout is terminal: a revoke not carried out by now is refused, because the
-        account's lock may already belong to its next payout."""
-        for record in [r for r in self._records if r.action == "revoke" and r.status == "pending"]:
-            await self.refuse(
-                record, f"payout reached {state} before the revoke was carried out", "terminal"
-            )
-
-    def _next_revoke(self) -> m.CommandRecord | None:
-        return next(
-            (r for r in self._records if r.action == "revoke" and r.status == "pending"), None
-        )
-
-    async def _revoke_once(self, record: m.CommandRecord) -> m.CommandVerdict | None:
-        """One attempt; None when it failed for an outage (the lock service or the database
-        unreachable, a timeout): the command stays pending. A refusal is a verdict."""
-        try:
-            verdict: m.CommandVerdict = await workflow.execute_activity_method(
-                PayoutActivities.carry_out_revoke,
-                m.RevokeRequest(
-                    account_id=self._input.account_id,
-                    operator=record.operator,
-                    reason=record.reason,
-                    payout_id=self._input.payout_id,
-                    assertion=record.assertion,
-                    command_id=record.command_id,
-                ),
-                start_to_close_timeout=_AUDIT_TIMEOUT,
-                retry_policy=RetryPolicy(maximum_attempts=1),  # retried by `run_revokes`
-            )
-        except ActivityError as err:
-            if isinstance(err.cause, CancelledError):
-                raise asyncio.CancelledError from err  # the payout ended: see `stop`
-            if not (isinstance(err.cause, ApplicationError) and err.cause.non_retryable):
-                return None
-            why = f"revoke could not be carried out: {cause(err)}"
-            await self.refuse(record, why, code="failed")
-            return m.CommandVerdict(
-                command_id=record.command_id, accepted=True, outcome="refused", why=why
-            )
-        return verdict
-
-    def _revoke_backoff(self, failures: int) -> timedelta:
-        cap = max(0.1, self._input.read_retry_max_interval_s)
-        base = min(cap, 0.5 * 2 ** min(failures, 16))
-        return timedelta(seconds=base * workflow.random().uniform(0.5, 1.0))
 
 
 # ---------------------------------------------------------------------- decoding

@@ -19,9 +19,10 @@ Its parts, each deterministic workflow code: `workflows.payout_state` (what the 
 shows: status, carried state, details, search attributes), `workflows.payout_section` (the
 grant and every command under it), `workflows.payout_lookups` (UC-05 lookups and escalation),
 `workflows.payout_steps` (retry policies, backoff, the recovery decision),
-`workflows.operator_desk` (operator commands). A change of the commands any of them issues
-follows docs/workflow.md, "Changing the workflow" (`workflow.patched`, a replay history per new
-branch). See docs/workflow.md.
+`workflows.operator_desk` (operator commands) and `workflows.operator_revokes` (carrying out
+accepted revokes). A change of the commands any of them issues follows docs/workflow.md,
+"Changing the workflow" (`workflow.patched`, a replay history per new branch). See
+docs/workflow.md.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class PayoutWorkflow:
         # are handled before run() starts, and must see the carried state (escalation, ...).
         self._run = PayoutRun(inp)
         self._desk = self._run.desk
+        self._revokes = self._run.revokes
         self._section = CriticalSection(self._run)
         self._lookups = Lookups(self._run)
 
@@ -78,7 +80,7 @@ class PayoutWorkflow:
 
     async def _pay(self, inp: m.PayoutInput) -> m.PayoutStatus:
         run, section = self._run, self._section
-        revoker = asyncio.create_task(self._desk.run_revokes())
+        revoker = asyncio.create_task(self._revokes.run())
         run.publish()
         backoff_round = 0
         while run.state not in TERMINAL_STATES:
@@ -169,8 +171,8 @@ class PayoutWorkflow:
         store ended the command in the same transaction as the transition); any other state
         came first."""
         state = self._run.state
-        await self._desk.stop(revoker, cancel_in_flight=True)
-        await self._desk.drop_pending_revokes(state)
+        await self._revokes.stop(revoker, cancel_in_flight=True)
+        await self._revokes.drop_pending(state)
         pending = self._desk.pending_abandon()
         if pending is None:
             return
@@ -193,7 +195,7 @@ class PayoutWorkflow:
         knows. Called only between critical sections, so no grant is held across the gap."""
         # Never cancelled mid-revoke (issue 24, item 7): the one in flight ends first, so it is
         # neither lost nor carried out again by the next run.
-        await self._desk.stop(revoker, cancel_in_flight=False)
+        await self._revokes.stop(revoker, cancel_in_flight=False)
         await self._section.background_releases_done()
         await self._desk.settle_audits()
         await workflow.wait_condition(workflow.all_handlers_finished)

@@ -3,9 +3,10 @@ the status query, the state carried to the next run, the Temporal UI's current d
 search attributes, and the context of each step it schedules.
 
 Owns: the run's knowledge (state, token, attempt, escalation, resolution and its evidence,
-lookups, rejections, the last error) and its operator desk. Must never: schedule an activity or
-a timer (the workflow and its section and lookup objects do), or read a clock or randomness
-outside the workflow API. Imported by `workflows.payout` inside the sandbox.
+lookups, rejections, the last error), its operator desk and its revoke coroutine. Must never:
+schedule an activity or a timer (the workflow and its section, lookup, desk and revoke objects
+do), or read a clock or randomness outside the workflow API. Imported by `workflows.payout`
+inside the sandbox.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ with workflow.unsafe.imports_passed_through():
     from ledger.states import PayoutState
     from workflows.details import Snapshot, current_details
     from workflows.operator_desk import Facts, OperatorDesk
+    from workflows.operator_revokes import Revokes
     from workflows.payout_steps import (
         CARRIED_REJECTIONS,
         changed_search_attributes,
@@ -64,6 +66,7 @@ class PayoutRun:
         )
         if carried is not None:
             self.desk.cancel_requests = carried.cancel_requests
+        self.revokes = Revokes(inp, self.desk)
 
     def _restore(self, c: m.CarriedState) -> None:
         self.state = c.state

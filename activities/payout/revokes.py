@@ -1,5 +1,6 @@
 """The break-glass revoke (UC-06) through the lock service, which audits and alerts: an
-accepted revoke command (`workflows.operator_desk`), carried out once.
+accepted revoke command (`workflows.operator_desk`), carried out once (the workflow's revoke
+coroutine, `workflows.operator_revokes`).
 Revoking does not undo a side effect in flight, it only fences the old holder out.
 """
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from stack.config import StackConfig
-from stack.services import Addresses, ServiceFactory
+from stack.service_env import Addresses
+from stack.services import ServiceFactory
 
 
 def _addresses() -> Addresses:

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from stack.config import DEFAULT_TEMPORAL_TRANSFER_RPS, StackConfig, StackError
-from stack.services import Addresses, ServiceFactory
+from stack.service_env import Addresses
+from stack.services import ServiceFactory
 
-_ADDR = Addresses(
+ADDRESSES = Addresses(
     database_url="postgresql://x/y",
     etcd_endpoints=(),
     temporal_address="127.0.0.1:1",
@@ -24,7 +25,7 @@ _ADDR = Addresses(
 
 
 def _flag(config: StackConfig) -> str:
-    argv = ServiceFactory(config, _ADDR, {}).temporal().argv
+    argv = ServiceFactory(config, ADDRESSES, {}).temporal().argv
     values = [argv[i + 1] for i, a in enumerate(argv) if a == "--dynamic-config-value"]
     (rps,) = [v for v in values if v.startswith("history.transferProcessorMaxPollRPS=")]
     return rps.split("=", 1)[1]

@@ -12,15 +12,16 @@ import sys
 from pathlib import Path
 
 from stack.config import StackConfig
-from stack.services import PROJECT_ROOT, ServiceFactory
-from tests.stack.test_transfer_rps_unit import _ADDR
+from stack.service_env import PROJECT_ROOT
+from stack.services import ServiceFactory
+from tests.stack.test_transfer_rps_unit import ADDRESSES
 
 
 def test_unit_a_worker_caches_the_workflow_module_bytecode_under_the_run_dir(
     tmp_path: Path,
 ) -> None:
     addr = dataclasses.replace(
-        _ADDR,
+        ADDRESSES,
         role_urls={
             "WORKER_DATABASE_URL": "postgresql://worker@127.0.0.1:1/payments",
             "RECONCILE_DATABASE_URL": "postgresql://reconciler@127.0.0.1:1/payments",
