@@ -1,6 +1,6 @@
 """One exit-code table (payouts.errors.EXIT_TABLE), the README's, and every command keeps it.
 
-Each command runs through the real console script (`.venv/bin/payouts`) against the real
+Each command runs through the real console script (`.venv/bin/payouts`, `.venv/bin/payouts-lab`) against the real
 servers of the session (PostgreSQL, the Temporal dev server, a lock server) or an address nothing
 listens on, and its exit code is looked up by name in the table, so the README, the code and the
 commands cannot drift apart.
@@ -15,7 +15,7 @@ import re
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -23,6 +23,7 @@ import asyncpg
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
+from lab.cli import build_parser as build_lab_parser
 from payouts.cli import build_parser
 from payouts.errors import EXIT, EXIT_TABLE, exit_table_markdown
 from stack.embedded.shared import free_port
@@ -45,8 +46,14 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 def payouts(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return run_script(PAYOUTS, *argv, env=env)
+
+
+def run_script(
+    script: str, *argv: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [PAYOUTS, *argv],
+        [script, *argv],
         check=False,
         capture_output=True,
         text=True,
@@ -86,20 +93,31 @@ def leaf_commands(
         yield from leaf_commands(child, (*words, name))
 
 
+#: Each console script with its parser, the commands it must have, and how many at least: the
+#: operator's `payouts` and the lab's `payouts-lab` (which no longer lives inside `payouts`).
+ENTRIES: dict[str, tuple[Callable[[], argparse.ArgumentParser], set[tuple[str, ...]], int]] = {
+    "payouts": (build_parser, {("payout", "status"), ("lock", "revoke")}, 20),
+    "payouts-lab": (build_lab_parser, {("chaos",), ("experiment", "pause"), ("demo",)}, 6),
+}
+
+
 @pytest.mark.timeout(1200)  # ~40 interpreter starts: minutes on a loaded 2-core machine
-def test_every_command_answers_an_argument_error_in_one_line_with_a_hint() -> None:
-    """Each of the CLI's commands, given an option it does not have, exits `usage` with one
+@pytest.mark.parametrize("entry", sorted(ENTRIES))
+def test_every_command_answers_an_argument_error_in_one_line_with_a_hint(entry: str) -> None:
+    """Each of the entry's commands, given an option it does not have, exits `usage` with one
     line naming its own --help (not the whole usage), before doing anything."""
-    commands = list(leaf_commands(build_parser()))
-    assert ("payout", "status") in commands and ("lock", "revoke") in commands
-    assert len(commands) > 20
+    make_parser, expected, at_least = ENTRIES[entry]
+    commands = list(leaf_commands(make_parser()))
+    assert expected <= set(commands)
+    assert len(commands) >= at_least
+    script = str(Path(sys.executable).with_name(entry))
     with ThreadPoolExecutor(4) as pool:
-        runs = list(pool.map(lambda w: (w, payouts(*w, "--no-such-option")), commands))
+        runs = list(pool.map(lambda w: (w, run_script(script, *w, "--no-such-option")), commands))
     for words, done in runs:
         line = one_line(done)
         assert done.returncode == EXIT["usage"], (words, done.stderr)
         assert line.startswith("usage error: "), line
-        assert line.endswith(f"see `payouts {' '.join(words)} --help`"), line
+        assert line.endswith(f"see `{entry} {' '.join(words)} --help`"), line
 
 
 @pytest.mark.parametrize(
