@@ -25,33 +25,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
 
 from common.lockkey import PAYOUT_KEY_PREFIX
+from invariants.evidence import Evidence, HoldFact
 
-if TYPE_CHECKING:
-    from invariants.evidence import Evidence
-
-#: See the module docstring: 60 s sweeper + 5 s period + 7 s release, rounded up generously.
-HOLD_BOUND_S = 90.0
 _TERMINAL = frozenset({"POSTED", "FAILED", "ABANDONED"})
-
-
-@dataclass(frozen=True, slots=True)
-class HoldFact:
-    """A payout lock held right now by a live session, as the lock service reports it."""
-
-    key: str  # payout:{account_id}, without the backend's namespace prefix
-    token: int
-    session_id: str
-    acquired_at: datetime  # the lock backend's clock
-    observed_at: datetime  # when the holding was read (the backend's or the checker's clock)
-
-    @property
-    def account_id(self) -> str:
-        return self.key.removeprefix(PAYOUT_KEY_PREFIX)
 
 
 def blocked_accounts(ev: Evidence) -> list[str]:

@@ -45,7 +45,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from common.credentials import operator_token, read_token
 from common.logs import get_logger
-from invariants.blocked import HOLD_BOUND_S, held_keys
+from invariants.blocked import held_keys
 from invariants.errors import (
     GrantSourceUnavailable,
     HoldSourceUnavailable,
@@ -54,6 +54,7 @@ from invariants.errors import (
     WorkflowSourceUnavailable,
 )
 from invariants.evidence import (
+    HOLD_BOUND_S,
     AttemptRow,
     Evidence,
     GrantFact,

@@ -25,8 +25,29 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from invariants.blocked import HOLD_BOUND_S, HoldFact
+from common.lockkey import PAYOUT_KEY_PREFIX
 from railstub.client import RailMovement
+
+#: How long a payout lock may go unused before its account counts as blocked (INV-10). Why 90 s:
+#: the idle-lease sweeper's 60 s + its 5 s period + one release (7 s), rounded up generously; the
+#: rule and its reasoning are in `invariants.blocked`. It lives here, beside the evidence that
+#: carries it, so that the rule imports the evidence and nothing imports back.
+HOLD_BOUND_S = 90.0
+
+
+@dataclass(frozen=True, slots=True)
+class HoldFact:
+    """A payout lock held right now by a live session, as the lock service reports it."""
+
+    key: str  # payout:{account_id}, without the backend's namespace prefix
+    token: int
+    session_id: str
+    acquired_at: datetime  # the lock backend's clock
+    observed_at: datetime  # when the holding was read (the backend's or the checker's clock)
+
+    @property
+    def account_id(self) -> str:
+        return self.key.removeprefix(PAYOUT_KEY_PREFIX)
 
 
 @dataclass(frozen=True, slots=True)

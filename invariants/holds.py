@@ -18,8 +18,8 @@ import httpx
 
 from common.credentials import auth_headers
 from common.lockkey import PAYOUT_KEY_PREFIX, lock_key
-from invariants.blocked import HoldFact
 from invariants.errors import HoldSourceUnavailable
+from invariants.evidence import HoldFact
 
 __all__ = ["HoldSource", "lock_server_hold_source", "postgres_hold_source"]
 

@@ -25,7 +25,7 @@ import asyncpg
 import httpx
 
 from common.logs import get_logger
-from invariants.blocked import HOLD_BOUND_S
+from invariants.evidence import HOLD_BOUND_S
 from lab.chaos.downstream import downstream
 from lab.chaos.faults import ChaosError, FaultInjector
 from lab.chaos.locks import hold_source, wait_for_free_locks, workers_outage_window

@@ -18,7 +18,6 @@ import pytest
 from common.db_roles import CHECKER, LOCKSERVICE, PAYDB
 from common.migrate import migrate
 from common.pgutil import create_database, drop_database
-from invariants.blocked import HOLD_BOUND_S
 from invariants.checker import (
     GrantSource,
     HoldSource,
@@ -29,6 +28,7 @@ from invariants.checker import (
     postgres_hold_source,
     stub_movement_source,
 )
+from invariants.evidence import HOLD_BOUND_S
 from ledger import Payout, PayoutStore, WorkContext
 from lockservice.api import Grant, LockBackend
 from lockservice.server import create_backend

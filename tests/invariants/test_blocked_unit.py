@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from invariants.blocked import HOLD_BOUND_S, HoldFact
-from invariants.evidence import AttemptRow, Evidence, PayoutRow, Write
+from invariants.evidence import HOLD_BOUND_S, AttemptRow, Evidence, HoldFact, PayoutRow, Write
 from invariants.rules import check
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
