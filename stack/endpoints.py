@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from stack.balancer import service_of
 
 if TYPE_CHECKING:
-    from stack.system import Stack
+    from stack.running import RunningStack
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ _SERVICES = {
 }
 
 
-def endpoints(stack: Stack) -> list[Endpoint]:
+def endpoints(stack: RunningStack) -> list[Endpoint]:
     """Every endpoint of the stack's running processes, in a stable order."""
     out: list[Endpoint] = []
     procs = stack.processes

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from stack.endpoints import endpoints
 
 if TYPE_CHECKING:
-    from stack.system import Stack
+    from stack.running import RunningStack
 
 #: The file's name under the run directory.
 ENV_FILE_NAME = "stack.env"
@@ -36,7 +36,7 @@ class EnvFileError(ValueError):
     """A line of an environment file is not `export NAME=value` (the message names it)."""
 
 
-def stack_environment(stack: Stack) -> dict[str, str]:
+def stack_environment(stack: RunningStack) -> dict[str, str]:
     """Every variable an operator command or a runbook needs for this running stack."""
     env = {
         "PAYOUTS_RUN_DIR": str(stack.run_dir),
@@ -92,7 +92,7 @@ def stack_environment(stack: Stack) -> dict[str, str]:
     return env
 
 
-def endpoint_variables(stack: Stack) -> dict[str, str]:
+def endpoint_variables(stack: RunningStack) -> dict[str, str]:
     """The metrics and health endpoints that have no service URL of their own: the outbox
     publisher's, each worker's (/metrics and /health) and its Temporal SDK metrics, Temporal's;
     lists are space-separated (`for url in $WORKER_URLS; do ...; done`)."""

@@ -26,7 +26,7 @@ import yaml
 from stack.endpoints import endpoints
 
 if TYPE_CHECKING:
-    from stack.system import Stack
+    from stack.running import RunningStack
 
 ROOT = Path(__file__).resolve().parent.parent
 OPS_DIR = ROOT / "ops" / "prometheus"
@@ -119,7 +119,7 @@ def generated_text(name: str) -> str:
 
 
 def local_targets(
-    stack: Stack, extra: Mapping[str, Iterable[str]] | None = None
+    stack: RunningStack, extra: Mapping[str, Iterable[str]] | None = None
 ) -> dict[str, list[str]]:
     """host:port targets per shipped job for a running stack (a job with no process: none), plus
     `extra` (job -> hosts, e.g. a process the game day runs beside the stack)."""
@@ -148,7 +148,7 @@ def local_jobs(
     return out
 
 
-def https_jobs(stack: Stack) -> dict[str, dict[str, str]]:
+def https_jobs(stack: RunningStack) -> dict[str, dict[str, str]]:
     """The `tls_config` of each job whose endpoints answer https only: the stack's CA file, and
     for etcd (`--client-cert-auth`) the stack's own etcd client certificate and key."""
     ca = stack.tls_ca_file
@@ -176,7 +176,7 @@ def write_local_targets(targets_dir: Path, by_job: Mapping[str, Sequence[str]]) 
         tmp.replace(path)
 
 
-def write_local_config(stack: Stack, folder: Path) -> Path:
+def write_local_config(stack: RunningStack, folder: Path) -> Path:
     """`folder/prometheus.yml`: the shipped configuration for this stack's ports, with the
     repository's rule files (what `payouts up` writes under RUN/prometheus/)."""
     shipped = load()

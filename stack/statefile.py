@@ -16,12 +16,12 @@ from stack.preflight import safe_url
 from stack.promconfig import write_local_config
 
 if TYPE_CHECKING:
-    from stack.system import Stack
+    from stack.running import RunningStack
 
 __all__ = ["write_state"]
 
 
-def write_state(stack: Stack, *, stopped: bool, up: bool) -> None:
+def write_state(stack: RunningStack, *, stopped: bool, up: bool) -> None:
     """stack.json: addresses and pids, so that a later run can detect leftovers; with `up` and
     not `stopped`, the env file and the Prometheus configuration too (removed otherwise)."""
     addrs = asdict(stack.addresses) if stack.addresses else {}
