@@ -8,18 +8,40 @@ checking the token; these loops only make a stale holder give up early.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from common.logs import get_logger
 from lockservice.api import LockError
-
-if TYPE_CHECKING:
-    from lockservice.sdk.client import LockClient
+from lockservice.sdk.calls import BoundedCalls
 
 _log = get_logger("lockservice.client")
 
 
-async def heartbeat_loop(client: LockClient) -> None:
+class Heartbeating(Protocol):
+    """What the two loops read and call on their client (`LockClient`): its session, local
+    deadline, clock and keepalive. A Protocol, so that this module need not import the client
+    that imports it."""
+
+    @property
+    def session_id(self) -> str | None: ...
+    @property
+    def deadline(self) -> float: ...
+    @property
+    def heartbeat_s(self) -> float: ...
+    @property
+    def leases_held(self) -> int: ...
+    @property
+    def calls(self) -> BoundedCalls: ...
+    @property
+    def clock(self) -> Callable[[], float]: ...
+    @property
+    def sleep(self) -> Callable[[float], Awaitable[None]]: ...
+    async def keepalive_once(self) -> bool: ...
+    def session_lost(self, reason: str) -> None: ...
+
+
+async def heartbeat_loop(client: Heartbeating) -> None:
     """Keeps the session alive every `heartbeat_s`, sooner after a failed keepalive (FR-11)."""
     delay = client.heartbeat_s
     while True:
@@ -43,7 +65,7 @@ async def heartbeat_loop(client: LockClient) -> None:
             )
 
 
-async def watchdog_loop(client: LockClient) -> None:
+async def watchdog_loop(client: Heartbeating) -> None:
     """Fires the lost signal as soon as the local deadline passes (FR-12)."""
     while True:
         remaining = client.deadline - client.clock()

@@ -12,15 +12,29 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from lockservice.api import Grant, LockError
 from lockservice.verifiers import SignedGrant
 
-if TYPE_CHECKING:
-    from lockservice.sdk.client import LockClient
-
 LostCallback = Callable[["Lease", str], None]
+
+
+class LeaseOwner(Protocol):
+    """What a `Lease` asks of the client that handed it out (`LockClient`): its clock and local
+    deadline, the lost signal, and a renew. A Protocol, so that this module need not import the
+    client that imports it."""
+
+    @property
+    def clock(self) -> Callable[[], float]: ...
+    @property
+    def deadline(self) -> float: ...
+    @property
+    def ttl_s(self) -> float: ...
+    @property
+    def safety_margin(self) -> float: ...
+    def session_lost(self, reason: str) -> None: ...
+    async def renew(self, lease: Lease) -> Lease: ...
 
 
 class NotAcquiredError(LockError):
@@ -43,7 +57,7 @@ class Lease:
     """
 
     grant: Grant
-    _client: LockClient = field(repr=False)
+    _client: LeaseOwner = field(repr=False)
     #: The lock server's signature over `grant` (None only from a server that does not sign).
     signed: SignedGrant | None = None
     lost: asyncio.Event = field(default_factory=asyncio.Event)

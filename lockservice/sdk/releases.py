@@ -24,8 +24,9 @@ and the resources fence every stale token.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 from urllib.parse import quote
 
 import httpx
@@ -34,9 +35,8 @@ from prometheus_client import Counter, Gauge
 from common.logs import get_logger
 from lockservice import api
 from lockservice.api import Grant, LockError
-
-if TYPE_CHECKING:
-    from lockservice.sdk.client import LockClient
+from lockservice.sdk.calls import BoundedCalls
+from lockservice.sdk.turns import KeyTurns
 
 _log = get_logger("lockservice.client")
 
@@ -60,10 +60,27 @@ _EVENTS: dict[Outcome, str] = {
 }
 
 
+class ReleaseOwner(Protocol):
+    """What the background releases read and use of their client (`LockClient`): its session,
+    clock, bounded calls, per-key turns and the tokens handed to callers. A Protocol, so that this
+    module need not import the client that imports it."""
+
+    @property
+    def session_id(self) -> str | None: ...
+    @property
+    def clock(self) -> Callable[[], float]: ...
+    @property
+    def calls(self) -> BoundedCalls: ...
+    @property
+    def turns(self) -> KeyTurns: ...
+    @property
+    def issued(self) -> dict[str, int]: ...
+
+
 class BackgroundReleases:
     """The pending releases and reapers of one `LockClient` (which owns one and delegates)."""
 
-    def __init__(self, client: LockClient) -> None:
+    def __init__(self, client: ReleaseOwner) -> None:
         self._client = client
         self._reapers: set[asyncio.Task[None]] = set()
         self._pending: dict[tuple[str, int], asyncio.Task[None]] = {}
