@@ -78,13 +78,11 @@ class HelpFormatter(argparse.HelpFormatter):
         return f"{text} (default: %(default)s)".lstrip()
 
 
-def use_help_formatter(parser: argparse.ArgumentParser) -> None:
+def use_help_formatter(parser: OneLineParser) -> None:
     """Apply `HelpFormatter` to a parser and all of its subcommands, however deep."""
     parser.formatter_class = HelpFormatter
-    for action in parser._actions:  # argparse exposes subparsers only through this list
-        if isinstance(action, argparse._SubParsersAction):
-            for child in action.choices.values():
-                use_help_formatter(child)
+    for child in parser.subcommands.values():
+        use_help_formatter(child)
 
 
 def build_parser() -> argparse.ArgumentParser:

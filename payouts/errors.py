@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -93,23 +94,44 @@ class CommandError(Exception):
 class OneLineParser(argparse.ArgumentParser):
     """An argument error is one line and a hint on stderr, exit 2 (not the whole usage). The
     hint names the deepest subcommand given (`payouts payout create --help`), also for an
-    unrecognized option, which argparse reports from the top parser."""
+    unrecognized option, which argparse reports from the top parser.
+
+    It keeps its subcommands' parsers (`subcommands`): argparse hands them out only on the action
+    `add_subparsers` returns. Its subcommands are OneLineParsers too (argparse's `parser_class`
+    defaults to the parent's class), so the whole tree can be walked through `subcommands`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._words: list[str] = []
+        self._subcommands: dict[str, OneLineParser] = {}
+
+    def add_subparsers(self, **kwargs: Any) -> Any:
+        """argparse's `add_subparsers`; the action's `choices` is the dict its `add_parser` fills
+        (name or alias: parser), kept as `subcommands`."""
+        action = super().add_subparsers(**kwargs)
+        self._subcommands = action.choices
+        return action
+
+    @property
+    def subcommands(self) -> Mapping[str, OneLineParser]:
+        """Each subcommand's parser by its name (and by each alias); empty for a leaf command."""
+        return self._subcommands
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
         self._words = [str(w) for w in (sys.argv[1:] if args is None else args)]
         return super().parse_known_args(args, namespace)
 
     def error(self, message: str) -> NoReturn:
-        prog = _deepest_prog(self, getattr(self, "_words", []))
+        prog = _deepest_prog(self, self._words)
         self.exit(EXIT_USAGE, f"usage error: {message}; see `{prog} --help`\n")
 
 
-def _deepest_prog(parser: argparse.ArgumentParser, argv: list[str]) -> str:
+def _deepest_prog(parser: OneLineParser, argv: list[str]) -> str:
     """The `prog` of the deepest subcommand that the words of `argv` name, from `parser`."""
     for word in argv:
-        for action in parser._actions:  # argparse exposes subparsers only through this list
-            if isinstance(action, argparse._SubParsersAction) and word in action.choices:
-                return _deepest_prog(action.choices[word], argv[argv.index(word) + 1 :])
+        child = parser.subcommands.get(word)
+        if child is not None:
+            return _deepest_prog(child, argv[argv.index(word) + 1 :])
     return parser.prog
 
 

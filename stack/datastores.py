@@ -64,7 +64,8 @@ class DataStores:
             pg = EmbeddedPostgres(data_dir=self.run_dir / "pg", port=cfg.ports.postgres, tls=pg_tls)
             how = "behind its TLS front" if pg.tls else "plaintext"
             self._progress(
-                f"starting embedded PostgreSQL on 127.0.0.1:{pg.port}, {how} (log {pg._log})"
+                f"starting embedded PostgreSQL on 127.0.0.1:{pg.port}, {how}"
+                f" (log {pg.startup_log_path})"
             )
             self.pg = pg
             try:

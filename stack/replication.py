@@ -113,8 +113,8 @@ class ReplicatedPostgres:
     def _base_backup(self, source: EmbeddedPostgres, target: EmbeddedPostgres) -> None:
         target.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         target.data_dir.chmod(0o700)
-        target._chown(target.data_dir)
-        target._run(
+        target.give_to_server_user(target.data_dir)
+        target.run_as_server_user(
             [
                 pg_bin("pg_basebackup"),
                 "-h",
@@ -164,7 +164,9 @@ class ReplicatedPostgres:
         (the dead node becomes the standby slot, not running)."""
         standby = self.standby
         wait = ["-w", "-t", str(int(timeout))]
-        standby._run([pg_bin("pg_ctl"), "-D", str(standby.data_dir), *wait, "promote"], timeout + 5)
+        standby.run_as_server_user(
+            [pg_bin("pg_ctl"), "-D", str(standby.data_dir), *wait, "promote"], timeout + 5
+        )
         deadline = time.monotonic() + timeout
         while _psql(standby, "SELECT pg_is_in_recovery()") != "f":
             if time.monotonic() > deadline:

@@ -102,7 +102,7 @@ class FaultInjector:
             db=self.attempts.pool,
             rail=self.rail_faults.rail,
             rail_latency_ms=int(RAIL_BASELINE["latency_fixed_ms"]),
-            etcd_leader_kill=self._etcd_leader_kill,
+            etcd_leader_kill=self.etcd_leader_kill,
             progress=progress,
         )
         self.slots: list[str] = []
@@ -237,7 +237,7 @@ class FaultInjector:
             # The embedded PostgreSQL holds the lock tables AND the payment database.
             await self.stack.restart("postgres")
             return {"restarted": "postgres"}
-        return await self._etcd_leader_kill()
+        return await self.etcd_leader_kill()
 
     async def _db_failover(self, fault: Fault) -> dict[str, Any]:
         """SIGKILL the PostgreSQL primary (lock tables and payment database) mid-run and promote
@@ -245,11 +245,15 @@ class FaultInjector:
         client saw committed is lost (stack.replication); the run's checks prove it."""
         return await self.stack.db_failover()
 
-    async def _etcd_leader_kill(self) -> dict[str, Any]:
+    async def etcd_leader_kill(self) -> dict[str, Any]:
+        """SIGKILL the etcd leader, measure how long lock acquires fail (`probe_acquire`, up to
+        60 s), then start the member again; the change is also kept in `leader_changes`. The
+        backend_restart fault on etcd, a replica fault (lab.chaos.replicas) and the game day's
+        leader-change scenario (lab.gameday.scenarios) fire it."""
         leader = await self._leader(within_s=10.0)
         if leader is None:
             return {"restarted": "etcd", "leader": None, "note": "no leader found"}
-        if not await self._probe_acquire():
+        if not await self.probe_acquire():
             self.progress("  warning: lock acquire failed before the leader kill")
         killed_at = time.monotonic()
         await self.stack.stop_etcd_member(leader, signal.SIGKILL)
@@ -257,7 +261,7 @@ class FaultInjector:
         # (a new leader elected, the lock server's channel failed over, a grant written).
         available = False
         while time.monotonic() - killed_at < 60.0:
-            if await self._probe_acquire():
+            if await self.probe_acquire():
                 available = True
                 break
             await asyncio.sleep(0.05)
@@ -282,7 +286,7 @@ class FaultInjector:
                 return leader
             await asyncio.sleep(0.1)
 
-    async def _probe_acquire(self) -> bool:
+    async def probe_acquire(self) -> bool:
         """One lock acquire on a probe key through the lock server (session TTL 2 s, left to
         expire). The key is outside `payout:` so it never counts as workload."""
         self._probe_seq += 1

@@ -161,7 +161,7 @@ async def _lose_etcd_quorum(ctx: Ctx) -> None:
 
 async def _probes(ctx: Ctx) -> None:
     while True:  # probes, as a load balancer's would; each one an acquire attempt
-        await ctx.faults._probe_acquire()
+        await ctx.faults.probe_acquire()
         await asyncio.sleep(0.5)
 
 
@@ -182,16 +182,16 @@ async def _restore_etcd_quorum(ctx: Ctx) -> None:
 async def _probe_until_ok(ctx: Ctx, within_s: float) -> None:
     deadline = asyncio.get_running_loop().time() + within_s
     while asyncio.get_running_loop().time() < deadline:
-        if await ctx.faults._probe_acquire():
+        if await ctx.faults.probe_acquire():
             for _ in range(10):  # successful acquires bring the short window's ratio down
-                await ctx.faults._probe_acquire()
+                await ctx.faults.probe_acquire()
             return
         await asyncio.sleep(0.5)
 
 
 async def _leader_kills(ctx: Ctx) -> None:
     for _ in range(2):  # two elections inside the (shortened) day: over budget
-        await ctx.faults._etcd_leader_kill()
+        await ctx.faults.etcd_leader_kill()
 
 
 async def _confirm_leader_changes(ctx: Ctx) -> bool:

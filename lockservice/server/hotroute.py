@@ -63,6 +63,9 @@ def _body_of(route: APIRoute, known: set[Callable[..., Any]]) -> tuple[str, type
     calls = {sub.call for sub in d.dependencies}
     if calls != known or d.path_params or d.query_params or d.header_params or d.cookie_params:
         raise TypeError(f"{route.path}: the fast path knows only the query check and the auth")
+    # `_embed_body_fields` is FastAPI's own (private) flag for a body read as {"<name>": model}
+    # (Body(embed=True)): no public name says it, so it is read here, and pyproject.toml pins
+    # FastAPI to the minor release tests/lockservice/test_hotroute.py ran against for that reason.
     if len(d.body_params) != 1 or route._embed_body_fields:
         raise TypeError(f"{route.path}: the fast path needs exactly one body model")
     field = d.body_params[0]

@@ -207,24 +207,30 @@ class EmbeddedPostgres:
         return self.data_dir.parent / f"{self.data_dir.name}.json"
 
     @property
-    def _log(self) -> Path:
+    def startup_log_path(self) -> Path:
         """Text: what the postmaster writes to stderr before its logging collector takes over (a
         failed start's reason, and the collector's two lines saying it has taken over), read
         back when a start fails. It is also the collector's stderr-format file, which stays
         silent (jsonlog is the only destination)."""
         return self.data_dir.parent / f"{self.data_dir.name}.log"
 
-    def _run(self, args: list[str], timeout: float = 60) -> None:
+    def run_as_server_user(self, args: list[str], timeout: float = 60) -> None:
+        """Run one of PostgreSQL's programs on this cluster (initdb, pg_ctl, pg_basebackup) as the
+        server's system user; a failure raises EmbeddedServerError with the program's stderr and
+        the tail of `startup_log_path`."""
         user = _pg_system_user()
         try:
             subprocess.run(args, check=True, capture_output=True, timeout=timeout, user=user)
         except subprocess.CalledProcessError as exc:
-            log = self._log.read_text(errors="replace")[-2000:] if self._log.exists() else ""
+            startup = self.startup_log_path
+            log = startup.read_text(errors="replace")[-2000:] if startup.exists() else ""
             raise EmbeddedServerError(
                 f"{' '.join(args[:2])} failed: {exc.stderr.decode(errors='replace')}\n{log}"
             ) from exc
 
-    def _chown(self, path: Path) -> None:
+    def give_to_server_user(self, path: Path) -> None:
+        """Make `path` the server's system user's (only under root: the server then runs as that
+        user and must own its data directory and append to its logs)."""
         user = _pg_system_user()
         if user is not None:
             shutil.chown(path, user=user)
@@ -233,8 +239,8 @@ class EmbeddedPostgres:
         if (self.data_dir / "PG_VERSION").exists():
             return
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._chown(self.data_dir)
-        self._run(
+        self.give_to_server_user(self.data_dir)
+        self.run_as_server_user(
             [
                 pg_bin("initdb"),
                 "-D",
@@ -258,9 +264,9 @@ class EmbeddedPostgres:
             )
         # The server runs as its own system user when we are root: it must be able to append to
         # its log files, in a folder it cannot write (its collector's stderr-format file too).
-        for path in (self._log, self.log_path):
+        for path in (self.startup_log_path, self.log_path):
             path.touch()
-            self._chown(path)
+            self.give_to_server_user(path)
         # With TLS the server takes no TCP address at all: its front does (start_front).
         listen = "''" if self.tls else "127.0.0.1"
         opts = f"-h {listen} -p {self.port} -k {self.data_dir} -c max_connections=400"
@@ -272,13 +278,13 @@ class EmbeddedPostgres:
         if self.fast:
             opts += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
         opts += "".join(f" -c {o}" for o in self.extra_options)
-        self._run(
+        self.run_as_server_user(
             [
                 pg_bin("pg_ctl"),
                 "-D",
                 str(self.data_dir),
                 "-l",
-                str(self._log),
+                str(self.startup_log_path),
                 "-w",
                 "-t",
                 str(int(timeout)),
@@ -314,7 +320,9 @@ class EmbeddedPostgres:
     def stop(self, mode: str = "fast") -> None:
         try:
             if (self.data_dir / "postmaster.pid").exists():
-                self._run([pg_bin("pg_ctl"), "-D", str(self.data_dir), "-w", "-m", mode, "stop"])
+                self.run_as_server_user(
+                    [pg_bin("pg_ctl"), "-D", str(self.data_dir), "-w", "-m", mode, "stop"]
+                )
         finally:
             self.stop_front()
 
