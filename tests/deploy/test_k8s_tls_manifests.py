@@ -19,8 +19,14 @@ import yaml
 
 from common.db_roles import DSN_VARS
 from tests.deploy import envcontract
-from tests.deploy.conftest import ROOT, TERRAFORM, k8s_documents, main_container, pod_template
-from tests.deploy.test_static import HCL_OPTIONS
+from tests.deploy.conftest import (
+    HCL_OPTIONS,
+    ROOT,
+    TERRAFORM,
+    k8s_documents,
+    main_container,
+    pod_template,
+)
 
 CERTS = runpy.run_path(str(ROOT / "deploy" / "k8s_tls.py"))["CERTS"]
 CA_CONFIGMAP = "payouts-ca"
