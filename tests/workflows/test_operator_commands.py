@@ -35,6 +35,7 @@ from activities import models as m
 from lockservice.sdk import LockClient
 from stack.embedded.temporal import temporal_binary
 from tests.credentials import OPERATOR, token, token_file
+from tests.workflows.integration import ids, record, start
 from tests.workflows.system import (
     System,
     audit_rows,
@@ -44,7 +45,6 @@ from tests.workflows.system import (
     signed_command,
     wait_for,
 )
-from tests.workflows.test_payout_integration import ids, record, start
 from workflows.payout import PayoutWorkflow
 
 RULES = [{"reference_prefix": "amb-", "action": "ambiguous"}]

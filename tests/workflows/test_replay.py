@@ -28,7 +28,7 @@ from workflows.payout import PayoutWorkflow
 HISTORIES = Path(__file__).parent / "histories"
 #: History name -> the test that records it (RECORD_HISTORIES=1), and the branch it covers.
 REQUIRED = {
-    # test_payout_integration.py, both shapes of the A/B switch `PayoutInput.two_task`.
+    # test_payout_integration_*.py, both shapes of the A/B switch `PayoutInput.two_task`.
     "two_task_happy_path": "acquire_and_execute: claim, submit, post, release in one activity",
     "three_task_happy_path": "acquire_lock, then execute_payout on the holder's queue",
     "two_task_worker_killed_recovered": "holder killed in acquire_and_execute after the submit; "
