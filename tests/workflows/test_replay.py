@@ -48,7 +48,7 @@ REQUIRED = {
     # test_operator_assertions.py: refused operator assertions, then a valid one carried out.
     "revoke_assertions_refused_then_valid": "revokes refused by the lock server, then one",
     "abandon_assertions_refused_then_valid": "abandons refused by the payment store, then one",
-    # test_operator_commands.py: the dynamic signal handler, Updates, the store's verdicts.
+    # test_operator_commands_*.py: the dynamic signal handler, Updates, the store's verdicts.
     "commands_evidence_outranks_abandon": "the abandon's last lookup finds the rail's evidence",
     "commands_malformed_signals": "malformed signals refused and audited",
     "commands_forged_abandon_refused_signed_carried_out": "forged abandon refused, signed one",
