@@ -12,7 +12,7 @@ CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
 
 venv: $(STAMP)
 
-# checkov for the static deployment checks (tests/deploy/test_static.py), which only `make test`
+# checkov for the static deployment checks (tests/deploy/test_static_*.py), which only `make test`
 # runs: `make demo` and the other targets never wait for its install.
 deploy-lint: $(CHECKOV_STAMP)
 

@@ -2,7 +2,7 @@
 MOCK proxy: which writes it makes, that it submits at most once and only a payout it claimed
 itself, that it releases the grant once the payout is terminal, and that a UC-01 step running
 long enough to heartbeat is named in its heartbeat details. The real components run the same step in
-tests/workflows/test_payout_integration.py. The lock server runs in-process over the FAKE
+tests/workflows/test_payout_integration_*.py. The lock server runs in-process over the FAKE
 backend, for a real grant and a real release.
 """
 

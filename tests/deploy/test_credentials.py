@@ -27,6 +27,7 @@ from common.db_roles import ROLE_NAMES
 from stack.credentials import STACK_ACCEPTS, STACK_IDENTITIES
 from tests.deploy import envcontract
 from tests.deploy.conftest import (
+    HCL_OPTIONS,
     K8S,
     ROOT,
     TERRAFORM,
@@ -35,7 +36,6 @@ from tests.deploy.conftest import (
     pod_template,
     workloads,
 )
-from tests.deploy.test_static import HCL_OPTIONS
 
 SCRIPT = ROOT / "deploy" / "compose" / "install-credentials.sh"
 MOUNT = PurePosixPath("/run/credentials")

@@ -207,6 +207,17 @@ async def posting_keys(pool: asyncpg.Pool) -> set[str]:
     return {r["delivery_key"] for r in rows}
 
 
+async def ledger_key(pool: asyncpg.Pool, payout_id: str) -> str:
+    rows = await outbox_rows(
+        pool, "event_type = 'ledger.posted' AND payload->>'payout_id' = $1", payout_id
+    )
+    return str(rows[0]["delivery_key"])
+
+
+async def all_delivered(pool: asyncpg.Pool) -> bool:
+    return all(r["status"] == "delivered" for r in await outbox_rows(pool))
+
+
 Running = Callable[[Publisher], Awaitable[Callable[[], Awaitable[None]]]]
 
 

@@ -1,4 +1,6 @@
-"""Fixtures for the local-stack tests: private ports, a private run directory, and the database.
+"""Fixtures for the local-stack tests: private ports, a private run directory, and the database;
+and what several of them check of a running stack: an acquire as the worker, its metrics
+endpoints and the identifier labels none may carry, and every process gone after it.
 
 Every port is passed by environment variable and chosen free, so a developer's own stack on
 7233/8233/8701... never collides with the tests.
@@ -12,12 +14,15 @@ import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from common.pgutil import create_database, drop_database
 from stack.config import Ports
 from stack.embedded.shared import free_port
+from stack.endpoints import endpoints
 from stack.process import pid_alive
+from stack.system import Stack
 
 
 @pytest.fixture
@@ -65,3 +70,26 @@ async def external_database_url() -> AsyncIterator[str | None]:
 def assert_all_gone(pids: dict[str, int]) -> None:
     alive = {name: pid for name, pid in pids.items() if pid_alive(pid)}
     assert not alive, f"processes left behind: {alive}"
+
+
+async def acquire_token(stack: Stack, key: str) -> int:
+    """An acquire as the worker component (the stack's token for it)."""
+    lock_url, headers = stack.lock_url, {"Authorization": f"Bearer {stack.token('worker')}"}
+    async with httpx.AsyncClient(base_url=lock_url, timeout=10, headers=headers) as http:
+        session = (await http.post("/v1/sessions", json={})).json()["session_id"]
+        resp = await http.post("/v1/locks/acquire", json={"session_id": session, "key": key})
+        resp.raise_for_status()
+        return int(resp.json()["token"])
+
+
+#: Label names that would carry an unbounded identifier (NFR-09).
+ID_LABELS = {
+    "payout_id", "account_id", "key", "lock_key", "token", "session", "session_id",
+    "correlation_id", "client_reference", "workflow_id", "run_id", "movement_id",
+}  # fmt: skip
+
+
+def metrics_endpoints(stack: Stack) -> dict[str, str]:
+    """Every /metrics the stack's processes serve (stack.endpoints, as `payouts up` prints
+    them): ours, the Temporal SDK's per worker, and the dev server's."""
+    return {e.process: f"{e.url}/metrics" for e in endpoints(stack) if e.job != "temporal"}

@@ -26,8 +26,7 @@ from stack.cli import export_env
 from stack.config import Ports, StackConfig
 from stack.embedded.shared import free_port
 from stack.system import Stack
-from tests.stack.conftest import external_database
-from tests.stack.test_stack import _ID_LABELS, _metrics_endpoints
+from tests.stack.conftest import ID_LABELS, external_database, metrics_endpoints
 from tests.waiting import wait_for
 from workflows.payout import PayoutWorkflow
 
@@ -216,11 +215,11 @@ async def test_one_payout_is_one_trace_through_every_process(stack: Stack) -> No
     out = _cli(stack, "payout", "trace", payout_id)  # the waterfall, from the same files
     assert f"trace {trace_id}" in out and "RunActivity:acquire_and_execute" in out
     async with httpx.AsyncClient(timeout=10) as http:
-        for name, url in _metrics_endpoints(stack).items():
+        for name, url in metrics_endpoints(stack).items():
             text = (await http.get(url)).text
             for family in text_string_to_metric_families(text):
                 for sample in family.samples:
-                    assert not _ID_LABELS & set(sample.labels), (name, sample)
+                    assert not ID_LABELS & set(sample.labels), (name, sample)
                     assert not {trace_id, payout_id} & set(sample.labels.values()), (name, sample)
 
 

@@ -1,6 +1,6 @@
 """Fixtures of the workflow tests that run the real system: per test module, the lock server,
 rail stub and rail proxy as real processes on the session database (tests/workflows/system.py),
-and per test, in-process workers on a task queue of their own.
+and per test, in-process workers on a task queue of their own, and a rail whose lookups lag.
 
 A module using them sets RULES (its rail stub's behaviour rules) and may set WORKERS (how many
 workers `workers` starts; 1 unless set)."""
@@ -41,3 +41,12 @@ async def workers(
     count = getattr(request.module, "WORKERS", 1)
     async with in_process_workers(temporal_env.client, system, queue, count=count):
         yield queue
+
+
+@pytest.fixture
+def lagging_rail(system: System) -> Iterator[None]:
+    """The rail's lookups lag far behind: an ambiguous payout stays RAIL_AMBIGUOUS until the
+    test lets the rail answer (`system.stub_set(visibility_delay_s=0)`)."""
+    system.stub_set(visibility_delay_s=3600)
+    yield
+    system.stub_set(visibility_delay_s=0)

@@ -30,6 +30,7 @@ from lockservice.sdk import LockClient
 from stack.embedded.temporal import temporal_binary
 from tests.credentials import OPERATOR, token
 from tests.grants import operator_assertion as locally_signed
+from tests.workflows.integration import RULES, ids, record, start
 from tests.workflows.system import (
     System,
     audit_rows,
@@ -42,7 +43,6 @@ from tests.workflows.system import (
     signed_command,
     wait_for,
 )
-from tests.workflows.test_payout_integration import RULES, ids, record, start
 from workflows.payout import PayoutWorkflow
 
 Handle = WorkflowHandle[PayoutWorkflow, m.PayoutStatus]

@@ -28,7 +28,7 @@ from workflows.payout import PayoutWorkflow
 HISTORIES = Path(__file__).parent / "histories"
 #: History name -> the test that records it (RECORD_HISTORIES=1), and the branch it covers.
 REQUIRED = {
-    # test_payout_integration.py, both shapes of the A/B switch `PayoutInput.two_task`.
+    # test_payout_integration_*.py, both shapes of the A/B switch `PayoutInput.two_task`.
     "two_task_happy_path": "acquire_and_execute: claim, submit, post, release in one activity",
     "three_task_happy_path": "acquire_lock, then execute_payout on the holder's queue",
     "two_task_worker_killed_recovered": "holder killed in acquire_and_execute after the submit; "
@@ -48,7 +48,7 @@ REQUIRED = {
     # test_operator_assertions.py: refused operator assertions, then a valid one carried out.
     "revoke_assertions_refused_then_valid": "revokes refused by the lock server, then one",
     "abandon_assertions_refused_then_valid": "abandons refused by the payment store, then one",
-    # test_operator_commands.py: the dynamic signal handler, Updates, the store's verdicts.
+    # test_operator_commands_*.py: the dynamic signal handler, Updates, the store's verdicts.
     "commands_evidence_outranks_abandon": "the abandon's last lookup finds the rail's evidence",
     "commands_malformed_signals": "malformed signals refused and audited",
     "commands_forged_abandon_refused_signed_carried_out": "forged abandon refused, signed one",

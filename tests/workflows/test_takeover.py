@@ -21,7 +21,7 @@ from activities import models as m
 from lab.experiments.harness import default_config
 from lab.experiments.pause import pause_experiment
 from stack.config import StackConfig
-from tests.workflows.test_payout_orchestration import new_world, running, start, wait_status
+from tests.workflows.orchestration import new_world, running, start, wait_status
 
 #: Short holder timeouts, as the pause experiment uses; a long acquire wait, as production has.
 TAKEOVER = {"holder_heartbeat_timeout_s": 1.0, "acquire_wait_s": 300.0}

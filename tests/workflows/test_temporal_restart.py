@@ -48,6 +48,7 @@ from stack.embedded.shared import free_port
 from stack.embedded.temporal import temporal_binary
 from stack.services import TEMPORAL_SQLITE_PRAGMAS
 from tests.credentials import token
+from tests.workflows.integration import record
 from tests.workflows.system import (
     InProcessWorker,
     System,
@@ -59,7 +60,6 @@ from tests.workflows.system import (
     running_system,
     wait_for,
 )
-from tests.workflows.test_payout_integration import record
 from workflows.payout import PayoutWorkflow
 from workflows.search_attributes import dev_server_flags
 

@@ -1,14 +1,15 @@
-"""The real local stack, started through the Python API: healthy, answering, and gone after exit."""
+"""The real local stack on its default backend, started through the Python API: every service
+healthy and answering, each process on its own credentials and database role, restarts kept
+healthy, every process's metrics free of identifiers, and nothing left behind after exit or a
+failed start."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
-import signal
 import stat
 import subprocess
-import sys
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -18,7 +19,6 @@ import asyncpg
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from structlog.testing import capture_logs
 from temporalio.client import Client
 
 from common import db_roles
@@ -26,7 +26,6 @@ from common.stackmark import database_mark, temporal_mark
 from lab.experiments.evidence import json_events
 from payouts.batch import PayoutSpec
 from payouts.workload import create_payouts, seed_accounts, start_workflows
-from stack import promconfig
 from stack.cli import exports
 from stack.config import ServiceFailedError, StackConfig
 from stack.endpoints import endpoints
@@ -34,18 +33,8 @@ from stack.envfile import read_env_file
 from stack.services import worker_available
 from stack.system import Stack
 from tests.jsonlogs import assert_every_line_json, service_logs
-from tests.stack.conftest import assert_all_gone
+from tests.stack.conftest import ID_LABELS, acquire_token, assert_all_gone, metrics_endpoints
 from workflows.reconcile_schedule import SCHEDULE_ID
-
-
-async def _acquire_token(stack: Stack, key: str) -> int:
-    """An acquire as the worker component (the stack's token for it)."""
-    lock_url, headers = stack.lock_url, {"Authorization": f"Bearer {stack.token('worker')}"}
-    async with httpx.AsyncClient(base_url=lock_url, timeout=10, headers=headers) as http:
-        session = (await http.post("/v1/sessions", json={})).json()["session_id"]
-        resp = await http.post("/v1/locks/acquire", json={"session_id": session, "key": key})
-        resp.raise_for_status()
-        return int(resp.json()["token"])
 
 
 async def _assert_credentials(stack: Stack) -> None:
@@ -192,7 +181,7 @@ async def test_stack_starts_every_service_and_leaves_nothing_behind(
             proxy = (await http.get(f"{stack.railproxy_url}/health")).json()
             assert proxy["fencing_enforced"] is True
             assert proxy["submission_guard_enforced"] is True
-        assert await _acquire_token(stack, "stack-test:a") > 0
+        assert await acquire_token(stack, "stack-test:a") > 0
         await _assert_what_compose_runs(stack, client)
         _assert_env_file(stack)
         _assert_private_key_only_at_the_lock_server(stack, stack_dir)
@@ -205,7 +194,7 @@ async def test_stack_starts_every_service_and_leaves_nothing_behind(
         seen["lock-server-old"] = old_pid
         seen["lock-server"] = new_pid
         assert new_pid != old_pid
-        assert await _acquire_token(stack, "stack-test:b") > 0
+        assert await acquire_token(stack, "stack-test:b") > 0
 
         if external_database_url is None:
             seen["postgres-old"] = stack.processes["postgres"].pid
@@ -276,19 +265,6 @@ def _assert_env_file(stack: Stack) -> None:
     assert (done.returncode, done.stdout) == (0, "200"), done.stderr
 
 
-#: Label names that would carry an unbounded identifier (NFR-09).
-_ID_LABELS = {
-    "payout_id", "account_id", "key", "lock_key", "token", "session", "session_id",
-    "correlation_id", "client_reference", "workflow_id", "run_id", "movement_id",
-}  # fmt: skip
-
-
-def _metrics_endpoints(stack: Stack) -> dict[str, str]:
-    """Every /metrics the stack's processes serve (stack.endpoints, as `payouts up` prints
-    them): ours, the Temporal SDK's per worker, and the dev server's."""
-    return {e.process: f"{e.url}/metrics" for e in endpoints(stack) if e.job != "temporal"}
-
-
 async def _one_payout_then_scrape_every_process(stack: Stack) -> None:
     """One payout through the whole stack, then every process's metrics are scraped: each answers,
     and no label, by name or by value, carries the payout's, the account's or the lock's id."""
@@ -312,76 +288,15 @@ async def _one_payout_then_scrape_every_process(stack: Stack) -> None:
         await conn.close()
     secrets = {spec.payout_id, spec.account_id, f"payout:{spec.account_id}"}
     async with httpx.AsyncClient(timeout=10) as http:
-        for name, url in _metrics_endpoints(stack).items():
+        for name, url in metrics_endpoints(stack).items():
             response = await http.get(url)
             assert response.status_code == 200, (name, url)
             families = list(text_string_to_metric_families(response.text))
             assert families, (name, "no metrics")
             for family in families:
                 for sample in family.samples:
-                    assert not _ID_LABELS & set(sample.labels), (name, sample)
+                    assert not ID_LABELS & set(sample.labels), (name, sample)
                     assert not secrets & set(sample.labels.values()), (name, sample)
-
-
-async def _etcd_is_mutual_tls_end_to_end(stack: Stack, lock_env: dict[str, str]) -> None:
-    """Issue 27 §1: the embedded etcd answers https only; the lock server (which just granted)
-    has its own client certificate, the stack's leader check and Prometheus the stack's, and
-    the env file's etcdctl variables reach the member, a documented runbook command as written."""
-    assert stack.etcd_endpoints and all(e.startswith("https://") for e in stack.etcd_endpoints)
-    assert lock_env["LOCK_ETCD_CA_FILE"] == str(stack.tls_ca_file)
-    assert lock_env["LOCK_ETCD_CERT_FILE"].endswith("etcd-client-lock-server.pem")
-    assert await stack.etcd_leader() == "m0"
-    etcd_job = promconfig.https_jobs(stack)["etcd"]
-    assert etcd_job["cert_file"].endswith("etcd-client-stack.pem"), etcd_job
-    env = read_env_file(stack.run_dir / "stack.env")
-    etcdctl = Path(sys.executable).parent / "etcdctl"
-    status = await asyncio.to_thread(
-        subprocess.run,
-        [str(etcdctl), "endpoint", "status", "-w", "table"],
-        env={"PATH": os.environ.get("PATH", ""), **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert status.returncode == 0, status.stderr
-    assert stack.etcd_endpoints[0] in status.stdout
-
-
-@pytest.mark.slow
-async def test_etcd_backend_with_fencing_off_is_wired_and_loud(
-    stack_env: dict[str, str], stack_dir: Path
-) -> None:
-    """backend=etcd starts etcd for the lock server; fencing off reaches the proxy and is logged."""
-    config = StackConfig.from_env(
-        stack_env, run_dir=stack_dir, workers=0, backend="etcd", fencing=False
-    )
-    lines: list[str] = []
-    with capture_logs() as events:
-        async with Stack(config, progress=lines.append) as stack:
-            pids = {name: info.pid for name, info in stack.processes.items()}
-            logs = service_logs(stack)
-            assert "etcd" in pids
-            assert stack.etcd_endpoints
-            async with httpx.AsyncClient(timeout=10) as http:
-                proxy = (await http.get(f"{stack.railproxy_url}/health")).json()
-            assert proxy["fencing_enforced"] is False
-            assert proxy["experiment_mode"] is True  # verified against the stub (FR-29)
-            assert proxy["submission_guard_enforced"] is False
-            assert await _acquire_token(stack, "stack-test:etcd") > 0
-            lock_env = stack.launcher.procs["lock-server"].env
-            assert lock_env["LOCK_BACKEND"] == "etcd"
-            await _etcd_is_mutual_tls_end_to_end(stack, lock_env)
-
-            # A real pause of one service's whole process group, then resumption.
-            stack.kill("railstub", signal.SIGSTOP)
-            stack.kill("railstub", signal.SIGCONT)
-            async with httpx.AsyncClient(timeout=10) as http:
-                assert (await http.get(f"{stack.railstub_url}/health")).status_code == 200
-    assert any("FENCING IS OFF" in line for line in lines)
-    assert any(e["event"] == "stack.fencing_disabled" for e in events)
-    assert_all_gone(pids)
-    assert_every_line_json(logs)  # after a SIGSTOP and SIGCONT of one of them too
 
 
 async def test_failed_start_stops_what_already_started(
