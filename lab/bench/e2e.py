@@ -116,7 +116,8 @@ async def _rounds(
             else:
                 res = await bench_floor.burst(client, shared, step, opts.n)
                 floors[step].append(res)
-            progress(f"round {r + 1} {step}: {res}")
+            shown = {k: v for k, v in res.items() if k != "payout_ids"}
+            progress(f"round {r + 1} {step}: {shown}")
     return floors, runs
 
 
