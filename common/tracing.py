@@ -203,6 +203,15 @@ def shutdown() -> None:
         provider.shutdown()
 
 
+def flush() -> bool:
+    """Export what is queued now, tracing staying on (a process that reads its own spans back
+    from its file); True if everything was exported, or tracing is off."""
+    provider = trace.get_tracer_provider()
+    if isinstance(provider, TracerProvider):
+        return provider.force_flush()
+    return True
+
+
 def instrument_app(app: Any) -> Any:
     """The FastAPI app with a server span per request, continuing the caller's `traceparent`;
     no spans for health probes and scrapes, and none for each ASGI send/receive (two extra

@@ -19,6 +19,10 @@ identical stack runs with OTEL_SDK_DISABLED=true and plain HTTP, and its bursts 
 the traced ones in the same rounds (`system_untraced`, `tracing_cost`). `--no-untraced` skips
 it.
 
+PostgreSQL statements per payout (issue 29), per service and in all, for the traced bursts of
+both shapes and the hot account: counted (lab.bench.statements) from the trace files once the
+stacks are down, every process having flushed its spans as it stopped.
+
 The real system's bursts, steady rate and degraded rail are measured in lab.bench.e2e_system,
 the figures summarised and tabled in lab.bench.e2e_report; this module runs the rounds and the
 command.
@@ -45,6 +49,7 @@ from typing import Any
 import asyncpg
 
 from common import tracing
+from common.tracefile import read_spans
 from lab.bench import floor as bench_floor
 from lab.bench import locks as bench_locks
 from lab.bench.e2e_report import floor_figures, ratios, system_mean, table, tracing_cost
@@ -59,6 +64,7 @@ from lab.bench.e2e_system import (
 )
 from lab.bench.hot import HotTarget, hot_account
 from lab.bench.locks import loadavg
+from lab.bench.statements import statements_per_payout
 from lab.experiments.harness import LOCK_TTL_S, isolated_ports
 from lab.experiments.pause import pause_experiment
 from payouts.commands import connect_temporal
@@ -110,7 +116,8 @@ async def _rounds(
             else:
                 res = await bench_floor.burst(client, shared, step, opts.n)
                 floors[step].append(res)
-            progress(f"round {r + 1} {step}: {res}")
+            shown = {k: v for k, v in res.items() if k != "payout_ids"}
+            progress(f"round {r + 1} {step}: {shown}")
     return floors, runs
 
 
@@ -174,11 +181,26 @@ async def _measure(opts: Options, work: Path, progress: Progress) -> dict[str, A
         progress(f"steady: {out['steady']}")
         out["degraded"] = await system_degraded(sysm, progress)
         progress(f"degraded: {out['degraded']}")
+        hot_ids: list[str] = []
         if opts.hot_n:
             target = HotTarget(sysm.stack, sysm.client, sysm.pool, opts.settle_timeout_s)
             out["hot"] = await hot_account(target, opts.hot_n, opts.rail_latency_ms, progress)
+            hot_ids = out["hot"].pop("payout_ids")
             progress(f"hot: {out['hot']}")
+    # The stacks are down: each process flushed its spans as it stopped. This process's own (the
+    # payouts' roots) are flushed now; then every span of the bursts is in the files.
+    tracing.flush()
+    spans = [*read_spans(bench_trace_dir(opts)), *read_spans(config.run_dir / "traces")]
+    for name in ("system", "system_three_task"):
+        out[name] |= statements_per_payout(spans, [i for r in runs[name] for i in r["payout_ids"]])
+    if hot_ids:
+        out["hot"] |= statements_per_payout(spans, hot_ids)
     return out
+
+
+def bench_trace_dir(opts: Options) -> Path:
+    """Where this process writes its spans (the roots of the traced stack's payouts)."""
+    return opts.run_dir / "traces"
 
 
 async def _takeover(opts: Options, progress: Progress) -> dict[str, Any]:
@@ -276,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         run_dir=a.run_dir,
     )
     # This process starts the traced stack's payouts: the root of each trace, beside its spans.
-    tracing.setup("bench-e2e", trace_dir=opts.run_dir / "traces")
+    tracing.setup("bench-e2e", trace_dir=bench_trace_dir(opts))
     trust_stack_ca_in_this_process()  # its stacks serve https (issue 27): trust their CA
     result = asyncio.run(run(opts, lambda s: print(s, flush=True)))
     tracing.shutdown()

@@ -15,6 +15,7 @@ from typing import Any
 from lab.bench import floor as bench_floor
 from lab.bench import locks as bench_locks
 from lab.bench.hot import hot_line
+from lab.bench.statements import statements_line
 
 
 def tracing_cost(on: dict[str, Any], off: dict[str, Any]) -> dict[str, Any]:
@@ -160,6 +161,9 @@ def table(result: dict[str, Any]) -> str:
             "system burst CPU per payout, ms: "
             + " ".join(f"{k}={v}" for k, v in sorted(cpu.items(), key=lambda kv: -kv[1]))
         )
+    for name, what in (("system", "system burst"), ("system_three_task", "three-task burst")):
+        if "statements_per_payout" in result[name]:
+            lines.append(statements_line(what, result[name]))
     calls = result["system"].get("temporal_calls_per_payout")
     if calls:
         lines.append(
@@ -177,6 +181,8 @@ def table(result: dict[str, Any]) -> str:
     )
     if result.get("hot"):
         lines.append(hot_line(result["hot"]))
+        if "statements_per_payout" in result["hot"]:
+            lines.append(statements_line("hot account", result["hot"]))
     cost = result.get("tracing_cost")
     if cost:
         tp, cpu = cost["throughput_per_s"], cost["cpu_ms_per_payout"]

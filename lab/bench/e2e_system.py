@@ -207,6 +207,8 @@ async def system_burst(
         "states": dict(states),
         "cpu_ms_per_payout": cpu,
         "temporal_calls_per_payout": calls,
+        # For the statements per payout, counted from the trace files once the stack is down.
+        "payout_ids": ids,
     }
 
 

@@ -134,6 +134,8 @@ async def hot_account(
         "states": states,
         "spread_drain_s": None if spread_s is None else round(spread_s, 2),
         "spread_states": spread_states,
+        # The hot account's payouts, for their statements (lab.bench.e2e pops it off the JSON).
+        "payout_ids": [s.payout_id for s in hot],
     }
 
 

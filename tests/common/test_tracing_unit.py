@@ -75,6 +75,12 @@ def test_unit_disabled_means_no_provider(monkeypatch: pytest.MonkeyPatch) -> Non
     assert tracing.tracer_provider("unit") is None
 
 
+def test_unit_flush_is_harmless_when_tracing_is_off() -> None:
+    """This test process never installs a provider: nothing to export, and no error."""
+    assert not tracing.enabled()
+    assert tracing.flush() is True
+
+
 @pytest.mark.parametrize(
     ("variable", "value"),
     [("OTEL_TRACES_SAMPLER_ARG", "lots"), ("OTEL_TRACES_SAMPLER_ARG", "1.5"),

@@ -34,6 +34,21 @@ def _assert_only_the_traced_stack_traced(run_dir: Path) -> None:
     assert any(s.service == "bench-e2e" for s in read_spans(run_dir / "traces"))
 
 
+def _assert_statements_counted(result: dict[str, Any], out: str) -> None:
+    """Read from the trace files once the stacks were down: every payout's trace found whole,
+    its statements run by the workers, the lock server and the rail proxy at least."""
+    for name in ("system", "system_three_task", "hot"):
+        figures = result[name]
+        assert figures["traced_payouts"] == figures["payouts"] == 3, figures
+        assert figures["orphan_spans"] == 0, figures
+        per = figures["statements_per_payout"]
+        assert min(per["workers"], per["lock-server"], per["railproxy"]) > 0, per
+        assert abs(per["total"] - sum(v for k, v in per.items() if k != "total")) < 0.05, per
+    assert "system burst PostgreSQL statements per payout: total=" in out
+    assert "three-task burst PostgreSQL statements per payout: total=" in out
+    assert "hot account PostgreSQL statements per payout: total=" in out
+
+
 async def test_bench_e2e_tiny_prints_the_issue_json_last(tmp_path: Path) -> None:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -107,6 +122,7 @@ async def test_bench_e2e_tiny_prints_the_issue_json_last(tmp_path: Path) -> None
     # Read from the stub's movement log: 2 hand-offs, none before the previous answer came back.
     assert hot["handoff_min_ms"] is not None and hot["handoff_min_ms"] >= 0
     assert "hot account: 3 payouts drained in" in out.decode()
+    _assert_statements_counted(result, out.decode())
     locks = result["locks"]  # bench_locks.run, in the same run: every backend beside its floor
     for kind in ("etcd", "postgres", "postgres_sync"):
         assert locks[kind]["p50_ms"] > 0 and locks[kind]["http_floor_p50_ms"] > 0
