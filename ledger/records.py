@@ -49,7 +49,8 @@ class Payout:
 @dataclass(frozen=True, slots=True)
 class AlreadyAdvanced:
     """Not an error (UC-01 alternate (a)): another holder already moved the payout past the
-    expected from-state. Nothing was written; the caller releases and moves on."""
+    expected from-state. Nothing of the payout was written (a claim still stamped its account's
+    fence, `ledger.store.steps`); the caller releases or recovers and moves on."""
 
     payout_id: str
     state: PayoutState

@@ -50,13 +50,14 @@ class ExecuteStep:
         after (the result's `steps`), and the workflow upserts the payout's state.
         """
         steps: list[str] = []
-        progress("claim", "reading")
-        payout = await self._writer.current(req.payout_id)
-        claimed_here = False
-        if payout.state == S.PENDING:
-            claimed_here, payout = await self._writer.claim(req)
-        else:
-            await self._writer.stamp_account_fence(req)
+        progress("claim", "claiming")
+        # The claim comes first, with no read before it: its fenced UPDATE ... WHERE state =
+        # 'PENDING' decides whether THIS attempt claimed (`claimed_here`), and a payout found in
+        # any other state is re-read after it. Its transaction also stamps the account's balance
+        # fence with our token whatever state the payout is in (INV-01: a thawed older holder is
+        # fenced out at once, even when we only recover or find the payout finished). One
+        # statement fewer on the happy path than reading first (issue 29), the same decision.
+        claimed_here, payout = await self._writer.claim(req)
         steps.append("claim")
         if not claimed_here or payout.state != S.CLAIMED:
             # Found in flight (another holder's work) or FAILED at the claim (insufficient

@@ -85,27 +85,22 @@ class HolderWriter:
         return result
 
     async def claim(self, req: m.StepRequest) -> tuple[bool, Payout]:
-        """The fenced claim of a PENDING payout; True when this call made the transition (not
-        another holder before it: then the payout is re-read)."""
+        """The fenced claim of the payout, whatever state it is in; True when this call made the
+        transition from PENDING. Otherwise (claimed or further on by an earlier holder) nothing
+        but the account's balance fence changed (stamped with our token in the same committed
+        transaction, `ledger.store.steps.WorkerSteps.claim`) and the payout is re-read."""
         grant = await self._grants.signed_grant(req)
-        with store_refusals(req):
-            result = await self._store.claim(
-                req.payout_id, req.token, self.ctx(req.context), grant=grant
-            )
+        try:
+            with store_refusals(req):
+                result = await self._store.claim(
+                    req.payout_id, req.token, self.ctx(req.context), grant=grant
+                )
+        except UnknownPayout as exc:
+            raise ApplicationError(str(exc), type=m.UNKNOWN_PAYOUT, non_retryable=True) from exc
         if isinstance(result, AlreadyAdvanced):
             return False, await self.current(req.payout_id)
         self._crash_if_armed(req, result)
         return True, result
-
-    async def stamp_account_fence(self, req: m.StepRequest) -> None:
-        """The fenced stamp of the account's balance row; FencedOut aborts the grant."""
-        grant = await self._grants.signed_grant(req)
-        try:
-            await self._store.stamp_account_fence(req.payout_id, req.token, grant=grant)
-        except FencedOut as exc:
-            raise fenced_error(exc) from exc
-        except InvalidGrant as exc:
-            raise lost_error(req, f"payment database refused the grant: {exc.reason}") from exc
 
     def _crash_if_armed(self, req: m.StepRequest, result: Payout) -> None:
         if self._crash_at and str(result.state) == self._crash_at:

@@ -38,6 +38,9 @@ class WorkerSteps:
 
         One transaction: the account's balance row is locked and fence-stamped, available funds
         = balance - amounts of this account's in-flight payouts, then the fenced payout update.
+        A payout already past PENDING is `AlreadyAdvanced` and the transaction still commits:
+        the claim of a newer holder that only recovers or posts stamps the account's fence all
+        the same (see `stamp_account_fence` for why that matters).
         """
         operation = "claim"
         async with self._writer.transaction(operation, payout_id, token, grant) as tx:
@@ -66,11 +69,12 @@ class WorkerSteps:
         """Raise the fence of the payout's account's balance row to T, whatever state the payout
         is in (T >= fence: stamp T; lower: `FencedOut`). No payout row changes.
 
-        Why: the claim step of a newer holder finds the payout CLAIMED, RAIL_SUBMITTED, ... when
-        it only recovers or posts, and `claim` (PENDING only) would then write nothing. Without
-        this stamp the account's fence stays at the older holder's token, and that holder, thawed
-        from a pause, could still advance the account's payouts at the payment database until
-        the newer one happened to write (INV-01). The stamp fences it out at once.
+        Why: a newer holder that finds the payout CLAIMED, RAIL_SUBMITTED, ... only recovers or
+        posts. Without a stamp the account's fence stays at the older holder's token, and that
+        holder, thawed from a pause, could still advance the account's payouts at the payment
+        database until the newer one happened to write (INV-01). The stamp fences it out at
+        once. The workers' claim step gets it from `claim`'s committed transaction; this one
+        stamps without any transition.
         """
         # Opening the fenced transaction is the stamp (grant checked, balance row fenced = T);
         # nothing else is written in it.

@@ -20,7 +20,7 @@ from temporalio.testing import ActivityEnvironment
 
 from activities import models as m
 from activities.payout_activities import PayoutActivities
-from ledger import FencedOut, Payout, PayoutState
+from ledger import AlreadyAdvanced, FencedOut, Payout, PayoutState
 from lockservice.sdk import LockClient
 from lockservice.server import create_app
 from railproxy.client import SubmitResult
@@ -62,17 +62,18 @@ class MockStore:
             raise FencedOut("payout:acct-1", token, self.fence)
         self.fence = token
 
-    async def claim(self, payout_id: str, token: int, ctx: Any, *, grant: Any = None) -> Payout:
+    async def claim(
+        self, payout_id: str, token: int, ctx: Any, *, grant: Any = None
+    ) -> Payout | AlreadyAdvanced:
+        """As the real claim: the account's fence is stamped in every state, only a PENDING
+        payout moves, and one past PENDING is AlreadyAdvanced."""
         self.calls.append(("claim", token))
         self.grants.append(grant)
         self._stamp(token)
+        if self.state is not S.PENDING:
+            return AlreadyAdvanced(payout_id=payout_id, state=self.state, fence=self.fence)
         self.state = S.CLAIMED
         return self._payout(S.CLAIMED)
-
-    async def stamp_account_fence(self, payout_id: str, token: int, *, grant: Any = None) -> None:
-        self.calls.append(("stamp_account_fence", token))
-        self.grants.append(grant)
-        self._stamp(token)
 
 
 class MockProxy:
@@ -144,11 +145,11 @@ async def test_unit_payout_in_any_other_state_gets_the_account_fence_stamped(
     state: PayoutState,
 ) -> None:
     """Whatever state a newer holder finds (it only recovers, posts, or finds it finished), its
-    claim step stamps the account's balance fence with its token and changes nothing else."""
+    claim stamps the account's balance fence with its token and changes nothing else."""
     store = MockStore(state)
     async with _step(store) as (acts, req):
         view = await _activity_env().run(acts.execute_payout, req)
-    assert store.calls == [("stamp_account_fence", req.token)]
+    assert store.calls == [("claim", req.token)]
     assert store.fence == req.token
     assert view.state == str(state)
 

@@ -119,7 +119,7 @@ async def test_unit_a_payout_found_claimed_is_not_submitted_but_handed_to_recove
     store, proxy = MergedStore(S.CLAIMED), CountingProxy()
     view, acts, _ = await _execute(store, proxy)
     assert proxy.submits == []
-    assert store.calls == [("stamp_account_fence", store.fence)]
+    assert store.calls == [("claim", store.fence)]
     assert proxy.attempt_reads == 1
     assert view.state == "CLAIMED" and not view.released and view.steps == ["claim"]
     assert len(acts.grants) == 1

@@ -191,6 +191,30 @@ async def test_already_advanced_is_not_an_error(
     assert await store.balance(p.account_id) == 900  # posted once
 
 
+@pytest.mark.parametrize("newer_claims", [True, False], ids=["newer-claims", "control-no-claim"])
+async def test_a_claim_past_pending_still_fences_the_older_holder_out(
+    store: PayoutStore, ctx: WorkContext, newer_claims: bool
+) -> None:
+    """The workers' claim step claims without reading first (issue 29): a newer holder's claim
+    of a payout the older holder already moved on is AlreadyAdvanced, and its transaction still
+    commits the account's fence = its token, so the older holder, thawed, cannot advance the
+    payout any more (INV-01). Control: without that claim the older holder's write goes through,
+    which is what the stamp is for."""
+    p = await _payout(store, ctx, funds=1_000, amount=100)
+    await store.claim(p.payout_id, 5, ctx)
+    await store.mark_submitted(p.payout_id, 5, ctx)
+    if newer_claims:
+        outcome = await store.claim(p.payout_id, 6, ctx)
+        assert outcome == AlreadyAdvanced(payout_id=p.payout_id, state=S.RAIL_SUBMITTED, fence=5)
+        with pytest.raises(FencedOut) as info:
+            await store.mark_acked(p.payout_id, 5, ctx)
+        assert (info.value.presented_token, info.value.stored_token) == (5, 6)
+        assert (await store.get_payout(p.payout_id)).state is S.RAIL_SUBMITTED
+    else:
+        acked = await store.mark_acked(p.payout_id, 5, ctx)
+        assert isinstance(acked, Payout) and acked.state is S.RAIL_ACKED
+
+
 async def test_step_out_of_order_is_invalid_transition(
     store: PayoutStore, ctx: WorkContext
 ) -> None:
