@@ -9,8 +9,9 @@ Token = compose_token(epoch, counter): `key_counters.counter` is bumped with
 PostgreSQL and every grant gets a fresh, higher counter.
 
 A blocked acquirer sleeps until the first of: a NOTIFY for its key (release, revoke, close, epoch
-bump), the holder's session expiry as the server reported it (a silent expiry sends no NOTIFY)
-plus a little jitter, its deadline, or a safety cap. Finding a key held takes no row lock and
+bump; each wakes one of this process's waiters of the key, `wakeups`), the holder's session
+expiry as the server reported it (a silent expiry sends no NOTIFY) plus a little jitter, its
+deadline, or a safety cap. Finding a key held takes no row lock and
 writes nothing (003_cheap_waiters.sql), so thousands of waiters stay cheap.
 
 Here: sessions, the grant path (acquire, its wait, renew, release) and the NOTIFY listener.
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import random
 import uuid
 from datetime import datetime, timedelta
@@ -54,6 +56,7 @@ from lockservice.server.backends.postgres_common import (
     unavailable_on_connection_error,
 )
 from lockservice.server.backends.postgres_operators import PostgresOperators
+from lockservice.server.backends.wakeups import Wakeups
 
 #: Longest a blocked acquirer sleeps between attempts. NOTIFY wakes it on release, revoke, close
 #: and epoch bump, and the holder's reported expiry wakes it for a silent expiry; this cap bounds
@@ -69,7 +72,13 @@ class PostgresBackend:
     """LockBackend over one PostgreSQL database. Create with `await PostgresBackend.start(...)`."""
 
     def __init__(
-        self, pool: asyncpg.Pool, database_url: str, prefix: str, *, replica_id: str | None = None
+        self,
+        pool: asyncpg.Pool,
+        database_url: str,
+        prefix: str,
+        *,
+        replica_id: str | None = None,
+        wakeups: Wakeups | None = None,
     ) -> None:
         self._pool = pool
         self._url = database_url
@@ -82,12 +91,18 @@ class PostgresBackend:
         # connection and all but the last would leak.
         self._reconnecting = asyncio.Lock()
         self._closed = False
-        self._wakeups: dict[str, set[asyncio.Event]] = {}
+        # Issue 29's hand-off A/B only: LOCK_PG_WAKE=all wakes every waiter per NOTIFY (before).
+        self._wakeups = wakeups or Wakeups(wake_all=os.environ.get("LOCK_PG_WAKE") == "all")
         self._operators = PostgresOperators(pool, prefix, replica_id)
 
     @classmethod
     async def start(
-        cls, database_url: str, prefix: str = "", *, replica_id: str | None = None
+        cls,
+        database_url: str,
+        prefix: str = "",
+        *,
+        replica_id: str | None = None,
+        wakeups: Wakeups | None = None,
     ) -> PostgresBackend:
         from common.migrate import migrate
 
@@ -98,7 +113,7 @@ class PostgresBackend:
                 "INSERT INTO lockservice.epochs (prefix) VALUES ($1) ON CONFLICT DO NOTHING",
                 prefix,
             )
-        backend = cls(pool, database_url, prefix, replica_id=replica_id)
+        backend = cls(pool, database_url, prefix, replica_id=replica_id, wakeups=wakeups)
         await backend._ensure_listener()
         return backend
 
@@ -135,8 +150,7 @@ class PostgresBackend:
             self._listener = conn
 
     def _on_notify(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
-        for event in self._wakeups.get(payload, ()):
-            event.set()
+        self._wakeups.notify(payload)
 
     # ------------------------------------------------------------------ sessions
 
@@ -193,19 +207,21 @@ class PostgresBackend:
             return (await self._try_acquire(sid, key, full))[0]
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
-        wake = asyncio.Event()
         # Registered and listening BEFORE the first attempt: a release that commits after that
-        # attempt read the holder always sets `wake`, even though we then sleep for seconds.
-        self._wakeups.setdefault(full, set()).add(wake)
+        # attempt read the holder always wakes a waiter of the key (the oldest one not awake,
+        # `Wakeups`), even though we then sleep for seconds.
+        wake = self._wakeups.join(full)
+        result: Grant | NotAcquired | None = None
         try:
             await self._ensure_listener()
-            return await self._wait_for_grant(sid, key, full, deadline, wake)
+            result = await self._wait_for_grant(sid, key, full, deadline, wake)
+            return result
         finally:
-            waiting = self._wakeups.get(full)
-            if waiting is not None:
-                waiting.discard(wake)
-                if not waiting:
-                    del self._wakeups[full]
+            # Leaving without a grant after a wake-up we may have used up (cancelled or failed
+            # before or during the attempt it caused, or out of time with one pending): the next
+            # waiter gets it, or a free key could wait with every waiter asleep.
+            used_up = result is None or wake.is_set()
+            self._wakeups.leave(full, wake, hand_on=not isinstance(result, Grant) and used_up)
 
     async def _wait_for_grant(
         self, sid: uuid.UUID, key: str, full: str, deadline: float, wake: asyncio.Event
