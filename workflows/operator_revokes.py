@@ -34,7 +34,6 @@ class Revokes:
         self._input = inp
         self._desk = desk
         self._stopping = False
-        self._revoking = False
 
     async def run(self) -> None:
         """Carry out accepted revokes one by one, for as long as the run lasts.
@@ -53,11 +52,7 @@ class Revokes:
             record = desk.next_revoke()
             if self._stopping or record is None:
                 return
-            self._revoking = True
-            try:
-                verdict = await self._revoke_once(record)
-            finally:
-                self._revoking = False
+            verdict = await self._revoke_once(record)
             if verdict is None:  # an outage: try again after a backoff, unless stopping
                 failures += 1
                 with contextlib.suppress(asyncio.TimeoutError):
