@@ -38,12 +38,19 @@ def store_refusals(req: m.StepRequest) -> Iterator[None]:
         raise ApplicationError(str(exc), type=m.INVALID_TRANSITION, non_retryable=True) from exc
 
 
-async def current_payout(store: PayoutStore, payout_id: str) -> Payout:
-    """The payout as the payment store has it now; an unknown one is a non-retryable error."""
+@contextlib.contextmanager
+def known_payout() -> Iterator[None]:
+    """A payout the payment store does not know, as the non-retryable activity error."""
     try:
-        return await store.get_payout(payout_id)
+        yield
     except UnknownPayout as exc:
         raise ApplicationError(str(exc), type=m.UNKNOWN_PAYOUT, non_retryable=True) from exc
+
+
+async def current_payout(store: PayoutStore, payout_id: str) -> Payout:
+    """The payout as the payment store has it now; an unknown one is a non-retryable error."""
+    with known_payout():
+        return await store.get_payout(payout_id)
 
 
 class HolderWriter:
@@ -90,13 +97,10 @@ class HolderWriter:
         but the account's balance fence changed (stamped with our token in the same committed
         transaction, `ledger.store.steps.WorkerSteps.claim`) and the payout is re-read."""
         grant = await self._grants.signed_grant(req)
-        try:
-            with store_refusals(req):
-                result = await self._store.claim(
-                    req.payout_id, req.token, self.ctx(req.context), grant=grant
-                )
-        except UnknownPayout as exc:
-            raise ApplicationError(str(exc), type=m.UNKNOWN_PAYOUT, non_retryable=True) from exc
+        with known_payout(), store_refusals(req):
+            result = await self._store.claim(
+                req.payout_id, req.token, self.ctx(req.context), grant=grant
+            )
         if isinstance(result, AlreadyAdvanced):
             return False, await self.current(req.payout_id)
         self._crash_if_armed(req, result)

@@ -11,8 +11,8 @@ PostgreSQL and every grant gets a fresh, higher counter.
 A blocked acquirer sleeps until the first of: a NOTIFY for its key (release, revoke, close, epoch
 bump; each wakes one of this process's waiters of the key, `wakeups`), the holder's session
 expiry as the server reported it (a silent expiry sends no NOTIFY) plus a little jitter, its
-deadline, or a safety cap. Finding a key held takes no row lock and
-writes nothing (003_cheap_waiters.sql), so thousands of waiters stay cheap.
+deadline, or a safety cap. Finding a key held takes no row lock and writes nothing
+(003_cheap_waiters.sql), so thousands of waiters stay cheap.
 
 Here: sessions, the grant path (acquire, its wait, renew, release) and the NOTIFY listener.
 Beside it: the operator actions, epoch bump and history reads (`postgres_operators`), what both
