@@ -23,7 +23,7 @@ import contextlib
 import signal
 import sys
 
-from common import tracing
+from common import eventloop, tracing
 from common.exiting import exit_now, load_settings
 from common.logs import configure_logging
 from worker.process import run
@@ -42,6 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.parse_args(argv)
     settings = load_settings("worker", WorkerSettings)
+    eventloop.check("worker")
     # Checked first, before logging is configured, for a clean refusal (one line on stderr,
     # exit 2, nothing started); `run` checks again for any other caller.
     try:
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
                 loop.add_signal_handler(sig, stop.set)
         await run(settings, stop)
 
-    asyncio.run(_main())
+    eventloop.run(_main())  # uvloop (common.eventloop)
     # Every resource is closed by now; skip the interpreter teardown that the Temporal SDK can
     # crash, so a clean stop exits 0 (common.exiting).
     exit_now(0)

@@ -19,7 +19,7 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
-from common import tracing
+from common import eventloop, tracing
 from common.credentials import refuse_unreadable_token
 from common.exiting import load_settings
 from common.logs import configure_logging
@@ -80,6 +80,7 @@ def load_publisher_settings() -> OutboxSettings:
     settings = load_settings("outbox", OutboxSettings)
     # Before anything starts: the publisher reads its token only after opening its pool.
     refuse_unreadable_token(settings.token_file, "OUTBOX_TOKEN_FILE", "outbox")
+    eventloop.check("outbox")
     return settings
 
 
@@ -87,4 +88,4 @@ def run_publisher(url: str, settings: OutboxSettings) -> int:
     """Deliver until SIGINT/SIGTERM, on the checked DSN `url`; the exit code."""
     configure_logging("outbox", level=settings.log_level, service=True)
     tracing.setup("outbox")  # each delivery joins the trace of the work that staged its row
-    return asyncio.run(_run(url, settings))
+    return eventloop.run(_run(url, settings))  # uvloop (common.eventloop)

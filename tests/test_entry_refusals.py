@@ -318,3 +318,14 @@ def test_https_etcd_endpoints_without_a_ca_are_refused_before_the_backend() -> N
     line = _refusal(argv, env)
     assert line.startswith(f"{prefix}invalid settings: "), line
     assert "are https:// but LOCK_ETCD_CA_FILE is not set" in line
+
+
+@pytest.mark.parametrize("process", ["worker", "outbox", "outbox-module"])
+def test_an_event_loop_it_does_not_know_is_one_line_and_exit_2(process: str) -> None:
+    """PAYOUTS_EVENT_LOOP (common.eventloop) naming neither uvloop nor asyncio: one refusal line
+    naming the variable, exit 2, before anything has started; the good-environment control
+    above runs the same commands with it unset."""
+    argv, good_env, prefix = ENTRIES[process]
+    line = _refusal(argv, good_env() | {"PAYOUTS_EVENT_LOOP": "tokio"})
+    assert line.startswith(prefix), line
+    assert "PAYOUTS_EVENT_LOOP='tokio' is not one of uvloop, asyncio" in line, line
