@@ -35,7 +35,6 @@ table, and as its LAST line one JSON object.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import sys
@@ -48,7 +47,7 @@ from typing import Any
 
 import asyncpg
 
-from common import tracing
+from common import eventloop, tracing
 from common.tracefile import read_spans
 from lab.bench import floor as bench_floor
 from lab.bench import locks as bench_locks
@@ -300,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     # This process starts the traced stack's payouts: the root of each trace, beside its spans.
     tracing.setup("bench-e2e", trace_dir=bench_trace_dir(opts))
     trust_stack_ca_in_this_process()  # its stacks serve https (issue 27): trust their CA
-    result = asyncio.run(run(opts, lambda s: print(s, flush=True)))
+    # The workers' loop (common.eventloop), for the payouts it starts and bench-locks' client.
+    result = eventloop.run(run(opts, lambda s: print(s, flush=True)))
     tracing.shutdown()
     print(table(result), flush=True)
     print(json.dumps(result), flush=True)
