@@ -95,11 +95,16 @@ class CriticalSteps:
             return payout_view(payout, detail="not_claimed")
         return await self.submit(req, payout)
 
-    async def submit(self, req: m.StepRequest, payout: Payout) -> m.PayoutView:
+    async def submit(
+        self, req: m.StepRequest, payout: Payout, *, post_when_acked: bool = False
+    ) -> m.PayoutView:
         """The one submission of a CLAIMED payout, for `submit_to_rail` and `execute_payout`:
         both are scheduled with maximum_attempts=1 and call this at most once per attempt.
         The proxy refuses a second attempt for the payout (FR-18) and a token below the
-        account's highest (FR-17), and records the attempt before forwarding (FR-19)."""
+        account's highest (FR-17), and records the attempt before forwarding (FR-19).
+
+        `post_when_acked` (`execute_payout`): an ack is recorded and posted in one transaction
+        (`PayoutStore.ack_and_post`), and the view comes back POSTED."""
         grant = await self._grants.signed_grant(req)
         deadline = (
             datetime.fromisoformat(req.context.deadline_at)
@@ -142,7 +147,7 @@ class CriticalSteps:
         # either way; recovery reads it from there.
         exchange = asyncio.create_task(self._submit_logged(submit, req.context.correlation_id))
         result = await asyncio.shield(exchange)
-        return await self._apply_submit_result(req, payout, result)
+        return await self._apply_submit_result(req, payout, result, post_when_acked)
 
     async def _submit_logged(self, submit: SubmitRequest, correlation_id: str) -> SubmitResult:
         result = await self._proxy.submit(submit)
@@ -159,7 +164,7 @@ class CriticalSteps:
         return result
 
     async def _apply_submit_result(
-        self, req: m.StepRequest, payout: Payout, result: SubmitResult
+        self, req: m.StepRequest, payout: Payout, result: SubmitResult, post_when_acked: bool
     ) -> m.PayoutView:
         ctx = self._writer.ctx(req.context)
         if result.code == "INVALID_GRANT":
@@ -178,7 +183,16 @@ class CriticalSteps:
                 detail=result.code or "not_submitted",
                 handoff_certainty=result.handoff_certainty.value,
             )
-        if result.outcome == Outcome.ACKED:
+        if result.outcome == Outcome.ACKED and post_when_acked:
+            # RAIL_SUBMITTED, RAIL_ACKED and the posting follow each other here: one transaction,
+            # one commit (the same three audit rows and events and the ledger group; issue 29).
+            # The rail acknowledged this very attempt, so the debit records money that moved;
+            # it is made at most once (`WorkerSteps.ack_and_post`).
+            payout = await self._writer.write(
+                req,
+                lambda g: self._store.ack_and_post(payout.payout_id, req.token, ctx, grant=g),
+            )
+        elif result.outcome == Outcome.ACKED:
             # RAIL_SUBMITTED and RAIL_ACKED follow each other here: one transaction, one commit
             # (the same two audit rows and events; issue 16).
             payout = await self._writer.write(

@@ -70,8 +70,12 @@ class ExecuteStep:
         # CLAIMED, so nobody has submitted this payout and the proxy can hold no attempt for it.
         # An attempt read here would find nothing: skipped.
         progress("submit", str(payout.state))
-        view = await self._critical.submit(req, payout)
+        # An ack comes back POSTED: recorded and posted in the submit's one transaction.
+        view = await self._critical.submit(req, payout, post_when_acked=True)
         steps.append("submit")
+        if view.state == S.POSTED:
+            steps.append("post")
+            return await self._finish(req, view, steps)
         if view.state != S.RAIL_ACKED:
             # NOT_SUBMITTED (still CLAIMED: the workflow backs off), FAILED (declined) or
             # RAIL_AMBIGUOUS (resolved by lookups, never resubmitted).

@@ -93,6 +93,13 @@ class PayoutStore:
         `WorkerSteps.mark_submitted_and_acked`."""
         return await self._steps.mark_submitted_and_acked(payout_id, token, ctx, grant=grant)
 
+    async def ack_and_post(
+        self, payout_id: str, token: int, ctx: WorkContext, *, grant: GrantLike = None
+    ) -> Payout | AlreadyAdvanced:
+        """CLAIMED -> RAIL_SUBMITTED -> RAIL_ACKED -> POSTED with the ledger group, in one
+        transaction, debited once: `WorkerSteps.ack_and_post`."""
+        return await self._steps.ack_and_post(payout_id, token, ctx, grant=grant)
+
     async def mark_declined(
         self,
         payout_id: str,

@@ -38,6 +38,11 @@ class MergedStore(MockStore):
     ) -> Payout:
         return await self._advance("mark_submitted_and_acked", token, S.RAIL_ACKED)
 
+    async def ack_and_post(
+        self, payout_id: str, token: int, ctx: Any, *, grant: Any = None
+    ) -> Payout:
+        return await self._advance("ack_and_post", token, S.POSTED)
+
     async def mark_submitted(
         self, payout_id: str, token: int, ctx: Any, *, grant: Any = None
     ) -> Payout:
@@ -101,8 +106,9 @@ async def test_unit_a_pending_payout_is_claimed_submitted_once_posted_and_releas
     view, acts, beats = await _execute(store, proxy, beats)
     token = store.fence
     assert proxy.submits == [token]  # exactly one submission
-    # One transaction for RAIL_SUBMITTED then RAIL_ACKED; no attempt read after the fresh claim.
-    assert store.calls == [("claim", token), ("mark_submitted_and_acked", token), ("post", token)]
+    # One transaction for RAIL_SUBMITTED, RAIL_ACKED and the posting; no attempt read after the
+    # fresh claim.
+    assert store.calls == [("claim", token), ("ack_and_post", token)]
     assert proxy.attempt_reads == 0
     assert view.state == "POSTED" and view.released
     assert view.steps == ["claim", "submit", "post", "release"]
