@@ -8,17 +8,18 @@ Order matters and is the safety argument:
    refused too, without touching the mark: as STALE_TOKEN when a newer token is on record (a
    stale holder is always told it is fenced out, as at the payment database), else as
    INVALID_GRANT;
-1. the fence, in its own short transaction: the account's high-water mark is raised to T
-   (T >= mark) or the request is refused as STALE_TOKEN (FR-17), before anything can refuse it
-   for another reason -- so a newer holder's token is on record even when a gate then turns its
-   request away, and an older holder is refused by the fence, not only by the attempt guard;
+1. the fence: the account's high-water mark is raised to T (T >= mark) or the request is
+   refused as STALE_TOKEN (FR-17) before any other refusal is answered -- so a newer holder's
+   token is on record even when a gate turns its request away, and an older holder is refused
+   by the fence, not only by the attempt guard. A request every gate admits has it raised in its
+   attempt's transaction (step 3); a refusal of steps 2 and 3 raises it in its own short
+   transaction first (`_fence_on_refusal`), and a lower token is answered STALE_TOKEN instead;
 2. gates (deadline budget, rate limit, breaker, bulkhead: this replica's own) reject with no
    attempt recorded: NOT_SUBMITTED;
 3. ONE transaction takes the Connection's budget shared by every replica (`railproxy.budget`: a
    slot and a permit; none free, or no answer from the database, and it rolls back before it
-   wrote anything: NOT_SUBMITTED), fences the token again (a newer one may have arrived
-   meanwhile), guards the payout (FR-18) and records the attempt (FR-19) -- committed before any
-   byte goes to the rail;
+   wrote anything: NOT_SUBMITTED), fences the token, guards the payout (FR-18) and records the
+   attempt (FR-19) -- committed before any byte goes to the rail;
 4. exactly one forward, never retried (UC-05), bounded by min(rail timeout, caller deadline,
    the slot's lease);
 5. the outcome is recorded (FR-20); an unrecorded outcome leaves the attempt "in flight", which
@@ -28,8 +29,10 @@ Order matters and is the safety argument:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
 import asyncpg
@@ -41,7 +44,14 @@ from common.outage import CONNECTION_LOST
 from lockservice.verifiers import GrantError, GrantExpired, GrantVerifier, check_not_expired
 from railproxy import absence, rail, store
 from railproxy.budget import Lease, Limits, SharedBudget
-from railproxy.errors import DeadlineExceeded, InvalidGrant, RailNotReached, StoreUnavailable
+from railproxy.errors import (
+    DeadlineExceeded,
+    InvalidGrant,
+    RailNotReached,
+    Rejected,
+    StaleToken,
+    StoreUnavailable,
+)
 from railproxy.metrics import ProxyMetrics
 from railproxy.models import CERTAINTY_OF, LookupResponse, Outcome, SubmitRequest, SubmitResponse
 from railproxy.resilience import Bulkhead, CircuitBreaker, Evidence, TokenBucket, Transition
@@ -146,12 +156,12 @@ class RailProxy:
         """Raises a `Rejected` (NOT_SUBMITTED) or returns the recorded outcome."""
         self.metrics.requests.inc()
         await self._verify_grant(req)
-        await self._raise_fence(req)
-        remaining = self._remaining_s(req)
-        if remaining < self.settings.min_useful_budget_s:
-            raise DeadlineExceeded(f"only {remaining:.3f}s left before the caller's deadline")
-        self.bucket.take()
-        self.breaker.check()
+        async with self._fence_on_refusal(req):
+            remaining = self._remaining_s(req)
+            if remaining < self.settings.min_useful_budget_s:
+                raise DeadlineExceeded(f"only {remaining:.3f}s left before the caller's deadline")
+            self.bucket.take()
+            self.breaker.check()
         # Once admitted, the work runs in its own task: a caller that disconnects or times out
         # does not cancel a recorded attempt's forward or its outcome write (STD01-06).
         task = asyncio.create_task(self._admitted(req, remaining))
@@ -190,15 +200,32 @@ class RailProxy:
         except _STORE_ERRORS as exc:
             raise StoreUnavailable(f"could not read the fence: {type(exc).__name__}") from exc
 
-    async def _raise_fence(self, req: SubmitRequest) -> None:
-        """Step 1: the account's high-water mark takes T before any gate (or StaleToken).
+    @contextlib.asynccontextmanager
+    async def _fence_on_refusal(self, req: SubmitRequest) -> AsyncIterator[None]:
+        """Step 1 for a request refused before its attempt is recorded: a `Rejected` raised in
+        the block is answered only once the account's high-water mark has taken T in its own
+        transaction (`_raise_fence`); a lower token is answered STALE_TOKEN instead.
 
         What it prevents: a newer holder T2 whose submit a gate refuses (an open breaker, say)
-        would otherwise leave the mark at T1, and the thawed older holder T1 would pass this
+        would otherwise leave the mark at T1, and the thawed older holder T1 would pass the
         fence, held back from paying a second time only by the per-payout attempt guard.
-        It costs a database round trip before the rate limit. That is acceptable: the rate limit
-        and the breaker protect the rail, not our database, whose load is bounded by the pool
-        (`db_pool_max`): a flood waits for a connection instead of opening more.
+        An admitted request raises the mark in its attempt's transaction instead (one
+        transaction fewer per submit, issue 29); until that commits nothing was forwarded for
+        it, so no answer of ours can leave the mark below a token we turned away.
+        """
+        try:
+            yield
+        except StaleToken:
+            raise  # the fence itself refused it: the mark is above T already
+        except Rejected:
+            await self._raise_fence(req)
+            raise
+
+    async def _raise_fence(self, req: SubmitRequest) -> None:
+        """The account's high-water mark takes T in its own short transaction (or StaleToken),
+        for a request about to be refused (`_fence_on_refusal`). The rate limit and the breaker
+        protect the rail, not our database, whose load is bounded by the pool (`db_pool_max`):
+        a flood of refusals waits for a connection instead of opening more.
         """
         try:
             await store.raise_fence(self.pool, req, self.settings)
@@ -209,7 +236,9 @@ class RailProxy:
     async def _admitted(self, req: SubmitRequest, remaining: float) -> SubmitResponse:
         wait_s = remaining - self.settings.min_useful_budget_s
         queue_until = time.monotonic() + wait_s
-        async with self.bulkhead.slot(wait_s=wait_s):
+        async with contextlib.AsyncExitStack() as slot:
+            async with self._fence_on_refusal(req):
+                await slot.enter_async_context(self.bulkhead.slot(wait_s=wait_s))
             self.metrics.in_flight.inc()
             try:
                 return await self._record_and_forward(req, queue_until)
@@ -220,19 +249,22 @@ class RailProxy:
         return await store.record_attempt(self.pool, req, self.settings, self.submit_budget.take)
 
     async def _record_and_forward(self, req: SubmitRequest, queue_until: float) -> SubmitResponse:
-        try:
-            # What keeps N replicas within the Connection's rate and concurrency: no attempt is
-            # recorded (so none forwarded) without a slot and a permit of the shared budget,
-            # taken in the attempt's own transaction; a busy slot is waited for until the queue
-            # deadline (railproxy.budget). The slot is freed with the outcome write.
-            attempt_id, lease = await self.submit_budget.waiting(
-                lambda: self._record(req), wait_s=queue_until - time.monotonic()
-            )
-        except _STORE_ERRORS as exc:
-            # Nothing was forwarded: whether or not the record committed, no byte reached the
-            # rail, so this is NOT_SUBMITTED (an uncommitted-looking row that did commit is left
-            # in flight, which recovery treats as ambiguous, never as resubmittable).
-            raise StoreUnavailable(f"could not record the attempt: {type(exc).__name__}") from exc
+        async with self._fence_on_refusal(req):
+            try:
+                # What keeps N replicas within the Connection's rate and concurrency: no attempt
+                # is recorded (so none forwarded) without a slot and a permit of the shared
+                # budget, taken in the attempt's own transaction; a busy slot is waited for until
+                # the queue deadline (railproxy.budget). The slot is freed with the outcome write.
+                attempt_id, lease = await self.submit_budget.waiting(
+                    lambda: self._record(req), wait_s=queue_until - time.monotonic()
+                )
+            except _STORE_ERRORS as exc:
+                # Nothing was forwarded: whether or not the record committed, no byte reached the
+                # rail, so this is NOT_SUBMITTED (an uncommitted-looking row that did commit is
+                # left in flight, which recovery treats as ambiguous, never as resubmittable).
+                raise StoreUnavailable(
+                    f"could not record the attempt: {type(exc).__name__}"
+                ) from exc
         # The slot's lease bounds the forward too: a forward never outlives the slot it holds.
         budget = min(self.settings.rail_timeout_s, self._remaining_s(req), lease.remaining_s())
         if budget < self.settings.min_useful_budget_s:

@@ -59,10 +59,9 @@ _OUTCOME_RELEASING = f"WITH freed AS ({budget.release_sql(first=6)}) {_OUTCOME}"
 
 
 async def raise_fence(pool: asyncpg.Pool, req: SubmitRequest, settings: ProxySettings) -> None:
-    """Raise the account's high-water mark to T in its own short transaction, before any gate
-    looks at the request; raises `StaleToken` for a lower token. Commits even if a gate then
-    refuses the request, which is the point: the newest holder's token is on record here although
-    nothing was forwarded for it."""
+    """Raise the account's high-water mark to T in its own short transaction, for a request a
+    gate refuses before its attempt is recorded; raises `StaleToken` for a lower token. The
+    point: the newest holder's token is on record here although nothing was forwarded for it."""
     async with pool.acquire() as conn, conn.transaction():
         await _fence(conn, req, settings)
 
@@ -102,8 +101,10 @@ async def record_attempt(
 
     `take` (the shared budget's) runs first: a refusal rolls back before anything is written,
     and a recorded attempt always holds a slot and a permit (they commit together).
-    The fence is checked again although `raise_fence` passed: a newer token may have arrived in
-    between (while this request waited at a gate or for a bulkhead slot), and it must win.
+    The fence is raised here, in the attempt's transaction, for a request the gates admitted:
+    a newer token that arrived meanwhile (while this request waited for a slot) wins. A refusal
+    from here rolls it back, and the caller raises it on its own (`raise_fence`) before
+    answering.
     """
     async with pool.acquire() as conn, conn.transaction():
         lease = await take(conn)

@@ -1,6 +1,7 @@
-"""A newer holder's token reaches both enforcement points before anything can refuse it (issue 12
-item 2, INV-01, INV-05): the proxy raises the account's high-water mark before its gates, and the
-claim step stamps the account's balance-row fence whatever state the payout is in.
+"""A newer holder's token reaches both enforcement points whatever refuses it (issue 12 item 2,
+INV-01, INV-05): the proxy raises the account's high-water mark before it answers any refusal (in
+the attempt's transaction for an admitted request, issue 29), and the claim step stamps the
+account's balance-row fence whatever state the payout is in.
 
 Real PostgreSQL, a real rail proxy and rail stub over HTTP, the real payment-database store.
 """
@@ -24,6 +25,7 @@ from railproxy.errors import (
     AdmissionFull,
     CircuitOpen,
     DeadlineExceeded,
+    DuplicateSubmission,
     RateLimited,
     Rejected,
     StaleToken,
@@ -216,6 +218,34 @@ async def test_lower_token_is_refused_by_the_fence_before_a_refusing_gate(
             with pytest.raises(refusal):
                 await proxy.submit(submit_request(account_id=account, token=6, deadline_s=late))
         assert await _high_token(rail_db, account) == 6
+    finally:
+        await proxy.close()
+        await pool.close()
+    await stub.assert_no_duplicates()
+
+
+async def test_a_refusal_inside_the_attempt_transaction_still_raises_the_mark(
+    rail_db: str, stub: Stub
+) -> None:
+    """The attempt guard refuses a second submit of a payout inside the attempt's transaction,
+    which rolls back the fence it raised there: the refusal still leaves the newer token as the
+    account's mark (raised in its own transaction before the answer), so a token between the
+    two is then STALE_TOKEN. An admitted request needs no transaction of its own for the fence:
+    its attempt's transaction raised it."""
+    settings = proxy_settings(rail_db, stub.url)
+    pool = await create_pool(settings.database_url, min_size=1, max_size=2)
+    proxy = RailProxy(settings, pool, ProxyMetrics(), load_verifier(settings))
+    await proxy.provision()
+    account, payout_id = f"a-{uuid.uuid4().hex[:10]}", f"p-{uuid.uuid4().hex[:10]}"
+    try:
+        first = await proxy.submit(submit_request(account_id=account, payout_id=payout_id, token=5))
+        assert first.token == 5 and await _high_token(rail_db, account) == 5
+        with pytest.raises(DuplicateSubmission):
+            await proxy.submit(submit_request(account_id=account, payout_id=payout_id, token=7))
+        assert await _high_token(rail_db, account) == 7
+        with pytest.raises(StaleToken) as stale:
+            await proxy.submit(submit_request(account_id=account, token=6))
+        assert (stale.value.presented_token, stale.value.highest_token) == (6, 7)
     finally:
         await proxy.close()
         await pool.close()
