@@ -84,6 +84,9 @@ class OutboxSettings(ServerTLS, ClientTLS, BaseSettings):
     max_attempts: int = Field(default=10, ge=1)
     # Wake-up: LISTEN/NOTIFY, plus a poll in case a notification is missed or a backoff ends.
     poll_interval_s: float = Field(default=2.0, gt=0)
+    #: The backlog gauges are refreshed at most this often (and at least once per wake-up after
+    #: it has passed), not after every delivery cycle: a burst wakes the publisher per commit.
+    metrics_interval_s: float = Field(default=2.0, gt=0)
     batch_size: int = Field(default=20, ge=1, le=1000)  # also the per-publisher concurrency bound
     http_timeout_s: float = Field(default=5.0, gt=0)
     # A claim lasts this long; it must outlive one HTTP call by a wide margin, or a live

@@ -40,7 +40,14 @@ from outbox.delivery import (
     backoff_delay,
 )
 from outbox.metrics import OutboxMetrics
-from outbox.ops import Claimed, Verdict, claim_batch, outbox_summary, record_outcomes
+from outbox.ops import (
+    Claimed,
+    Verdict,
+    backlog_summary,
+    claim_batch,
+    outbox_summary,
+    record_outcomes,
+)
 
 __all__ = ["CHANNEL", "Publisher", "outbox_summary"]
 
@@ -132,7 +139,8 @@ class Publisher:
                 return total
 
     async def refresh_metrics(self) -> dict[str, Any]:
-        summary = await outbox_summary(self._pool)
+        """Set the backlog gauges from the table (`backlog_summary`); returns its figures."""
+        summary = await backlog_summary(self._pool)
         self.metrics.observe_summary(summary)
         return summary
 
@@ -180,12 +188,16 @@ class Publisher:
         wake = asyncio.Event()
         listener = asyncio.create_task(self._listen(wake, stop))
         log.info("outbox.publisher_started", publisher_id=self.settings.publisher_id)
+        loop = asyncio.get_running_loop()
+        refresh_at = loop.time()
         try:
             while not stop.is_set():
                 wake.clear()  # before draining: a NOTIFY during the drain wakes the next wait
                 try:
                     await self.drain()
-                    await self.refresh_metrics()
+                    if loop.time() >= refresh_at:
+                        refresh_at = loop.time() + self.settings.metrics_interval_s
+                        await self.refresh_metrics()
                 except _DB_ERRORS as exc:
                     log.warning("outbox.database_error", error=f"{type(exc).__name__}: {exc}")
                 await _wait_any(wake, stop, within_s=self.settings.poll_interval_s)
