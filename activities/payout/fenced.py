@@ -108,7 +108,7 @@ class HolderWriter:
 
     def crashes_at(self, state: str) -> bool:
         """Whether the UC-04 experiment's crash is armed at `state` (never outside it)."""
-        return bool(self._crash_at) and self._crash_at == state
+        return self._crash_at == state
 
     def _crash_if_armed(self, req: m.StepRequest, result: Payout) -> None:
         if self._crash_at and str(result.state) == self._crash_at:

@@ -32,6 +32,7 @@ from railproxy.errors import (
 )
 from railproxy.metrics import ProxyMetrics
 from railproxy.service import RailProxy
+from railproxy.settings import ProxySettings
 from railproxy.startup import load_verifier
 from tests.conftest import as_role
 from tests.rail import Stub
@@ -201,14 +202,11 @@ async def test_lower_token_is_refused_by_the_fence_before_a_refusing_gate(
     """With a gate that refuses everything, a lower token is still told STALE_TOKEN (the fence
     runs first), and a higher token is refused by the gate but raises the mark all the same."""
     settings = proxy_settings(rail_db, stub.url, max_concurrency=1, max_queue=0, db_pool_max=2)
-    pool = await create_pool(settings.database_url, min_size=1, max_size=2)
-    proxy = RailProxy(settings, pool, ProxyMetrics(), load_verifier(settings))
-    await proxy.provision()  # what the app's lifespan does first
     account = f"a-{uuid.uuid4().hex[:10]}"
     open_gate, refusal = GATES[gate]
     # A refused shared slot is waited for until the queue deadline: keep that wait short.
     late = {"deadline": -1.0, "shared_budget": 1.0}.get(gate, 5.0)
-    try:
+    async with _service(settings) as proxy:
         first = await proxy.submit(submit_request(account_id=account, token=5))
         assert first.token == 5  # recorded and forwarded while the gate was open
         async with open_gate(proxy):
@@ -218,9 +216,6 @@ async def test_lower_token_is_refused_by_the_fence_before_a_refusing_gate(
             with pytest.raises(refusal):
                 await proxy.submit(submit_request(account_id=account, token=6, deadline_s=late))
         assert await _high_token(rail_db, account) == 6
-    finally:
-        await proxy.close()
-        await pool.close()
     await stub.assert_no_duplicates()
 
 
@@ -232,12 +227,8 @@ async def test_a_refusal_inside_the_attempt_transaction_still_raises_the_mark(
     account's mark (raised in its own transaction before the answer), so a token between the
     two is then STALE_TOKEN. An admitted request needs no transaction of its own for the fence:
     its attempt's transaction raised it."""
-    settings = proxy_settings(rail_db, stub.url)
-    pool = await create_pool(settings.database_url, min_size=1, max_size=2)
-    proxy = RailProxy(settings, pool, ProxyMetrics(), load_verifier(settings))
-    await proxy.provision()
     account, payout_id = f"a-{uuid.uuid4().hex[:10]}", f"p-{uuid.uuid4().hex[:10]}"
-    try:
+    async with _service(proxy_settings(rail_db, stub.url)) as proxy:
         first = await proxy.submit(submit_request(account_id=account, payout_id=payout_id, token=5))
         assert first.token == 5 and await _high_token(rail_db, account) == 5
         with pytest.raises(DuplicateSubmission):
@@ -246,7 +237,17 @@ async def test_a_refusal_inside_the_attempt_transaction_still_raises_the_mark(
         with pytest.raises(StaleToken) as stale:
             await proxy.submit(submit_request(account_id=account, token=6))
         assert (stale.value.presented_token, stale.value.highest_token) == (6, 7)
+    await stub.assert_no_duplicates()
+
+
+@asynccontextmanager
+async def _service(settings: ProxySettings) -> AsyncIterator[RailProxy]:
+    """The proxy's service in this process, provisioned as the app's lifespan does first."""
+    pool = await create_pool(settings.database_url, min_size=1, max_size=2)
+    proxy = RailProxy(settings, pool, ProxyMetrics(), load_verifier(settings))
+    try:
+        await proxy.provision()
+        yield proxy
     finally:
         await proxy.close()
         await pool.close()
-    await stub.assert_no_duplicates()
