@@ -87,6 +87,12 @@ class OutboxSettings(ServerTLS, ClientTLS, BaseSettings):
     #: The backlog gauges are refreshed at most this often (and at least once per wake-up after
     #: it has passed), not after every delivery cycle: a burst wakes the publisher per commit.
     metrics_interval_s: float = Field(default=2.0, gt=0)
+    #: After a NOTIFY wakes it, the publisher waits this long before its delivery cycle, so that
+    #: the commits of the next few milliseconds go in the same batch (one claim, one HTTP
+    #: request, one outcome UPDATE for all of them) instead of a cycle per commit, and the
+    #: cycle runs after, not during, the hot path's next lock hand-off (docs/outbox.md). Adds at
+    #: most this much to each event's delivery; 0: a cycle per wake-up, as before.
+    linger_s: float = Field(default=0.05, ge=0, le=5.0)
     batch_size: int = Field(default=20, ge=1, le=1000)  # also the per-publisher concurrency bound
     http_timeout_s: float = Field(default=5.0, gt=0)
     # A claim lasts this long; it must outlive one HTTP call by a wide margin, or a live

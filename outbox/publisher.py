@@ -49,7 +49,7 @@ from outbox.ops import (
     record_outcomes,
 )
 
-__all__ = ["CHANNEL", "Publisher", "outbox_summary"]
+__all__ = ["CHANNEL", "Publisher", "next_cycle", "outbox_summary"]
 
 log = get_logger("outbox.publisher")
 
@@ -200,7 +200,12 @@ class Publisher:
                         await self.refresh_metrics()
                 except _DB_ERRORS as exc:
                     log.warning("outbox.database_error", error=f"{type(exc).__name__}: {exc}")
-                await _wait_any(wake, stop, within_s=self.settings.poll_interval_s)
+                await next_cycle(
+                    wake,
+                    stop,
+                    poll_s=self.settings.poll_interval_s,
+                    linger_s=self.settings.linger_s,
+                )
         finally:
             listener.cancel()
             await asyncio.gather(listener, return_exceptions=True)
@@ -253,6 +258,17 @@ def _end_delivery(span: Span, v: Verdict) -> None:
     span.set_attribute("outbox.status", str(v.status))
     if v.status is not Status.DELIVERED:
         span.set_status(SpanStatus(StatusCode.ERROR, v.error or str(v.outcome)))
+
+
+async def next_cycle(
+    wake: asyncio.Event, stop: asyncio.Event, *, poll_s: float, linger_s: float
+) -> None:
+    """Until the next delivery cycle is due: a wake-up (a NOTIFY), `poll_s`, or `stop`. After a
+    wake-up, `linger_s` more (unless stopped), so that the commits of those milliseconds join the
+    batch (`OutboxSettings.linger_s`); a poll's cycle does not wait: nothing woke it."""
+    await _wait_any(wake, stop, within_s=poll_s)
+    if wake.is_set() and linger_s > 0:
+        await _wait_any(stop, stop, within_s=linger_s)
 
 
 async def _wait_any(a: asyncio.Event, b: asyncio.Event, *, within_s: float | None) -> None:
