@@ -8,6 +8,15 @@ from typing import Any
 
 import asyncpg
 
+#: An audit row's columns, as `write_audit` writes them; a statement that writes the row itself
+#: (`ledger.store.fenced`: the transition's one statement) names the same, in this order.
+AUDIT_COLUMNS = "actor, token, action, payout_id, account_id, from_state, to_state, details"
+
+
+def details_json(details: dict[str, Any] | None) -> str:
+    """The `details` column's value, encoded as every audit row's is."""
+    return json.dumps(details or {}, sort_keys=True, default=str)
+
 
 async def write_audit(
     conn: asyncpg.Connection,
@@ -24,8 +33,7 @@ async def write_audit(
     if not conn.is_in_transaction():
         raise RuntimeError("audit rows must be written inside the business transaction")
     await conn.execute(
-        "INSERT INTO paydb.audit_log"
-        " (actor, token, action, payout_id, account_id, from_state, to_state, details)"
+        f"INSERT INTO paydb.audit_log ({AUDIT_COLUMNS})"
         " VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb)",
         actor,
         token,
@@ -34,5 +42,5 @@ async def write_audit(
         account_id,
         from_state,
         to_state,
-        json.dumps(details or {}, sort_keys=True, default=str),
+        details_json(details),
     )

@@ -21,6 +21,36 @@ from ledger.context import WorkContext
 CONTRACT_VERSION = "paydb.v1"
 
 
+#: An outbox row's columns, in the order of `event_values`; a statement that stages the row
+#: itself (`ledger.store.fenced`: the transition's one statement) names the same.
+EVENT_COLUMNS = (
+    "event_id, event_type, correlation_id, causation_id, contract_version, payload,"
+    " traceparent, tracestate"
+)
+
+
+def event_values(
+    *,
+    event_type: str,
+    ctx: WorkContext,
+    payload: dict[str, Any],
+    correlation_id: str | None = None,
+) -> tuple[uuid.UUID, str, str, str | None, str, str, str | None, str | None]:
+    """One outbox row's values for `EVENT_COLUMNS`: a new event id, the payload as JSON, and the
+    trace context current now (the caller's span, not the statement's)."""
+    trace_context = tracing.carrier()
+    return (
+        uuid.uuid4(),
+        event_type,
+        correlation_id or ctx.correlation_id,
+        ctx.causation_id,
+        CONTRACT_VERSION,
+        json.dumps(payload, sort_keys=True, default=str),
+        trace_context.get("traceparent"),
+        trace_context.get("tracestate"),
+    )
+
+
 async def write_event(
     conn: asyncpg.Connection,
     *,
@@ -36,19 +66,12 @@ async def write_event(
     """
     if not conn.is_in_transaction():
         raise RuntimeError("outbox rows must be written inside the business transaction")
-    event_id = uuid.uuid4()
-    trace_context = tracing.carrier()
-    await conn.execute(
-        "INSERT INTO paydb.outbox (event_id, event_type, correlation_id, causation_id,"
-        " contract_version, payload, traceparent, tracestate)"
-        " VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8)",
-        event_id,
-        event_type,
-        correlation_id or ctx.correlation_id,
-        ctx.causation_id,
-        CONTRACT_VERSION,
-        json.dumps(payload, sort_keys=True, default=str),
-        trace_context.get("traceparent"),
-        trace_context.get("tracestate"),
+    values = event_values(
+        event_type=event_type, ctx=ctx, payload=payload, correlation_id=correlation_id
     )
-    return event_id
+    await conn.execute(
+        f"INSERT INTO paydb.outbox ({EVENT_COLUMNS})"
+        " VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8)",
+        *values,
+    )
+    return values[0]

@@ -31,10 +31,10 @@ import asyncpg
 
 from common.lockkey import lock_key
 from ledger import metrics
-from ledger.audit import write_audit
+from ledger.audit import AUDIT_COLUMNS, details_json
 from ledger.context import WorkContext
 from ledger.errors import FencedOut, InvalidTransition, UnknownAccount, UnknownPayout
-from ledger.outbox import write_event
+from ledger.outbox import EVENT_COLUMNS, event_values
 from ledger.records import (
     PAYOUT_COLUMNS,
     AlreadyAdvanced,
@@ -48,6 +48,32 @@ from ledger.store.grant_checks import GrantCheck
 from lockservice.verifiers import GrantVerifier
 
 __all__ = ["FencedTransaction", "FencedWriter"]
+
+
+#: A payout transition, its audit row and its outbox event in ONE statement: the fenced update
+#: ($1-$6, `{fence}` its fence condition), the audit row ($7 actor, $8 action, $9 details) and
+#: the event ($10-$17, `ledger.outbox.event_values`; the payload's row fields added here) are
+#: written only for the row the update matched (the same facts `write_audit` and `write_event`
+#: write; tests/ledger/test_transition_statement.py compares them). The outbox's statement
+#: trigger notifies even when nothing matched: at most a spare wake-up of the publisher.
+_TRANSITION = (
+    "WITH moved AS ("
+    " UPDATE paydb.payouts SET state = $3, fence = $4,"
+    " failure_reason = COALESCE($5, failure_reason),"
+    " ledger_group_id = COALESCE($6, ledger_group_id)"
+    " WHERE payout_id = $1 AND state = $2{fence}"
+    f" RETURNING {PAYOUT_COLUMNS}"
+    "), audited AS ("
+    f" INSERT INTO paydb.audit_log ({AUDIT_COLUMNS})"
+    " SELECT $7::text, $4, $8::text, payout_id, account_id, $2, $3, $9::jsonb FROM moved"
+    "), staged AS ("
+    f" INSERT INTO paydb.outbox ({EVENT_COLUMNS})"
+    " SELECT $10::uuid, $11::text, $12::text, $13::text, $14::text,"
+    " $15::jsonb || jsonb_build_object('account_id', account_id, 'amount', amount,"
+    " 'client_reference', client_reference, 'failure_reason', failure_reason),"
+    " $16::text, $17::text FROM moved"
+    f") SELECT {PAYOUT_COLUMNS} FROM moved"
+)
 
 
 @asynccontextmanager
@@ -247,50 +273,39 @@ class FencedTransaction:
         payout_id, token = self.payout_id, self.token
         check_transition(from_state, to_state)  # in code, before the database sees anything
         fence_condition = " AND fence <= $4" if self._enforce_fencing else ""
+        actor = audit_actor or ctx.actor
+        # The payload's fields known before the statement; the row's own (account, amount,
+        # client reference, failure reason) are added by the statement from the updated row.
+        event = event_values(
+            event_type=f"payout.{to_state.lower()}",
+            ctx=ctx,
+            payload={
+                "payout_id": payout_id,
+                "from_state": from_state,
+                "to_state": to_state,
+                "token": token,
+            },
+        )
         # The one fenced statement: names the expected from-state (the DB trigger re-checks the
-        # edge) and stamps fence = T; a stale token or a moved payout matches zero rows.
+        # edge) and stamps fence = T; a stale token or a moved payout matches zero rows, and then
+        # its audit and outbox rows are not written either (they select from the update's
+        # RETURNING). One round trip instead of three (issue 29).
         row = await self.conn.fetchrow(
-            "UPDATE paydb.payouts SET state = $3, fence = $4,"
-            " failure_reason = COALESCE($5, failure_reason),"
-            " ledger_group_id = COALESCE($6, ledger_group_id)"
-            f" WHERE payout_id = $1 AND state = $2{fence_condition}"
-            f" RETURNING {PAYOUT_COLUMNS}",
+            _TRANSITION.format(fence=fence_condition),
             payout_id,
             str(from_state),
             str(to_state),
             token,
             reason,
             group_id,
+            actor,
+            operation,
+            details_json({"reason": reason, **(details or {}), "via": ctx.actor}),
+            *event,
         )
         if row is None:
             return await self._classify_miss(operation, from_state)
         payout = Payout.from_row(row)
-        await write_audit(
-            self.conn,
-            actor=audit_actor or ctx.actor,
-            action=operation,
-            token=token,
-            payout_id=payout_id,
-            account_id=payout.account_id,
-            from_state=from_state,
-            to_state=to_state,
-            details={"reason": reason, **(details or {}), "via": ctx.actor},
-        )
-        await write_event(
-            self.conn,
-            event_type=f"payout.{to_state.lower()}",
-            ctx=ctx,
-            payload={
-                "payout_id": payout_id,
-                "account_id": payout.account_id,
-                "amount": payout.amount,
-                "from_state": from_state,
-                "to_state": to_state,
-                "token": token,
-                "client_reference": payout.client_reference,
-                "failure_reason": payout.failure_reason,
-            },
-        )
         # Stated only once COMMIT succeeded (`committed`): a rolled-back posting of a frozen
         # worker must not leave a `payout.transition` to POSTED that never happened.
         self._facts.append(
@@ -301,7 +316,7 @@ class FencedTransaction:
                 "to_state": str(to_state),
                 "token": token,
                 "operation": operation,
-                "actor": audit_actor or ctx.actor,
+                "actor": actor,
                 "correlation_id": ctx.correlation_id,
                 "_count": record_metric,
             }
