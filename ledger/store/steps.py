@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import uuid
 
+import asyncpg
+
 from ledger import metrics
 from ledger.context import WorkContext
-from ledger.journal import RAIL_CLEARING, write_group
-from ledger.outbox import write_event
+from ledger.journal import RAIL_CLEARING
+from ledger.outbox import EVENT_COLUMNS, event_values
 from ledger.records import AlreadyAdvanced, Payout, check_text
 from ledger.states import IN_FLIGHT_STATES
 from ledger.store.base import GrantLike, S
@@ -215,18 +217,63 @@ async def _post_in(tx: FencedTransaction, ctx: WorkContext) -> Payout | AlreadyA
     )
     if isinstance(result, AlreadyAdvanced):
         return result
-    correlation_id = f"{account_id}:{payout_id}:{group_id}"
-    await write_group(
+    await write_posting(
         tx.conn,
-        group_id=group_id,
-        kind="payout",
-        correlation_id=correlation_id,
-        entries=[(account_id, -amount), (RAIL_CLEARING, amount)],
+        ctx,
         payout_id=payout_id,
+        account_id=account_id,
+        amount=amount,
+        group_id=group_id,
         token=token,
     )
-    await write_event(
-        tx.conn,
+    return result
+
+
+#: A payout's posting in ONE statement (issue 29): its ledger group, its two entries (the
+#: customer's debit first, as `ledger.journal.write_group` orders them), both balance rows and the
+#: `ledger.posted` event, where `write_group` and `write_event` took six round trips.
+#: Lock order (write_group's rule: the customer's balance row first, system accounts after): the
+#: caller's transaction locked the customer's row already, when it stamped its fence
+#: (`FencedWriter.transaction`), so the only row lock taken here is RAIL_CLEARING's, and two
+#: postings cannot wait on each other in a cycle whatever order the CTEs run in. INV-03 is
+#: still the database's: the group's entries must sum to zero at COMMIT (deferred trigger).
+_POSTING = (
+    "WITH grouped AS ("
+    " INSERT INTO paydb.ledger_groups (group_id, kind, payout_id, correlation_id, token)"
+    " VALUES ($1, 'payout', $2, $3, $4)"
+    "), entered AS ("
+    " INSERT INTO paydb.ledger_entries (group_id, account_id, amount)"
+    " VALUES ($1, $5, -$6::bigint), ($1, $7, $6::bigint)"
+    "), debited AS ("
+    " UPDATE paydb.balances SET balance = balance - $6::bigint, updated_at = now()"
+    " WHERE account_id = $5"
+    "), credited AS ("
+    " UPDATE paydb.balances SET balance = balance + $6::bigint, updated_at = now()"
+    " WHERE account_id = $7"
+    f") INSERT INTO paydb.outbox ({EVENT_COLUMNS})"
+    " VALUES ($8, $9, $10, $11, $12, $13::jsonb, $14, $15)"
+)
+
+
+async def write_posting(
+    conn: asyncpg.Connection,
+    ctx: WorkContext,
+    *,
+    payout_id: str,
+    account_id: str,
+    amount: int,
+    group_id: uuid.UUID,
+    token: int,
+) -> None:
+    """The payout's ledger group, entries, balances and `ledger.posted` event (`_POSTING`), in
+    the caller's transaction, which must hold the customer's balance row already. Money: written
+    only after this transaction's RAIL_ACKED -> POSTED update matched, and
+    ledger_groups.payout_id is UNIQUE, so a payout is debited at most once."""
+    if not conn.is_in_transaction():
+        raise RuntimeError("a posting must be written inside the payout's transaction")
+    correlation_id = f"{account_id}:{payout_id}:{group_id}"
+    entries = [[account_id, -amount], [RAIL_CLEARING, amount]]
+    event = event_values(
         event_type="ledger.posted",
         ctx=ctx,
         correlation_id=correlation_id,
@@ -236,10 +283,20 @@ async def _post_in(tx: FencedTransaction, ctx: WorkContext) -> Payout | AlreadyA
             "payout_id": payout_id,
             "account_id": account_id,
             "amount": amount,
-            "entries": [[account_id, -amount], [RAIL_CLEARING, amount]],
+            "entries": entries,
         },
     )
-    return result
+    await conn.execute(
+        _POSTING,
+        group_id,
+        payout_id,
+        correlation_id,
+        token,
+        account_id,
+        amount,
+        RAIL_CLEARING,
+        *event,
+    )
 
 
 def _count_posting(result: Payout | AlreadyAdvanced) -> None:

@@ -83,7 +83,7 @@ async def test_a_failure_inside_writes_nothing_and_recovery_goes_on_stepwise(
         raise asyncpg.PostgresError("the ledger write failed inside the transaction")
 
     with monkeypatch.context() as patch, capture_logs() as logs:
-        patch.setattr("ledger.store.steps.write_group", failing_group)
+        patch.setattr("ledger.store.steps.write_posting", failing_group)
         with pytest.raises(asyncpg.PostgresError):
             await store.ack_and_post(p.payout_id, 7, ctx)
     assert not [e for e in logs if e["event"] == "payout.transition"]

@@ -298,7 +298,7 @@ async def test_a_rolled_back_posting_states_no_transition(
         async def failing_group(*args: object, **kwargs: object) -> None:
             raise asyncpg.PostgresError("the ledger write failed inside the transaction")
 
-        monkeypatch.setattr("ledger.store.steps.write_group", failing_group)
+        monkeypatch.setattr("ledger.store.steps.write_posting", failing_group)
         with pytest.raises(asyncpg.PostgresError):
             await store.post(p.payout_id, 7, ctx)
     stated = [e["to_state"] for e in logs if e["event"] == "payout.transition"]
