@@ -10,10 +10,10 @@ freeze with the setting switched off on that connection keeps the rows locked pa
 bound (the next holder's `lock_timeout` fires instead).
 
 How the freeze lands between the UPDATEs and the COMMIT by construction: the test holds the
-rail_clearing balance row (SELECT ... FOR UPDATE), so the holder's post blocks on its last
-balance UPDATE, after it has updated the payout and the account; the test SIGSTOPs the holder
-there, then lets its statement finish: its session is now idle inside the transaction, holding
-every row, and its client cannot send the COMMIT.
+rail_clearing balance row (SELECT ... FOR UPDATE), so the holder's post blocks in its posting
+statement's update of that row, after it has stamped the account's row and moved the payout's;
+the test SIGSTOPs the holder there, then lets its statement finish: its session is now idle
+inside the transaction, holding every row, and its client cannot send the COMMIT.
 """
 
 from __future__ import annotations
@@ -42,11 +42,16 @@ ROOT = Path(__file__).resolve().parents[2]
 #: The holder's lease, as a chaos or experiment worker has it (WORKER_LOCK_TTL_S): the bound.
 LEASE_S = 3.0
 AMOUNT, FUNDS = 1_200, 10_000
-#: What asyncpg raises in a process whose session the server ended while it was frozen.
+#: What asyncpg raises in a process whose session the server ended while it was frozen. Which
+#: one depends on when the thawed client reads the server's FATAL: before its next statement
+#: (the COMMIT, since the posting is one statement) it is still consuming that error when the
+#: COMMIT is tried, and refuses to send it (InternalClientError, "another operation is in
+#: progress"); after, the statement or COMMIT finds the session gone.
 CONNECTION_GONE = (
     "IdleInTransactionSessionTimeoutError",
     "ConnectionDoesNotExistError",
     "InterfaceError",
+    "InternalClientError",
 )
 
 
