@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import asyncpg
 import pytest
@@ -79,3 +80,17 @@ async def funded_account(store: PayoutStore, ctx: WorkContext, amount: int) -> s
 async def row_counts(pool: asyncpg.Pool) -> dict[str, int]:
     async with pool.acquire() as conn:
         return {t: int(await conn.fetchval(f"SELECT count(*) FROM paydb.{t}")) for t in TABLES}
+
+
+@asynccontextmanager
+async def rolled_back(pool: asyncpg.Pool) -> AsyncIterator[asyncpg.Connection]:
+    """A connection inside a transaction that is always rolled back: rows a test writes there,
+    to read them beside the code's own, are never kept (the ledger's and the outbox's tables let
+    no row be deleted, and their unique keys would refuse the code's rows after them)."""
+    async with pool.acquire() as conn:
+        tx = conn.transaction()
+        await tx.start()
+        try:
+            yield conn
+        finally:
+            await tx.rollback()

@@ -14,13 +14,9 @@ from ledger import Payout, PayoutState, PayoutStore, WorkContext
 from ledger.journal import RAIL_CLEARING, write_group
 from ledger.outbox import write_event
 from ledger.queries import ledger_discrepancies
-from tests.ledger.conftest import funded_account, new_id
+from tests.ledger.conftest import funded_account, new_id, rolled_back
 
 S = PayoutState
-
-
-class _RolledBack(Exception):
-    """Raised to roll the helpers' rows back."""
 
 
 async def _posting(conn: asyncpg.Connection, payout: Payout) -> dict[str, Any]:
@@ -66,36 +62,31 @@ async def test_the_posting_writes_what_the_helpers_write(
     # lets a row be deleted).
     group_id = uuid.uuid4()
     correlation_id = f"{account}:{p.payout_id}:{group_id}"
-    async with pool.acquire() as conn:
-        try:
-            async with conn.transaction():
-                await write_group(
-                    conn,
-                    group_id=group_id,
-                    kind="payout",
-                    correlation_id=correlation_id,
-                    entries=[(account, -300), (RAIL_CLEARING, 300)],
-                    payout_id=p.payout_id,
-                    token=7,
-                )
-                await write_event(
-                    conn,
-                    event_type="ledger.posted",
-                    ctx=ctx,
-                    correlation_id=correlation_id,
-                    payload={
-                        "kind": "payout",
-                        "group_id": str(group_id),
-                        "payout_id": p.payout_id,
-                        "account_id": account,
-                        "amount": 300,
-                        "entries": [[account, -300], [RAIL_CLEARING, 300]],
-                    },
-                )
-                by_helpers = await _posting(conn, p)
-                raise _RolledBack
-        except _RolledBack:
-            pass
+    async with rolled_back(pool) as conn:
+        await write_group(
+            conn,
+            group_id=group_id,
+            kind="payout",
+            correlation_id=correlation_id,
+            entries=[(account, -300), (RAIL_CLEARING, 300)],
+            payout_id=p.payout_id,
+            token=7,
+        )
+        await write_event(
+            conn,
+            event_type="ledger.posted",
+            ctx=ctx,
+            correlation_id=correlation_id,
+            payload={
+                "kind": "payout",
+                "group_id": str(group_id),
+                "payout_id": p.payout_id,
+                "account_id": account,
+                "amount": 300,
+                "entries": [[account, -300], [RAIL_CLEARING, 300]],
+            },
+        )
+        by_helpers = await _posting(conn, p)
     posted = await store.post(p.payout_id, 7, ctx)
     assert isinstance(posted, Payout) and posted.state is S.POSTED
     async with pool.acquire() as conn:

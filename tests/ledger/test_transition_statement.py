@@ -13,7 +13,7 @@ import pytest
 from ledger import AlreadyAdvanced, FencedOut, PayoutStore, WorkContext
 from ledger.audit import write_audit
 from ledger.outbox import write_event
-from tests.ledger.conftest import funded_account, new_id
+from tests.ledger.conftest import funded_account, new_id, rolled_back
 
 _AUDIT = (
     "SELECT actor, token, action, payout_id, account_id, from_state, to_state, details"
@@ -23,10 +23,6 @@ _EVENTS = (
     "SELECT event_type, correlation_id, causation_id, contract_version, payload, traceparent,"
     " tracestate FROM paydb.outbox WHERE payload->>'payout_id' = $1 ORDER BY occurred_at"
 )
-
-
-class _RolledBack(Exception):
-    """Raised to roll the helpers' rows back."""
 
 
 async def _rows(conn: asyncpg.Connection, payout_id: str) -> tuple[list[Any], list[Any]]:
@@ -54,42 +50,39 @@ async def test_a_transition_writes_what_the_helpers_write(
     p = await store.create_payout(new_id("po"), account, amount, ctx)
     # First the helpers' rows, before the claim (an event's delivery key is unique, and neither
     # table lets a row be deleted), in a transaction rolled back.
-    async with pool.acquire() as conn:
-        with pytest.raises(_RolledBack):
-            async with conn.transaction():
-                await write_audit(
-                    conn,
-                    actor=ctx.actor,
-                    action="claim",
-                    token=7,
-                    payout_id=p.payout_id,
-                    account_id=account,
-                    from_state="PENDING",
-                    to_state=to_state,
-                    details={
-                        "reason": reason,
-                        "available": 1_000,
-                        "amount": amount,
-                        "via": ctx.actor,
-                    },
-                )
-                await write_event(
-                    conn,
-                    event_type=f"payout.{to_state.lower()}",
-                    ctx=ctx,
-                    payload={
-                        "payout_id": p.payout_id,
-                        "account_id": account,
-                        "amount": amount,
-                        "from_state": "PENDING",
-                        "to_state": to_state,
-                        "token": 7,
-                        "client_reference": p.client_reference,
-                        "failure_reason": reason,
-                    },
-                )
-                by_helpers = await _rows(conn, p.payout_id)
-                raise _RolledBack
+    async with rolled_back(pool) as conn:
+        await write_audit(
+            conn,
+            actor=ctx.actor,
+            action="claim",
+            token=7,
+            payout_id=p.payout_id,
+            account_id=account,
+            from_state="PENDING",
+            to_state=to_state,
+            details={
+                "reason": reason,
+                "available": 1_000,
+                "amount": amount,
+                "via": ctx.actor,
+            },
+        )
+        await write_event(
+            conn,
+            event_type=f"payout.{to_state.lower()}",
+            ctx=ctx,
+            payload={
+                "payout_id": p.payout_id,
+                "account_id": account,
+                "amount": amount,
+                "from_state": "PENDING",
+                "to_state": to_state,
+                "token": 7,
+                "client_reference": p.client_reference,
+                "failure_reason": reason,
+            },
+        )
+        by_helpers = await _rows(conn, p.payout_id)
     claimed = await store.claim(p.payout_id, 7, ctx)
     assert not isinstance(claimed, AlreadyAdvanced)
     assert claimed.state == to_state
