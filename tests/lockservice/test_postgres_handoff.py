@@ -9,10 +9,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+import asyncpg
 import pytest
 
 from lockservice.api import Grant, SessionNotFound
 from lockservice.server.backends.postgres import PostgresBackend
+from lockservice.server.backends.postgres_common import CHANNEL
 from lockservice.server.backends.wakeups import Wakeups
 
 #: Longer than anything here takes, shorter than the backend's wait cap (5 s): a waiter that is
@@ -29,6 +31,31 @@ class _NoHandOn(Wakeups):
 
 async def _started(lock_database_url: str, key_prefix: str, wakeups: Wakeups) -> PostgresBackend:
     return await PostgresBackend.start(lock_database_url, prefix=key_prefix, wakeups=wakeups)
+
+
+class _SleepCounted(asyncio.Event):
+    """A waiter's event that counts the naps it starts: the second nap begins only after the
+    attempt its first wake-up caused has returned."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.naps = 0
+
+    async def wait(self) -> bool:  # type: ignore[override]
+        self.naps += 1
+        return await super().wait()
+
+
+class _Counted(Wakeups):
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[_SleepCounted] = []
+
+    def join(self, key: str) -> asyncio.Event:
+        event = _SleepCounted()
+        self.events.append(event)
+        self._waiting.setdefault(key, {})[event] = None
+        return event
 
 
 @pytest.fixture
@@ -110,5 +137,41 @@ async def test_a_woken_waiter_that_cannot_take_the_key_wakes_the_next(
             assert waited < _WAIT_S / 2  # milliseconds; the margin is for a loaded machine
         else:
             assert waited >= _WAIT_S / 2  # only its deadline woke it: the key lay free meanwhile
+    finally:
+        await pg.close()
+
+
+async def test_a_woken_waiter_keeps_its_row_until_the_attempt_that_grants_it(
+    lock_database_url: str, key_prefix: str
+) -> None:
+    """A waiter's attempt removes its waiter row in the statement that grants it the key, and
+    only then: woken while the key is still held (a NOTIFY sent by hand), it is still counted
+    once that attempt returned; the release's wake-up grants it and it is counted no more."""
+    wakeups = _Counted()
+    pg = await _started(lock_database_url, key_prefix, wakeups)
+    try:
+        holder = await pg.open_session(60)
+        grant = await pg.acquire(holder.session_id, "k", 0)
+        assert isinstance(grant, Grant)
+        waiter = await pg.open_session(60)
+        blocked = asyncio.create_task(pg.acquire(waiter.session_id, "k", 30))
+        await _until_waiters(pg, "k", 1)
+        [event] = wakeups.events
+        conn = await asyncpg.connect(lock_database_url)
+        try:
+            await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, key_prefix + "k")
+        finally:
+            await conn.close()
+        for _ in range(1000):  # its woken attempt found the key held and it sleeps again
+            if event.naps >= 2:
+                break
+            await asyncio.sleep(0.01)
+        assert event.naps >= 2 and not blocked.done()
+        assert (await pg.inspect("k")).waiters == 1
+        await pg.release(grant)
+        got = await blocked
+        assert isinstance(got, Grant)
+        assert (await pg.inspect("k")).waiters == 0
+        await pg.release(got)
     finally:
         await pg.close()

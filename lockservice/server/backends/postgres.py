@@ -68,6 +68,18 @@ _WAIT_CAP_S = 5.0
 _EXPIRY_JITTER_S = 0.05
 
 
+#: A waiter's attempt (issue 29, the hot account's hand-off): the grant decision and, only when
+#: it granted, the removal of the waiter's row, in one statement and one transaction, instead of
+#: a second round trip between the grant and its answer. The CTE `granted` is referenced twice,
+#: so PostgreSQL materialises it: acquire_grant runs exactly once.
+_ACQUIRE_WAITING = (
+    "WITH granted AS (SELECT * FROM lockservice.acquire_grant($1, $2, $3, $4)),"
+    " dequeued AS (DELETE FROM lockservice.waiters WHERE waiter_id = $5"
+    " AND (SELECT status FROM granted) = 'granted')"
+    " SELECT * FROM granted"
+)
+
+
 class PostgresBackend:
     """LockBackend over one PostgreSQL database. Create with `await PostgresBackend.start(...)`."""
 
@@ -240,6 +252,7 @@ class PostgresBackend:
                 sid,
                 waiter_id,
             )
+        removed = False
         try:
             while True:
                 remaining = deadline - loop.time()
@@ -255,32 +268,42 @@ class PostgresBackend:
                 await self._ensure_listener()
                 # Cleared before the attempt, so a NOTIFY arriving during it is not lost.
                 wake.clear()
-                result, holder_expires_in = await self._try_acquire(sid, key, full)
+                result, holder_expires_in = await self._try_acquire(
+                    sid, key, full, waiter_id=waiter_id
+                )
                 if isinstance(result, Grant):
+                    removed = True  # by the statement that granted it, in its transaction
                     return result
         finally:
-            with contextlib.suppress(*CONNECTION_ERRORS):
-                await self._pool.execute(
-                    "DELETE FROM lockservice.waiters WHERE waiter_id = $1", waiter_id
-                )
+            if not removed:
+                with contextlib.suppress(*CONNECTION_ERRORS):
+                    await self._pool.execute(
+                        "DELETE FROM lockservice.waiters WHERE waiter_id = $1", waiter_id
+                    )
 
     async def _try_acquire(
-        self, sid: uuid.UUID, key: str, full: str
+        self, sid: uuid.UUID, key: str, full: str, *, waiter_id: uuid.UUID | None = None
     ) -> tuple[Grant | NotAcquired, float | None]:
         """One attempt; when the key is held, also the seconds until its holder's session
-        expires on the server's clock (unless kept alive)."""
+        expires on the server's clock (unless kept alive). A blocked acquirer's attempt names
+        its `waiter_id`: a grant removes that waiter row in the same statement."""
         with unavailable_on_connection_error():
             # One round trip: the whole grant decision is one plpgsql function, one transaction
             # (003_cheap_waiters.sql): a lock-free read answers 'held'; otherwise epoch FOR SHARE,
             # counter row FOR UPDATE (serialises the key's acquirers and revokers), holder
             # re-check, counter + 1, holder and history rows.
-            row = await self._pool.fetchrow(
-                "SELECT * FROM lockservice.acquire_grant($1, $2, $3, $4)",
-                self._prefix,
-                full,
-                sid,
-                TOKEN_EPOCH_STRIDE,
-            )
+            if waiter_id is None:
+                row = await self._pool.fetchrow(
+                    "SELECT * FROM lockservice.acquire_grant($1, $2, $3, $4)",
+                    self._prefix,
+                    full,
+                    sid,
+                    TOKEN_EPOCH_STRIDE,
+                )
+            else:
+                row = await self._pool.fetchrow(
+                    _ACQUIRE_WAITING, self._prefix, full, sid, TOKEN_EPOCH_STRIDE, waiter_id
+                )
         if row["status"] == "no_session":
             raise SessionNotFound(f"session {sid} is unknown or expired")
         if row["status"] == "held":
