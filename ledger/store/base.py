@@ -1,5 +1,5 @@
 """What every part of the payout store reads alike: the grant type, the state alias, the one
-logger, and the lookups of a payout's account and of a customer account. Nothing here writes.
+logger, and the lookup of a customer account. Nothing here writes.
 
 No class here: each part of the store (`ledger.store.fenced`, `.steps`, `.ambiguity`,
 `.commands`, `.seeding`, `.reads`) is an object of its own, handed what it uses (the pool, the
@@ -14,28 +14,18 @@ from typing import Any
 import asyncpg
 
 from common.logs import get_logger
-from ledger.errors import InvalidIdentifier, UnknownAccount, UnknownPayout
+from ledger.errors import InvalidIdentifier, UnknownAccount
 from ledger.journal import SYSTEM_ACCOUNTS
 from ledger.states import PayoutState
 from lockservice.verifiers import SignedGrant
 
-__all__ = ["GrantLike", "S", "customer_account", "log", "payout_account"]
+__all__ = ["GrantLike", "S", "customer_account", "log"]
 
 S = PayoutState
 #: What a fenced write may present: the signed grant (or its wire form); None = no grant.
 GrantLike = SignedGrant | Mapping[str, Any] | None
 #: One logger name for every part of the store: its events read as before the split.
 log = get_logger("ledger.store")
-
-
-async def payout_account(conn: asyncpg.Connection, payout_id: str) -> tuple[str, int]:
-    """The payout's account and amount; `UnknownPayout` if there is no such payout."""
-    row = await conn.fetchrow(
-        "SELECT account_id, amount FROM paydb.payouts WHERE payout_id = $1", payout_id
-    )
-    if row is None:
-        raise UnknownPayout(f"unknown payout {payout_id!r}")
-    return row["account_id"], int(row["amount"])
 
 
 async def customer_account(conn: asyncpg.Connection, account_id: str) -> None:

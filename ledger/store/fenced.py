@@ -6,14 +6,16 @@ equal token is the same grant taking its next step (claim, submit, post all pres
 
 `FencedWriter` is the only object of the store that writes a payout's state. Every fenced write
 opens `FencedWriter.transaction`, which, in this order and in one database transaction: checks the
-grant (`ledger.store.grant_checks`, INV-07) before anything is written, locks the account's
-balance row and stamps its fence = T (the lock protects the account's payout stream, A-15, so
-each step stamps both rows under the same T), and reports a `FencedOut` raised anywhere inside as
-FR-16 asks. Inside it, `FencedTransaction.transition` runs the one fenced statement:
-`UPDATE ... WHERE payout_id = $1 AND state = <from> AND fence <= T RETURNING ...`. When it matches
-nothing, the row is re-read in the same transaction to classify: stored fence > T -> `FencedOut`
-(event `lock.fenced_out`, counter); state already past the expected from-state ->
-`AlreadyAdvanced` (not an error); anything else -> `InvalidTransition`.
+grant (`ledger.store.grant_checks`, INV-07) before anything is written (its signature and token
+in memory; its key by the first statement's own condition and after it), locks the account's
+balance row and stamps its fence = T in that first statement (the lock protects the account's
+payout stream, A-15, so each step stamps both rows under the same T), and reports a `FencedOut`
+raised anywhere inside as FR-16 asks. Inside it, `FencedTransaction.transition` runs the one
+fenced statement: `UPDATE ... WHERE payout_id = $1 AND state = <from> AND fence <= T
+RETURNING ...`. When it matches nothing, the row is re-read in the same transaction to
+classify: stored fence > T -> `FencedOut` (event `lock.fenced_out`, counter); state already past
+the expected from-state -> `AlreadyAdvanced` (not an error); anything else ->
+`InvalidTransition`.
 
 `FencedWriter.transition` is that transaction around one transition (optionally a second, and one
 more write): what most steps are. A step that writes more (claim's funds check, post's ledger
@@ -44,7 +46,7 @@ from ledger.records import (
 )
 from ledger.states import PayoutState, check_transition, reachable_from
 from ledger.store.base import GrantLike, log
-from ledger.store.grant_checks import GrantCheck
+from ledger.store.grant_checks import GrantCheck, Presented
 from lockservice.verifiers import GrantVerifier
 
 __all__ = ["FencedTransaction", "FencedWriter"]
@@ -73,6 +75,24 @@ _TRANSITION = (
     " 'client_reference', client_reference, 'failure_reason', failure_reason),"
     " $16::text, $17::text FROM moved"
     f") SELECT {PAYOUT_COLUMNS} FROM moved"
+)
+
+
+#: A fenced transaction's first statement (issue 29: one round trip where the payout's account
+#: was read, then its balance row stamped): the payout's account and amount ($1), and its balance
+#: row locked and stamped fence = T ($2, `{fence}` the fence condition), only when the caller may
+#: stamp at all ($4, `Presented.may_stamp`) and only for the account the grant's key names ($3;
+#: NULL for a trusted caller). Money: a grant of another account's key, or an expired one, stamps
+#: nothing here and is refused next (`GrantCheck.check_account`), before any other write.
+#: `balance` is NULL when nothing was stamped; the updated row's own value otherwise (read after
+#: its row lock, as the standalone UPDATE did).
+_OPEN = (
+    "WITH payout AS (SELECT account_id, amount FROM paydb.payouts WHERE payout_id = $1),"
+    " stamped AS ("
+    " UPDATE paydb.balances b SET fence = $2, updated_at = now() FROM payout p"
+    " WHERE $4 AND b.account_id = p.account_id AND ($3::text IS NULL OR p.account_id = $3){fence}"
+    " RETURNING b.balance"
+    ") SELECT p.account_id, p.amount, (SELECT balance FROM stamped) AS balance FROM payout p"
 )
 
 
@@ -107,6 +127,7 @@ class FencedWriter:
         # and a stale holder CAN move money: only ever for the UC-03 negative control.
         self._enforce_fencing = enforce_fencing
         self._grants = GrantCheck(verifier, enforce_fencing=enforce_fencing)
+        self._open_sql = _OPEN.format(fence=" AND b.fence <= $2" if enforce_fencing else "")
         if not enforce_fencing:
             log.warning(
                 "fencing.disabled",
@@ -131,13 +152,13 @@ class FencedWriter:
         (INV-01). Transitions are logged and counted only once COMMIT succeeded (`committed`)."""
         check_payout_id(payout_id)
         check_token(token)
+        presented = self._grants.presented(payout_id, token, grant, operation)
         async with self._pool.acquire() as conn:
             try:
                 async with committed(conn) as facts:
-                    account_id, amount = await self._grants.granted_account(
-                        conn, payout_id, token, grant, operation
+                    account_id, amount, balance = await self._open(
+                        conn, presented, payout_id, token, operation
                     )
-                    balance = await self._stamp_balance(conn, account_id, token)
                     yield FencedTransaction(
                         conn,
                         facts,
@@ -195,18 +216,34 @@ class FencedWriter:
                 next_operation, ctx, from_state=to_state, to_state=next_state
             )
 
-    async def _stamp_balance(self, conn: asyncpg.Connection, account_id: str, token: int) -> int:
-        """Lock the account's balance row and stamp fence = T (FR-15: the balance row is an
-        enforcement point too); FencedOut when T is below its fence. Returns the balance."""
-        fence_condition = " AND fence <= $2" if self._enforce_fencing else ""
-        balance = await conn.fetchval(
-            "UPDATE paydb.balances SET fence = $2, updated_at = now()"
-            f" WHERE account_id = $1{fence_condition} RETURNING balance",
-            account_id,
+    async def _open(
+        self,
+        conn: asyncpg.Connection,
+        presented: Presented,
+        payout_id: str,
+        token: int,
+        operation: str,
+    ) -> tuple[str, int, int]:
+        """The transaction's first statement (`_OPEN`): the payout's account and amount, and its
+        balance row locked and stamped fence = T (FR-15: the balance row is an enforcement point
+        too), then the grant's account and expiry checked (`GrantCheck.check_account`: nothing
+        was stamped unless it passes); FencedOut when T is below the fence. Returns the account,
+        the amount and the balance."""
+        row = await conn.fetchrow(
+            self._open_sql,
+            payout_id,
             token,
+            presented.account,
+            presented.may_stamp,
         )
-        if balance is not None:
-            return int(balance)
+        if row is None:
+            raise UnknownPayout(f"unknown payout {payout_id!r}")
+        account_id, amount = row["account_id"], int(row["amount"])
+        await self._grants.check_account(
+            conn, presented, account_id, payout_id=payout_id, token=token, operation=operation
+        )
+        if row["balance"] is not None:
+            return account_id, amount, int(row["balance"])
         stored = await conn.fetchval(
             "SELECT fence FROM paydb.balances WHERE account_id = $1", account_id
         )

@@ -9,6 +9,7 @@ claims the payout and raises the account's fence beyond anything the lock servic
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -18,7 +19,7 @@ import pytest
 from ledger import FencedOut, InvalidGrant, Payout, PayoutState, PayoutStore, WorkContext
 from lockservice.server import GrantSigner
 from tests.grants import account_grant, forged, grant_verifier, sign
-from tests.ledger.conftest import funded_account, new_id, row_counts
+from tests.ledger.conftest import funded_account, new_id, rolled_back, row_counts
 
 HUGE_TOKEN = 2**62 + 7
 
@@ -88,6 +89,26 @@ async def test_refused_grant_writes_nothing(
         await WRITES[write](vstore, payout_id, token, ctx, grant)
     assert refused.value.reason == reason
     assert (await row_counts(pool), await _fences(pool, payout_id)) == before
+
+
+@pytest.mark.parametrize("case", ["other_key", "expired"])
+async def test_refused_grant_never_waits_for_the_accounts_balance_row(
+    vstore: PayoutStore, pool: asyncpg.Pool, ctx: WorkContext, case: str
+) -> None:
+    """A genuine grant of another account's key, or an expired one, is refused without taking
+    the payout's balance-row lock: the fenced transaction's first statement stamps only the
+    account the grant names, and only while it is unexpired. Shown with the row locked by
+    another transaction all along: the refusal still comes (a write that locked the row first
+    would wait for that transaction, which ends only after the refusal)."""
+    account, payout_id = await _claimed(vstore, ctx)
+    token, grant, reason = _bad_grants(account)[case]
+    async with rolled_back(pool) as holder:
+        await holder.execute(
+            "SELECT 1 FROM paydb.balances WHERE account_id = $1 FOR UPDATE", account
+        )
+        with pytest.raises(InvalidGrant) as refused:
+            await asyncio.wait_for(vstore.mark_submitted(payout_id, token, ctx, grant=grant), 60)
+    assert refused.value.reason == reason
 
 
 async def test_replayed_genuine_grant_after_a_newer_one_is_fenced_out(
