@@ -76,6 +76,9 @@ _TRANSITION = (
     " $16::text, $17::text FROM moved"
     f") SELECT {PAYOUT_COLUMNS} FROM moved"
 )
+_TRANSITION_FENCED = _TRANSITION.format(fence=" AND fence <= $4")
+#: Fencing off (FR-29, the UC-03 negative control only): no fence condition.
+_TRANSITION_UNFENCED = _TRANSITION.format(fence="")
 
 
 #: A fenced transaction's first statement (issue 29: one round trip where the payout's account
@@ -309,7 +312,6 @@ class FencedTransaction:
         """The one fenced statement of a payout transition, with its audit and outbox rows."""
         payout_id, token = self.payout_id, self.token
         check_transition(from_state, to_state)  # in code, before the database sees anything
-        fence_condition = " AND fence <= $4" if self._enforce_fencing else ""
         actor = audit_actor or ctx.actor
         # The payload's fields known before the statement; the row's own (account, amount,
         # client reference, failure reason) are added by the statement from the updated row.
@@ -328,7 +330,7 @@ class FencedTransaction:
         # its audit and outbox rows are not written either (they select from the update's
         # RETURNING). One round trip instead of three (issue 29).
         row = await self.conn.fetchrow(
-            _TRANSITION.format(fence=fence_condition),
+            _TRANSITION_FENCED if self._enforce_fencing else _TRANSITION_UNFENCED,
             payout_id,
             str(from_state),
             str(to_state),
