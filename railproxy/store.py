@@ -18,36 +18,56 @@ from railproxy.settings import ProxySettings
 
 S = "railproxy"
 
-# FR-17: raise the account's high-water mark to T only if T >= it (equal = same grant taking its
-# next step). A lower token updates zero rows and RETURNING yields nothing: the caller is stale.
-# The row lock taken here also serialises concurrent submits of one account.
-_FENCE = f"""
-INSERT INTO {S}.account_fences AS f (account_id, high_token) VALUES ($1, $2)
+# FR-17 ({0} the account, {1} the token): raise the account's high-water mark to T only if
+# T >= it (equal = same grant taking its next step). A lower token updates zero rows and
+# RETURNING yields nothing: the caller is stale. The row lock taken here also serialises
+# concurrent submits of one account.
+_FENCE_SQL = f"""
+INSERT INTO {S}.account_fences AS f (account_id, high_token) VALUES ({{0}}, {{1}})
 ON CONFLICT (account_id) DO UPDATE SET high_token = EXCLUDED.high_token, updated_at = now()
     WHERE f.high_token <= EXCLUDED.high_token
 RETURNING high_token
 """
 # Fencing disabled (experiment only, FR-29): keep the evidence of the highest token, never reject.
-_FENCE_UNCHECKED = f"""
-INSERT INTO {S}.account_fences AS f (account_id, high_token) VALUES ($1, $2)
+_FENCE_UNCHECKED_SQL = f"""
+INSERT INTO {S}.account_fences AS f (account_id, high_token) VALUES ({{0}}, {{1}})
 ON CONFLICT (account_id) DO UPDATE
     SET high_token = GREATEST(f.high_token, EXCLUDED.high_token), updated_at = now()
 RETURNING high_token
 """
+_FENCE = _FENCE_SQL.format("$1", "$2")
+_FENCE_UNCHECKED = _FENCE_UNCHECKED_SQL.format("$1", "$2")
 _HIGH = f"SELECT high_token FROM {S}.account_fences WHERE account_id = $1"
-_LIVE_ATTEMPT = f"""
-SELECT attempt_id FROM {S}.attempts
-WHERE payout_id = $1 AND outcome IS DISTINCT FROM 'NOT_SUBMITTED' LIMIT 1
-"""
 # The deadline is checked on the database's clock in the same statement: an attempt is never
 # recorded after the caller's deadline, so "no attempt row after the deadline" is conclusive.
-_INSERT = f"""
-INSERT INTO {S}.attempts (payout_id, account_id, amount, client_reference, token,
+_COLUMNS = """payout_id, account_id, amount, client_reference, token,
     correlation_id, causation_id, deadline_at, adapter_version, contract_version, connection_id,
-    fencing_enforced, guard_bypassed, replica_id)
-SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14 WHERE now() < $8
-RETURNING attempt_id
+    fencing_enforced, guard_bypassed, replica_id"""
+_VALUES = "$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14"
+# The fence, the guard and the attempt in ONE statement (issue 29: three round trips were one
+# each), $15 = the guard is on. The fence's upsert runs first (the insert's condition reads it)
+# and takes the account's row lock; the attempt is inserted only if the fence admitted T, no
+# live attempt of the payout was seen, and the deadline has not passed. `live` reads the
+# statement's snapshot, taken before any wait for that row lock: an attempt committed during the
+# wait is not seen there, and the partial unique index attempts_one_live_per_payout refuses the
+# insert instead (UniqueViolation, the same refusal). `high_token` is NULL for a stale token.
+_RECORD = f"""
+WITH fenced AS ({{fence}}),
+live AS (
+    SELECT attempt_id FROM {S}.attempts
+    WHERE $15 AND payout_id = $1 AND outcome IS DISTINCT FROM 'NOT_SUBMITTED' LIMIT 1
+),
+recorded AS (
+    INSERT INTO {S}.attempts ({_COLUMNS})
+    SELECT {_VALUES} WHERE now() < $8
+        AND EXISTS (SELECT FROM fenced) AND NOT EXISTS (SELECT FROM live)
+    RETURNING attempt_id
+)
+SELECT (SELECT high_token FROM fenced) AS high_token, EXISTS (SELECT FROM live) AS live,
+    (SELECT attempt_id FROM recorded) AS attempt_id
 """
+_RECORD_FENCED = _RECORD.format(fence=_FENCE_SQL.format("$2", "$5"))
+_RECORD_UNCHECKED = _RECORD.format(fence=_FENCE_UNCHECKED_SQL.format("$2", "$5"))
 _OUTCOME = f"""
 UPDATE {S}.attempts SET outcome = $2, rail_status = $3, rail_movement_id = $4, error_class = $5,
     completed_at = now()
@@ -70,11 +90,7 @@ async def check_not_stale(pool: asyncpg.Pool, req: SubmitRequest) -> None:
     """`StaleToken` if the account's mark is above T; reads only (an expired grant's request)."""
     highest = await pool.fetchval(_HIGH, req.account_id)
     if highest is not None and highest > req.token:
-        raise StaleToken(
-            f"token {req.token} is below the account's highest token {highest}",
-            presented_token=req.token,
-            highest_token=highest,
-        )
+        raise _stale(req, highest)
 
 
 async def _fence(conn: asyncpg.Connection, req: SubmitRequest, settings: ProxySettings) -> None:
@@ -82,12 +98,15 @@ async def _fence(conn: asyncpg.Connection, req: SubmitRequest, settings: ProxySe
         await conn.fetchval(_FENCE_UNCHECKED, req.account_id, req.token)
         return
     if await conn.fetchval(_FENCE, req.account_id, req.token) is None:
-        highest = await conn.fetchval(_HIGH, req.account_id)
-        raise StaleToken(
-            f"token {req.token} is below the account's highest token {highest}",
-            presented_token=req.token,
-            highest_token=highest,
-        )
+        raise _stale(req, await conn.fetchval(_HIGH, req.account_id))
+
+
+def _stale(req: SubmitRequest, highest: int | None) -> StaleToken:
+    return StaleToken(
+        f"token {req.token} is below the account's highest token {highest}",
+        presented_token=req.token,
+        highest_token=highest,
+    )
 
 
 async def record_attempt(
@@ -96,8 +115,9 @@ async def record_attempt(
     settings: ProxySettings,
     take: Callable[[asyncpg.Connection], Awaitable[Lease]],
 ) -> tuple[int, Lease]:
-    """Take the Connection's budget, fence, guard and record in ONE transaction; returns the
-    attempt id and the slot's lease. Raises a Rejected (or `budget.SlotsBusy`).
+    """Take the Connection's budget, then fence, guard and record (one statement, `_RECORD`) in
+    ONE transaction; returns the attempt id and the slot's lease. Raises a Rejected (or
+    `budget.SlotsBusy`).
 
     `take` (the shared budget's) runs first: a refusal rolls back before anything is written,
     and a recorded attempt always holds a slot and a permit (they commit together).
@@ -108,16 +128,13 @@ async def record_attempt(
     """
     async with pool.acquire() as conn, conn.transaction():
         lease = await take(conn)
-        await _fence(conn, req, settings)
         guarded = settings.enforce_submission_guard
         # Money could move twice if a payout were forwarded twice (a retry, a second worker, an
-        # ambiguous attempt resubmitted: FR-18, FR-23). This check gives a clear answer; the
-        # partial unique index attempts_one_live_per_payout makes it race-free.
-        if guarded and await conn.fetchval(_LIVE_ATTEMPT, req.payout_id) is not None:
-            raise _duplicate(req)
+        # ambiguous attempt resubmitted: FR-18, FR-23). The statement's guard gives a clear
+        # answer; the partial unique index attempts_one_live_per_payout makes it race-free.
         try:
-            attempt_id = await conn.fetchval(
-                _INSERT,
+            row = await conn.fetchrow(
+                _RECORD_FENCED if settings.enforce_fencing else _RECORD_UNCHECKED,
                 req.payout_id,
                 req.account_id,
                 req.amount,
@@ -132,12 +149,18 @@ async def record_attempt(
                 settings.enforce_fencing,
                 not guarded,
                 settings.replica_id,
+                guarded,
             )
         except asyncpg.UniqueViolationError as exc:
             raise _duplicate(req) from exc
-        if attempt_id is None:
+        if row["high_token"] is None:
+            highest = await conn.fetchval(_HIGH, req.account_id)
+            raise _stale(req, highest)
+        if row["live"]:
+            raise _duplicate(req)
+        if row["attempt_id"] is None:
             raise DeadlineExceeded("the deadline passed before the attempt could be recorded")
-        return int(attempt_id), lease
+        return int(row["attempt_id"]), lease
 
 
 def _duplicate(req: SubmitRequest) -> DuplicateSubmission:
