@@ -154,8 +154,7 @@ async def record_attempt(
         except asyncpg.UniqueViolationError as exc:
             raise _duplicate(req) from exc
         if row["high_token"] is None:
-            highest = await conn.fetchval(_HIGH, req.account_id)
-            raise _stale(req, highest)
+            raise _stale(req, await conn.fetchval(_HIGH, req.account_id))
         if row["live"]:
             raise _duplicate(req)
         if row["attempt_id"] is None:

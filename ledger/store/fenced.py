@@ -97,6 +97,9 @@ _OPEN = (
     " RETURNING b.balance"
     ") SELECT p.account_id, p.amount, (SELECT balance FROM stamped) AS balance FROM payout p"
 )
+_OPEN_FENCED = _OPEN.format(fence=" AND b.fence <= $2")
+#: Fencing off (FR-29, the UC-03 negative control only): no fence condition.
+_OPEN_UNFENCED = _OPEN.format(fence="")
 
 
 @asynccontextmanager
@@ -130,7 +133,6 @@ class FencedWriter:
         # and a stale holder CAN move money: only ever for the UC-03 negative control.
         self._enforce_fencing = enforce_fencing
         self._grants = GrantCheck(verifier, enforce_fencing=enforce_fencing)
-        self._open_sql = _OPEN.format(fence=" AND b.fence <= $2" if enforce_fencing else "")
         if not enforce_fencing:
             log.warning(
                 "fencing.disabled",
@@ -233,7 +235,7 @@ class FencedWriter:
         was stamped unless it passes); FencedOut when T is below the fence. Returns the account,
         the amount and the balance."""
         row = await conn.fetchrow(
-            self._open_sql,
+            _OPEN_FENCED if self._enforce_fencing else _OPEN_UNFENCED,
             payout_id,
             token,
             presented.account,
