@@ -21,7 +21,9 @@ it.
 
 PostgreSQL statements per payout (issue 29), per service and in all, for the traced bursts of
 both shapes and the hot account: counted (lab.bench.statements) from the trace files once the
-stacks are down, every process having flushed its spans as it stopped.
+stacks are down, every process having flushed its spans as it stopped. From the same files, where
+the hot account's hand-off goes: the median of each segment between one payout's answer at the
+rail and the next one's instruction there (lab.bench.handoff, `hot.handoff_anatomy_p50_ms`).
 
 The real system's bursts, steady rate and degraded rail are measured in lab.bench.e2e_system,
 the figures summarised and tabled in lab.bench.e2e_report; this module runs the rounds and the
@@ -61,6 +63,7 @@ from lab.bench.e2e_system import (
     system_degraded,
     system_steady,
 )
+from lab.bench.handoff import handoff_anatomy
 from lab.bench.hot import HotTarget, hot_account
 from lab.bench.locks import loadavg
 from lab.bench.statements import statements_per_payout
@@ -194,6 +197,7 @@ async def _measure(opts: Options, work: Path, progress: Progress) -> dict[str, A
         out[name] |= statements_per_payout(spans, [i for r in runs[name] for i in r["payout_ids"]])
     if hot_ids:
         out["hot"] |= statements_per_payout(spans, hot_ids)
+        out["hot"] |= handoff_anatomy(spans, hot_ids)
     return out
 
 

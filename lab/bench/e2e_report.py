@@ -14,6 +14,7 @@ from typing import Any
 
 from lab.bench import floor as bench_floor
 from lab.bench import locks as bench_locks
+from lab.bench.handoff import anatomy_line
 from lab.bench.hot import hot_line
 from lab.bench.statements import statements_line
 
@@ -123,6 +124,16 @@ def system_mean(runs: list[dict[str, Any]]) -> dict[str, Any]:
 _breakdown_cols = ("wft_wait_s", "wft_run_s", "activity_wait_s", "activity_run_s", "workflow_s")
 
 
+def _hot_lines(hot: dict[str, Any]) -> list[str]:
+    """The hot account's lines: its pace, its statements and its hand-off's segments."""
+    lines = [hot_line(hot)]
+    if "statements_per_payout" in hot:
+        lines.append(statements_line("hot account", hot))
+    if "handoff_anatomy_p50_ms" in hot:
+        lines.append(anatomy_line(hot))
+    return lines
+
+
 def table(result: dict[str, Any]) -> str:
     cols = (
         "throughput_per_s",
@@ -180,9 +191,7 @@ def table(result: dict[str, Any]) -> str:
         f" W2 polling after {t.get('w2_ready_s')} s of it)"
     )
     if result.get("hot"):
-        lines.append(hot_line(result["hot"]))
-        if "statements_per_payout" in result["hot"]:
-            lines.append(statements_line("hot account", result["hot"]))
+        lines.extend(_hot_lines(result["hot"]))
     cost = result.get("tracing_cost")
     if cost:
         tp, cpu = cost["throughput_per_s"], cost["cpu_ms_per_payout"]

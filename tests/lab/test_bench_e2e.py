@@ -47,6 +47,11 @@ def _assert_statements_counted(result: dict[str, Any], out: str) -> None:
     assert "system burst PostgreSQL statements per payout: total=" in out
     assert "three-task burst PostgreSQL statements per payout: total=" in out
     assert "hot account PostgreSQL statements per payout: total=" in out
+    # The hot account's 3 payouts: 2 hand-offs, each segment read from their traces.
+    anatomy = result["hot"]["handoff_anatomy_p50_ms"]
+    assert result["hot"]["handoff_anatomy_pairs"] == 2, result["hot"]
+    assert all(anatomy[name] is not None and anatomy[name] >= 0 for name in anatomy), anatomy
+    assert "hot account hand-off p50 by segment, ms: rail_to_proxy=" in out
 
 
 async def test_bench_e2e_tiny_prints_the_issue_json_last(tmp_path: Path) -> None:
