@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -20,11 +20,15 @@ T = TypeVar("T")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
-def run_stoppable(coro: Coroutine[Any, Any, T]) -> T:
-    """`asyncio.run(coro)`; SIGTERM or SIGHUP cancels it and raises `KeyboardInterrupt` once its
-    cleanup is done. A second signal while stopping is ignored: the stop is already under way and
-    interrupting it is what would leave children behind."""
-    return asyncio.run(_guarded(coro))
+def run_stoppable(
+    coro: Coroutine[Any, Any, T],
+    runner: Callable[[Coroutine[Any, Any, T]], T] = asyncio.run,
+) -> T:
+    """`runner(coro)` (`asyncio.run`, or `common.eventloop.run` for the workers' loop); SIGTERM
+    or SIGHUP cancels it and raises `KeyboardInterrupt` once its cleanup is done. A second signal
+    while stopping is ignored: the stop is already under way and interrupting it is what would
+    leave children behind."""
+    return runner(_guarded(coro))
 
 
 async def _guarded(coro: Coroutine[Any, Any, T]) -> T:

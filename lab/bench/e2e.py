@@ -69,6 +69,7 @@ from lab.bench.locks import loadavg
 from lab.bench.statements import statements_per_payout
 from lab.experiments.harness import LOCK_TTL_S, isolated_ports
 from lab.experiments.pause import pause_experiment
+from lab.stoppable import run_stoppable
 from payouts.commands import connect_temporal
 from stack.config import StackConfig
 from stack.pki import trust_stack_ca_in_this_process
@@ -304,7 +305,12 @@ def main(argv: list[str] | None = None) -> int:
     tracing.setup("bench-e2e", trace_dir=bench_trace_dir(opts))
     trust_stack_ca_in_this_process()  # its stacks serve https (issue 27): trust their CA
     # The workers' loop (common.eventloop), for the payouts it starts and bench-locks' client.
-    result = eventloop.run(run(opts, lambda s: print(s, flush=True)))
+    try:
+        result = run_stoppable(run(opts, lambda s: print(s, flush=True)), eventloop.run)
+    except KeyboardInterrupt:
+        tracing.shutdown()
+        print("interrupted; every process was stopped", file=sys.stderr, flush=True)
+        return 130
     tracing.shutdown()
     print(table(result), flush=True)
     print(json.dumps(result), flush=True)

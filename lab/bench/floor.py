@@ -35,6 +35,7 @@ from temporalio.worker import Worker
 
 from lab.bench.floor_workflows import FloorExecute, FloorMerged, FloorRun, FloorToday
 from lab.bench.locks import loadavg
+from lab.stoppable import run_stoppable
 from stack.embedded.temporal import temporal_binary
 from stack.services import TEMPORAL_SQLITE_PRAGMAS
 
@@ -263,7 +264,11 @@ def main(argv: list[str] | None = None) -> int:
     sizes = (args.n, args.workers, args.rounds, args.serial)
     if min(sizes) < 1 or not rps or min(rps) < 1:
         parser.error("--n, --workers, --rounds, --serial and --transfer-rps must be at least 1")
-    result = asyncio.run(run(args.n, args.workers, args.rounds, rps, args.serial))
+    try:
+        result = run_stoppable(run(args.n, args.workers, args.rounds, rps, args.serial))
+    except KeyboardInterrupt:
+        print("interrupted; every process was stopped", file=sys.stderr, flush=True)
+        return 130
     print(table(result), flush=True)
     print(json.dumps(result), flush=True)
     return 0

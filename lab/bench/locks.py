@@ -62,6 +62,7 @@ from lab.bench.locks_servers import (
     lock_server,
     sync_pair,
 )
+from lab.stoppable import run_stoppable
 from stack.pki import StackTLS, issue_stack_tls
 
 
@@ -202,7 +203,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     # The workers' loop (common.eventloop): the SDK is measured as the workers run it.
-    result = eventloop.run(run(args.n, args.ab_n))
+    try:
+        result = run_stoppable(run(args.n, args.ab_n), eventloop.run)
+    except KeyboardInterrupt:
+        print("interrupted; every process was stopped", file=sys.stderr, flush=True)
+        return 130
     print(table(result), flush=True)
     print(json.dumps(result), flush=True)
     return 0

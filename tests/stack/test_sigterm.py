@@ -118,3 +118,36 @@ def test_demo_stops_every_child_on_signal(
     assert proc.returncode == 130, err[-2000:]
     assert "every process was stopped" in err
     assert_all_gone(pids)
+
+
+@pytest.mark.slow
+def test_bench_e2e_stops_every_child_on_sigterm(
+    stack_env: dict[str, str],
+    stack_dir: Path,
+    external_database_url: str | None,
+) -> None:
+    """`make bench-e2e` stopped by SIGTERM (a CI runner's timeout) once its traced stack is up:
+    it exits 130 and no process of that stack survives. Before, Python's default handling ended
+    the bench at once and left the stack running."""
+    env = dict(stack_env)
+    if external_database_url:
+        env["DATABASE_URL"] = external_database_url
+    argv = [sys.executable, "-m", "lab.bench.e2e", "--n", "3", "--rounds", "1", "--workers", "1"]
+    argv += ["--hot-n", "0", "--locks-n", "0", "--no-takeover", "--no-untraced"]
+    proc = subprocess.Popen(
+        [*argv, "--run-dir", str(stack_dir)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        pids = _wait_for_workers(stack_dir, proc, timeout_s=180)
+        os.kill(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    assert "every process was stopped" in err
+    assert_all_gone(pids)
