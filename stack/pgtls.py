@@ -87,8 +87,13 @@ class Front:
             pass  # the client went away or failed its handshake: nothing was forwarded
         finally:
             writer.close()
-            with contextlib.suppress(OSError, ssl.SSLError):
-                await writer.wait_closed()
+            # Once upgraded to TLS (`_tls_session`), the connection's transport reports to the
+            # TLS protocol, and the stream never hears of its close: waiting for it would hold
+            # this task for ever, and the process's exit with it (asyncio.run waits for every
+            # task). The TLS session closed both halves itself.
+            if isinstance(writer.transport.get_protocol(), asyncio.StreamReaderProtocol):
+                with contextlib.suppress(OSError, ssl.SSLError):
+                    await writer.wait_closed()
 
     async def _negotiate(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         for _ in range(2):  # at most one GSSENCRequest ("N") before the SSLRequest

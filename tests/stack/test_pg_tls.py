@@ -168,6 +168,30 @@ async def test_a_killed_server_closes_its_fronts_connections(tmp_path: Path, pki
     assert not port_is_open(pg.port)
 
 
+async def test_a_front_stops_on_sigterm_with_a_session_open(tmp_path: Path, pki: StackPKI) -> None:
+    """SIGTERM while a client's TLS session is open (the stack stopping with a service still
+    connected, or a front whose parent died): the front ends the session and exits. Before, the
+    connection's task waited on the plaintext stream's close, which after the TLS upgrade
+    nothing reports, and the front waited for that task for ever."""
+    folder = tmp_path / "run"
+    folder.mkdir(mode=0o755)
+    pg = EmbeddedPostgres(data_dir=folder / "pg", fast=True, tls=pki.postgres_tls())
+    pg.start()
+    try:
+        conn = await asyncpg.connect(pg.url)
+        try:
+            assert await conn.fetchval("SELECT 1") == 1
+            front = pg.front_pid
+            assert front is not None
+            os.kill(front, signal.SIGTERM)
+            await _until(lambda: pg.front_pid is None, timeout_s=30)
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(conn.close(), 5)
+    finally:
+        pg.stop("immediate")
+
+
 def test_a_front_whose_parent_dies_exits(tmp_path: Path, pki: StackPKI) -> None:
     files = pki.issue("postgres")
     port = free_port()
