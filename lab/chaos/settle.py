@@ -15,10 +15,16 @@ from collections.abc import Callable
 
 import asyncpg
 
+from common.outage import CONNECTION_LOST
 from lab.chaos.options import ChaosOptions
 from lab.chaos.summary import TERMINAL
 
 __all__ = ["ESCALATED", "monitor_progress", "payout_states", "settle"]
+
+#: A read of the states that a fault cut short (PostgreSQL restarted under it: a refused or
+#: reset connection, or a new connection that meets the server's FATAL before its first query,
+#: InternalClientError) is skipped and made again at the next turn: it judges nothing.
+_READ_CUT: tuple[type[Exception], ...] = (*CONNECTION_LOST, asyncpg.PostgresError)
 
 
 async def payout_states(database_url: str, prefix: str) -> list[str]:
@@ -70,7 +76,7 @@ async def settle(
     last: list[str] = []
     last_change = time.monotonic()
     while time.monotonic() < deadline:
-        with contextlib.suppress(OSError, asyncpg.PostgresError):
+        with contextlib.suppress(*_READ_CUT):
             states = sorted(await _progress_states(database_url, prefix))
             if states != last:
                 last, last_change = states, time.monotonic()
@@ -97,7 +103,7 @@ async def monitor_progress(
     """Progress lines: terminal counts every few seconds while the run goes on."""
     while True:
         await asyncio.sleep(5.0)
-        with contextlib.suppress(OSError, asyncpg.PostgresError):
+        with contextlib.suppress(*_READ_CUT):
             states = await payout_states(database_url, prefix)
             terminal = sum(1 for s in states if s in TERMINAL)
             ambiguous = states.count("RAIL_AMBIGUOUS")
