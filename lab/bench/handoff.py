@@ -22,6 +22,10 @@ at the rail):
 | `total` | i's answer leaves the stub | i+1's instruction arrives there |
 
 Each segment's median is taken on its own, so the medians need not add up to the median total.
+`rail_to_proxy` and `answer_to_worker` end a server's span against its client's in another
+process; a server closes its span once its answer has left, sometimes after the client has
+read it, so these two can be slightly negative. Every other segment is bounded by two spans of
+one process, or by a request's start and its arrival, and never is.
 A pair with a landmark missing (a payout that went another way, a span lost) is left out, and
 `pairs` says how many counted.
 

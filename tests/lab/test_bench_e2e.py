@@ -14,6 +14,7 @@ from typing import Any
 
 from common.tracefile import read_spans
 from lab.bench.floor import SHAPES
+from lab.bench.handoff import SEGMENTS
 
 TERMINAL = {"POSTED", "FAILED", "ABANDONED"}
 
@@ -50,7 +51,12 @@ def _assert_statements_counted(result: dict[str, Any], out: str) -> None:
     # The hot account's 3 payouts: 2 hand-offs, each segment read from their traces.
     anatomy = result["hot"]["handoff_anatomy_p50_ms"]
     assert result["hot"]["handoff_anatomy_pairs"] == 2, result["hot"]
-    assert all(anatomy[name] is not None and anatomy[name] >= 0 for name in anatomy), anatomy
+    assert all(anatomy[name] is not None for name in anatomy), anatomy
+    # Bounded by two spans of one process, or by a request's start and its arrival: never
+    # negative. (`rail_to_proxy` and `answer_to_worker` end a server's span against its
+    # client's, which may close first: lab.bench.handoff.)
+    causal = set(SEGMENTS) - {"rail_to_proxy", "answer_to_worker"}
+    assert all(anatomy[name] >= 0 for name in causal), anatomy
     assert "hot account hand-off p50 by segment, ms: rail_to_proxy=" in out
 
 
