@@ -51,6 +51,26 @@ def _stopped(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] == "T"
 
 
+def _stopped_once_up(
+    argv: list[str], env: dict[str, str], stack_dir: Path, signum: signal.Signals
+) -> None:
+    """Run `argv` until its stack under `stack_dir` has workers, send `signum`, and assert that
+    it exits 130, says every process was stopped, and left none of its stack's processes."""
+    proc = subprocess.Popen(
+        argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        pids = _wait_for_workers(stack_dir, proc, timeout_s=180)
+        os.kill(proc.pid, signum)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    assert "every process was stopped" in err
+    assert_all_gone(pids)
+
+
 @pytest.mark.slow
 def test_chaos_stops_every_child_even_a_frozen_worker(
     stack_env: dict[str, str],
@@ -101,23 +121,7 @@ def test_demo_stops_every_child_on_signal(
     if external_database_url:
         env["DATABASE_URL"] = external_database_url
     argv = [*LAB, "demo", "--payouts", "400", "--accounts", "5", "--workers", "1"]
-    proc = subprocess.Popen(
-        [*argv, "--no-pause", "--run-dir", str(stack_dir)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        pids = _wait_for_workers(stack_dir, proc, timeout_s=180)
-        os.kill(proc.pid, signum)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 130, err[-2000:]
-    assert "every process was stopped" in err
-    assert_all_gone(pids)
+    _stopped_once_up([*argv, "--no-pause", "--run-dir", str(stack_dir)], env, stack_dir, signum)
 
 
 @pytest.mark.slow
@@ -134,20 +138,4 @@ def test_bench_e2e_stops_every_child_on_sigterm(
         env["DATABASE_URL"] = external_database_url
     argv = [sys.executable, "-m", "lab.bench.e2e", "--n", "3", "--rounds", "1", "--workers", "1"]
     argv += ["--hot-n", "0", "--locks-n", "0", "--no-takeover", "--no-untraced"]
-    proc = subprocess.Popen(
-        [*argv, "--run-dir", str(stack_dir)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        pids = _wait_for_workers(stack_dir, proc, timeout_s=180)
-        os.kill(proc.pid, signal.SIGTERM)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 130, err[-2000:]
-    assert "every process was stopped" in err
-    assert_all_gone(pids)
+    _stopped_once_up([*argv, "--run-dir", str(stack_dir)], env, stack_dir, signal.SIGTERM)
