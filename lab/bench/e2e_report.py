@@ -210,11 +210,14 @@ def table(result: dict[str, Any]) -> str:
     )
     locks = result.get("locks")
     if locks:
-        ratios = ", ".join(
-            f"{kind} {locks[kind]['ratio_to_http_floor']}"
-            for kind in ("etcd", "postgres", bench_locks.SYNC)
-            if kind in locks
-        )
+        kinds = [kind for kind in ("etcd", "postgres", bench_locks.SYNC) if kind in locks]
+        ratios = ", ".join(f"{kind} {locks[kind]['ratio_to_http_floor']}" for kind in kinds)
         lines.append(f"lock acquire+release p50 / HTTP floor: {ratios} (goal <= 1.5)")
+        split = ", ".join(
+            f"{kind} {locks[kind]['tls_added_p50_ms']} + {locks[kind]['tracing_added_p50_ms']}"
+            f" (TLS on, tracing off: {locks[kind]['tls_untraced_ratio_to_http_floor']})"
+            for kind in kinds
+        )
+        lines.append(f"lock p50 over plain and untraced, TLS + tracing ms: {split}")
     lines.append(f"loadavg before {result['loadavg_before']}  after {result['loadavg_after']}")
     return "\n".join(lines)

@@ -18,6 +18,10 @@ run, interleaved round by round with it so that all three see the same machine l
   `traceparent`, the server's spans of the request and its statements, exported to a file,
   and https verified against a CA of the benchmark's own (issue 27 §3). The HTTP floors are
   measured against the plain server.
+- `tls_untraced_*`: through a third lock server, on TLS as the default's (and on PostgreSQL
+  through the same TLS front) but with OTEL_SDK_DISABLED=true, and an untraced client: the
+  default's gap to the plain server split into `tls_added_p50_ms` and `tracing_added_p50_ms`,
+  and `tls_untraced_ratio_to_http_floor`, the ratio with TLS on and tracing off.
 
 Owns: the run and its report; it starts (and always stops) its own servers through
 lab.bench.locks_servers: embedded PostgreSQL unless DATABASE_URL is set (then a fresh database
@@ -100,7 +104,8 @@ async def run(n: int, ab_n: int = 0) -> dict[str, Any]:
                     "postgres": lambda: postgres_floor(db),
                 }
                 provider = tracing.tracer_provider("bench-locks", trace_dir=work / "traces")
-                (work / "untraced").mkdir()  # the untraced servers' own keys and tokens
+                for side in ("untraced", "tls-untraced"):  # the untraced servers' own keys
+                    (work / side).mkdir()
                 shape = work, provider, tls
                 tls_env = {"postgres": {"DATABASE_URL": tls_db}}
                 for kind in ("etcd", "postgres"):
@@ -153,11 +158,11 @@ async def _one_kind(  # noqa: PLR0917 - one backend's servers, floor, and the ru
     run: tuple[Path, TracerProvider | None, StackTLS],
     tls_env: dict[str, str] | None = None,
 ) -> dict[str, float]:
-    """One backend kind: a TLS+traced and a plain+untraced lock server on it, its floor and the
-    backend class in process, measured interleaved. `tls_env`: what the TLS side is given
-    instead (the PostgreSQL DSN through the TLS front)."""
+    """One backend kind: a TLS+traced, a TLS+untraced and a plain+untraced lock server on it,
+    its floor and the backend class in process, measured interleaved. `tls_env`: what the TLS
+    sides are given instead (the PostgreSQL DSN through the TLS front)."""
     work, provider, tls = run
-    print(f"{kind}: starting lock servers (TLS+traced, plain+untraced)", flush=True)
+    print(f"{kind}: starting lock servers (TLS+traced, TLS+untraced, plain+untraced)", flush=True)
     server_env = {**env, "LOCK_KEY_PREFIX": prefix}
     traced_env = {**server_env, tracing.TRACE_DIR_VAR: str(work / "traces"), **(tls_env or {})}
     plain_env = {**server_env, "OTEL_SDK_DISABLED": "true"}
@@ -165,12 +170,15 @@ async def _one_kind(  # noqa: PLR0917 - one backend's servers, floor, and the ru
     async with (
         lock_server(traced_env, work / f"server-{kind}.log", tls) as (url, token, _),
         lock_server(plain_env, work / "untraced" / f"server-{kind}.log") as plain,
+        lock_server(
+            {**plain_env, **(tls_env or {})}, work / "tls-untraced" / f"server-{kind}.log", tls
+        ) as tls_plain,
         floor_cm() as floor,
         in_process_backend(kind, db, endpoints, f"{prefix}direct/") as backend,
     ):
         print(f"{kind}: SDK -> {url} -> backend, and floors", flush=True)
         samples = await measure(
-            url, token, floor, backend, n, plain, provider, tls.client_context()
+            url, token, floor, backend, n, plain, tls_plain, provider, tls.client_context()
         )
     stats = kind_stats(samples)
     print(f"{kind}: {stats}", flush=True)
@@ -180,13 +188,16 @@ async def _one_kind(  # noqa: PLR0917 - one backend's servers, floor, and the ru
 def table(result: dict[str, Any]) -> str:
     """The figures as a readable table (ms)."""
     cols: tuple[str, ...] = ("p50_ms", "p99_ms", "untraced_p50_ms", "untraced_p99_ms")
+    cols += ("tls_untraced_p50_ms",)
     cols += ("http_floor_p50_ms", "http_floor_p99_ms")
     cols += ("floor_p50_ms", "floor_p99_ms", "http_rtt_p50_ms", "backend_p50_ms")
-    cols += ("ratio_to_http_floor",)
-    lines = ["backend   " + " ".join(f"{c.removesuffix('_ms'):>17}" for c in cols)]
+    cols += ("ratio_to_http_floor", "tls_untraced_ratio_to_http_floor")
+    widths = {c: max(17, len(c.removesuffix("_ms"))) for c in cols}
+    lines = ["backend   " + " ".join(f"{c.removesuffix('_ms'):>{widths[c]}}" for c in cols)]
     for kind in ("etcd", "postgres", SYNC):
         if kind in result:
-            lines.append(f"{kind:<9} " + " ".join(f"{result[kind][c]:>17}" for c in cols))
+            row = " ".join(f"{result[kind][c]:>{widths[c]}}" for c in cols)
+            lines.append(f"{kind:<9} {row}")
     if "sync_standby_added_p50_ms" in result:
         lines.append(f"synchronous standby adds {result['sync_standby_added_p50_ms']} ms (p50)")
     if "ab" in result:

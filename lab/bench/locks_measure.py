@@ -1,7 +1,8 @@
 """What `make bench-locks` (lab.bench.locks) measures and against what: the raw backend floors
 (etcd: one txn + one delete; PostgreSQL: an upsert + an update, on a durable table), and one
-backend kind's interleaved samples (through the traced TLS server, the untraced plain one, the
-floor, one HTTP round trip, the HTTP floor and the backend class in process), as p50/p99.
+backend kind's interleaved samples (through the traced TLS server, an untraced TLS one, the
+untraced plain one, the floor, one HTTP round trip, the HTTP floor and the backend class in
+process), as p50/p99.
 
 Owns: measuring. Must never: start servers (lab.bench.locks_servers does, and stops them), or
 assert.
@@ -146,16 +147,17 @@ async def measure(  # noqa: PLR0917 - the run's servers, floors and provider, in
     backend: LockBackend,
     n: int,
     untraced: LockServer,
+    tls_untraced: LockServer,
     provider: TracerProvider | None,
     verify: ssl.SSLContext | bool = True,
 ) -> dict[str, list[float]]:
     """Through the server (traced, inside a span as in a payout's activity), through the
     untraced server, the raw floor, one HTTP round trip, the HTTP floor, and the backend class
-    alone, interleaved."""
-    # The SDK's own transport, over TLS to the defaults' server (lockservice.sdk.transport).
-    traced: httpx.AsyncBaseTransport = KeepAliveTransport(
-        verify if isinstance(verify, ssl.SSLContext) and url.startswith("https://") else None
-    )
+    alone, interleaved; and through `tls_untraced`, a server as the default's but with tracing
+    off, called by an untraced client: what TLS adds, apart from what tracing adds."""
+    # The SDK's own transport, over TLS to the defaults' servers (lockservice.sdk.transport).
+    context = verify if isinstance(verify, ssl.SSLContext) and url.startswith("https://") else None
+    traced: httpx.AsyncBaseTransport = KeepAliveTransport(context)
     tracer: trace.Tracer = trace.NoOpTracer()
     if provider is not None:
         from opentelemetry.instrumentation.httpx import AsyncOpenTelemetryTransport
@@ -176,6 +178,9 @@ async def measure(  # noqa: PLR0917 - the run's servers, floors and provider, in
         LockClient(url, token=token, transport=traced) as locks,
         LockClient(untraced[0], token=untraced[1], transport=KeepAliveTransport()) as plain,
         httpx.AsyncClient(base_url=untraced[0], transport=KeepAliveTransport()) as http,
+        LockClient(
+            tls_untraced[0], token=tls_untraced[1], transport=KeepAliveTransport(context)
+        ) as tls_plain,
     ):
         key = f"bench:{uuid.uuid4().hex[:12]}"
 
@@ -188,6 +193,10 @@ async def measure(  # noqa: PLR0917 - the run's servers, floors and provider, in
             lease = await plain.acquire(key)
             await plain.release(lease)
 
+        async def server_tls_untraced() -> None:
+            lease = await tls_plain.acquire(key)
+            await tls_plain.release(lease)
+
         async def rtt() -> None:
             (await http.get("/livez")).raise_for_status()
 
@@ -196,9 +205,9 @@ async def measure(  # noqa: PLR0917 - the run's servers, floors and provider, in
             await rtt()  # the release's round trip
             await floor()  # the backend work of both
 
-        ops = {"server": server, "untraced": server_untraced, "floor": floor, "http_rtt": rtt}
-        ops["http_floor"] = http_floor
-        ops["backend"] = direct
+        ops: dict[str, Op] = {"server": server, "untraced": server_untraced}
+        ops |= {"tls_untraced": server_tls_untraced, "floor": floor, "http_rtt": rtt}
+        ops |= {"http_floor": http_floor, "backend": direct}
         try:
             return await _interleaved(n, ops)
         finally:
@@ -206,10 +215,18 @@ async def measure(  # noqa: PLR0917 - the run's servers, floors and provider, in
 
 
 def kind_stats(samples: dict[str, list[float]]) -> dict[str, float]:
+    """p50/p99 of each measurement and the ratio to the HTTP floor, and the gap between the
+    default (TLS and tracing on) and the plain untraced server split in two:
+    `tls_added_p50_ms` (the TLS untraced server over the plain one) and `tracing_added_p50_ms`
+    (the default over the TLS untraced server), with the ratio the default would have with
+    tracing off, `tls_untraced_ratio_to_http_floor`."""
     stats = p50_p99_ms(samples["server"])
-    for name in ("untraced", "floor", "http_floor", "http_rtt", "backend"):
+    for name in ("untraced", "tls_untraced", "floor", "http_floor", "http_rtt", "backend"):
         s = p50_p99_ms(samples[name])
         stats[f"{name}_p50_ms"], stats[f"{name}_p99_ms"] = s["p50_ms"], s["p99_ms"]
-    stats["ratio_to_http_floor"] = round(stats["p50_ms"] / stats["http_floor_p50_ms"], 2)
-    stats["tracing_added_p50_ms"] = round(stats["p50_ms"] - stats["untraced_p50_ms"], 3)
+    floor = stats["http_floor_p50_ms"]
+    stats["ratio_to_http_floor"] = round(stats["p50_ms"] / floor, 2)
+    stats["tls_untraced_ratio_to_http_floor"] = round(stats["tls_untraced_p50_ms"] / floor, 2)
+    stats["tls_added_p50_ms"] = round(stats["tls_untraced_p50_ms"] - stats["untraced_p50_ms"], 3)
+    stats["tracing_added_p50_ms"] = round(stats["p50_ms"] - stats["tls_untraced_p50_ms"], 3)
     return stats

@@ -139,6 +139,7 @@ async def test_bench_e2e_tiny_prints_the_issue_json_last(tmp_path: Path) -> None
         assert locks[kind]["p50_ms"] > 0 and locks[kind]["http_floor_p50_ms"] > 0
         assert locks[kind]["ratio_to_http_floor"] > 0
     assert "lock acquire+release p50 / HTTP floor: etcd" in out.decode()
+    assert "lock p50 over plain and untraced, TLS + tracing ms: etcd" in out.decode()
     takeover = result["takeover"]
     assert takeover["ttl_s"] == 3.0 and takeover["seconds"] > 0 and takeover["ok"] is True
     assert result["loadavg_before"] and result["loadavg_after"]

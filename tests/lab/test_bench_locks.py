@@ -12,6 +12,7 @@ import sys
 
 FIGURES = ("p50_ms", "p99_ms", "floor_p50_ms", "http_floor_p50_ms", "http_rtt_p50_ms")
 FIGURES += ("untraced_p50_ms", "untraced_p99_ms")  # tracing off, beside the traced default
+FIGURES += ("tls_untraced_p50_ms", "tls_untraced_p99_ms")  # TLS on, tracing off
 
 
 async def test_bench_locks_prints_both_floors_as_its_last_line(
@@ -44,6 +45,13 @@ async def test_bench_locks_prints_both_floors_as_its_last_line(
         assert stats["http_floor_p50_ms"] >= stats["http_rtt_p50_ms"]
         assert stats["ratio_to_http_floor"] == round(
             stats["p50_ms"] / stats["http_floor_p50_ms"], 2
+        )
+        # The default's gap to the plain untraced server, split at the TLS untraced one.
+        tls, tracing = stats["tls_added_p50_ms"], stats["tracing_added_p50_ms"]
+        gap = stats["p50_ms"] - stats["untraced_p50_ms"]
+        assert round(tls + tracing, 3) == round(gap, 3), stats
+        assert stats["tls_untraced_ratio_to_http_floor"] == round(
+            stats["tls_untraced_p50_ms"] / stats["http_floor_p50_ms"], 2
         )
     # The traced side was traced: at least the client's and the server's span of each pair.
     assert result["traced_spans"] >= 2 * 2 * 20
