@@ -24,6 +24,7 @@ import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from temporalio.testing import WorkflowEnvironment
@@ -47,10 +48,10 @@ def as_role(url: str, role: str) -> str:
     return role_url(url, role)
 
 
-def last_json_line(capsys: pytest.CaptureFixture[str]) -> dict[str, object]:
+def last_json_line(capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
     """The JSON report a command printed last on stdout (the reconciler's, the checker's)."""
     # Without configure_logging, structlog's default prints events to stdout before the report.
-    out: dict[str, object] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    out: dict[str, Any] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     return out
 
 

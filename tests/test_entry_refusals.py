@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
 import httpx
 import pytest
@@ -277,11 +278,17 @@ def _corrupt_watermark_dir(where: Path, env: dict[str, str]) -> Path:
     that is not JSON (its name is a digest of that location: made by opening it once)."""
     state = where / "state"
     state.mkdir()
+    from pydantic import TypeAdapter
+
     from lockservice.server import LockSettings
     from lockservice.server.watermark import Watermark, location_identity
 
+    # The variable's text validated as LockSettings validates its `backend` field.
+    backend = TypeAdapter(Literal["postgres", "etcd"]).validate_python(
+        env.get("LOCK_BACKEND", "postgres")
+    )
     s = LockSettings(
-        backend=env.get("LOCK_BACKEND", "postgres"),
+        backend=backend,
         database_url=env["LOCK_DATABASE_URL"],
         key_prefix=env.get("LOCK_KEY_PREFIX", LockSettings.model_fields["key_prefix"].default),
     )

@@ -267,7 +267,7 @@ def test_db_migrate_command_reads_the_password_directory(
 
 
 async def _setting(url: str, name: str, **connect: object) -> str:
-    conn = await asyncpg.connect(url, **connect)  # type: ignore[arg-type]
+    conn = await asyncpg.connect(url, **connect)
     try:
         return str(await conn.fetchval(f"SHOW {name}"))
     finally:

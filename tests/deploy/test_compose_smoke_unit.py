@@ -12,6 +12,7 @@ import yaml
 from lab.compose.doc import read_env_file, split_subcommand
 from lab.compose.images import STANDINS
 from lab.compose.plan import (
+    ServicePlan,
     State,
     doc_block,
     doc_commands,
@@ -31,7 +32,7 @@ DOC = (ROOT / "docs" / "deploy-compose.md").read_text()
 BLOCKS = ("start", "payouts", "pause-inspect", "switch-backend", "check", "down")
 
 
-def run_order(plans: dict, fail: str | None = None) -> list[list[str]]:
+def run_order(plans: dict[str, ServicePlan], fail: str | None = None) -> list[list[str]]:
     """Waves of services started, each dependency reaching its condition at once."""
     states = {n: State.WAITING for n in plans}
     waves = []

@@ -50,7 +50,8 @@ def etcd_problems(docs: Docs) -> list[str]:
     doc = by_name(docs)["etcd"]
     c = main_container(doc)
     args = [str(a) for a in c["command"]]
-    flags = dict(a.split("=", 1) if "=" in a else (a, "true") for a in args if a.startswith("--"))
+    split = (a.partition("=") for a in args if a.startswith("--"))
+    flags = {name: value if eq else "true" for name, eq, value in split}
     problems = [f"etcd: {f} missing" for f in ETCD_FLAGS if flags.get(f) != "true"]
     for flag, kind in ETCD_FILES.items():
         path = flags.get(flag, "")

@@ -37,8 +37,8 @@ async def test_check_prints_json_and_exit_status(
             "--rail-admin-url", world.stub.url, "--temporal", temporal, "--settled"]  # fmt: skip
     assert await asyncio.to_thread(main, argv) == 0
     clean = last_json_line(capsys)
-    assert clean["ok"] is True and set(clean["counts"].values()) == {0}  # type: ignore[attr-defined]
-    assert len(clean["counts"]) == 10  # type: ignore[arg-type]
+    assert clean["ok"] is True and set(clean["counts"].values()) == {0}
+    assert len(clean["counts"]) == 10
     assert clean["not_checked"] == []
 
     await world.stub_payment(payout_id, a)
@@ -46,8 +46,8 @@ async def test_check_prints_json_and_exit_status(
         http_argv = [*argv, "--history", "http", "--lock-url", lock_url]
         assert await asyncio.to_thread(main, http_argv) == 1
     broken = last_json_line(capsys)
-    assert broken["counts"]["INV-02"] == 1  # type: ignore[index]
-    assert broken["invariants"]["INV-02"]["sample"] == [f"{payout_id}: 2 rail movements"]  # type: ignore[index]
+    assert broken["counts"]["INV-02"] == 1
+    assert broken["invariants"]["INV-02"]["sample"] == [f"{payout_id}: 2 rail movements"]
 
 
 async def test_check_exits_2_when_a_source_is_unreadable(

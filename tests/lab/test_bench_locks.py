@@ -10,6 +10,7 @@ import json
 import os
 import sys
 
+FIGURES: tuple[str, ...]
 FIGURES = ("p50_ms", "p99_ms", "floor_p50_ms", "http_floor_p50_ms", "http_rtt_p50_ms")
 FIGURES += ("untraced_p50_ms", "untraced_p99_ms")  # tracing off, beside the traced default
 FIGURES += ("tls_untraced_p50_ms", "tls_untraced_p99_ms")  # TLS on, tracing off

@@ -5,6 +5,7 @@ its frozen request's deadline. The real processes are the chaos runs (test_chaos
 
 from __future__ import annotations
 
+import asyncio
 import signal
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -57,7 +58,7 @@ def _armed(
 
     monkeypatch.setattr(pauses.attempts, "newer_attempt", newer_attempt)
     monkeypatch.setattr(pauses, "_stale_attempt_made", stale_attempt_made)
-    monkeypatch.setattr(chaos_armed.asyncio, "sleep", no_sleep)
+    monkeypatch.setattr(asyncio, "sleep", no_sleep)
     return pauses, stack, polls
 
 

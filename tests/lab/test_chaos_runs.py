@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import pytest
 
@@ -39,10 +39,21 @@ pytestmark = [
 ]
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+class Small(TypedDict):
+    """The `ChaosOptions` fields every run here shares."""
+
+    payouts: int
+    accounts: int
+    workers: int
+    settle_timeout_s: float
+
+
 # Settling is judged on progress (no payout may go 120 s without any state change); a loaded
 # 2-core CI machine drains the last payouts slowly, and the run still has to settle completely
 # (asserted below). The cap only bounds a run that keeps changing state forever.
-SMALL = {"payouts": 25, "accounts": 5, "workers": 2, "settle_timeout_s": 600.0}
+SMALL: Small = {"payouts": 25, "accounts": 5, "workers": 2, "settle_timeout_s": 600.0}
 
 
 def _assert_ran_every_fault(summary: dict[str, Any]) -> None:

@@ -24,6 +24,9 @@ from ledger import (
 from tests.ledger.conftest import funded_account, new_id, row_counts
 
 BIG = 1 << 63  # one past bigint
+#: An amount from a caller the type checker does not see (JSON, an untyped caller): the store
+#: refuses it at run time.
+FLOAT_AMOUNT: Any = 1.5
 
 Case = Callable[[PayoutStore, WorkContext, str, str], Awaitable[Any]]
 
@@ -35,7 +38,11 @@ CASES: list[tuple[str, Case, type[PaydbError]]] = [
         lambda s, c, a, p: s.create_payout(new_id("po"), a, BIG, c),
         InvalidAmount,
     ),
-    ("float amount", lambda s, c, a, p: s.create_payout(new_id("po"), a, 1.5, c), InvalidAmount),
+    (
+        "float amount",
+        lambda s, c, a, p: s.create_payout(new_id("po"), a, FLOAT_AMOUNT, c),
+        InvalidAmount,
+    ),
     ("bool amount", lambda s, c, a, p: s.create_payout(new_id("po"), a, True, c), InvalidAmount),
     ("zero funding", lambda s, c, a, p: s.fund_account(a, 0, c), InvalidAmount),
     ("funding beyond bigint", lambda s, c, a, p: s.fund_account(a, BIG, c), InvalidAmount),

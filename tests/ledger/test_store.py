@@ -36,9 +36,10 @@ async def _payout(store: PayoutStore, ctx: WorkContext, *, funds: int, amount: i
 
 async def _audit(pool: asyncpg.Pool, payout_id: str) -> list[asyncpg.Record]:
     async with pool.acquire() as conn:
-        return await conn.fetch(
+        rows: list[asyncpg.Record] = await conn.fetch(
             "SELECT * FROM paydb.audit_log WHERE payout_id = $1 ORDER BY audit_id", payout_id
         )
+        return rows
 
 
 async def test_happy_path_posts_ledger_and_balances(

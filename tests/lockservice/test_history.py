@@ -52,7 +52,7 @@ async def test_history_matches_the_grants_of_a_recorded_run(backend: LockBackend
     after = await _acquire(backend, a.session_id, "acct:3", 30)  # granted once the lease expired
     other = await _acquire(backend, a.session_id, "other:1")
 
-    history = await backend.grant_history("acct:")  # type: ignore[attr-defined]
+    history = await backend.grant_history("acct:")
     got = [(r.key, r.token, r.session_id, r.end_reason) for r in history]
     assert got == [
         ("acct:1", released.token, a.session_id, "released"),
@@ -66,11 +66,11 @@ async def test_history_matches_the_grants_of_a_recorded_run(backend: LockBackend
     ended = by_token[expired.token].ended_at
     assert ended is not None and expired.acquired_at < ended <= after.acquired_at
     assert by_token[after.token].ended_at is None
-    everything = await backend.grant_history()  # type: ignore[attr-defined]
+    everything = await backend.grant_history()
     assert everything[:-1] == history and everything[-1].token == other.token
-    assert len(await backend.grant_history("acct:", limit=2)) == 2  # type: ignore[attr-defined]
+    assert len(await backend.grant_history("acct:", limit=2)) == 2
     with pytest.raises(InvalidRequest):
-        await backend.grant_history("", limit=-1)  # type: ignore[attr-defined]
+        await backend.grant_history("", limit=-1)
 
 
 async def test_contended_history_has_no_overlapping_grants(backend: LockBackend) -> None:
@@ -88,7 +88,7 @@ async def test_contended_history_has_no_overlapping_grants(backend: LockBackend)
         await backend.close_session(s.session_id)
 
     await asyncio.gather(*(worker() for _ in range(6)))
-    history = await backend.grant_history("hot")  # type: ignore[attr-defined]
+    history = await backend.grant_history("hot")
     assert sorted(r.token for r in history) == sorted(issued) and len(issued) == 90
     assert {r.end_reason for r in history} == {"released"}
     check_exclusive(_intervals(history))

@@ -16,7 +16,7 @@ import socket
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import pytest
@@ -44,7 +44,11 @@ def headers(tmp_path: Path) -> dict[str, dict[str, str]]:
 
 
 def _settings(
-    backend_kind: str, address: str | list[str], prefix: str, creds: Path, replica: str
+    backend_kind: Literal["postgres", "etcd"],
+    address: str | list[str],
+    prefix: str,
+    creds: Path,
+    replica: str,
 ) -> Any:
     """The settings of one replica (tests/lockservice/conftest.py: `backend_kind` is
     parametrized over both backends, `backend_address` is the session server of that kind)."""
@@ -52,8 +56,8 @@ def _settings(
         address = ",".join(address)
     return LockSettings(
         backend=backend_kind,
-        LOCK_DATABASE_URL=address if backend_kind == "postgres" else None,
-        LOCK_ETCD_ENDPOINTS=address if backend_kind == "etcd" else None,
+        database_url=address if backend_kind == "postgres" else None,
+        etcd_endpoints=address if backend_kind == "etcd" else None,
         key_prefix=prefix,
         signing_key_path=str(grant_keys().private_path),
         signing_key_id=TEST_KID,
@@ -73,7 +77,7 @@ async def _running(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
 
 
 async def test_each_replica_names_itself_in_its_audit_records_events_and_health(
-    backend_kind: str,
+    backend_kind: Literal["postgres", "etcd"],
     backend_address: str | list[str],
     key_prefix: str,
     headers: dict[str, dict[str, str]],

@@ -18,7 +18,6 @@ from tests.outbox.conftest import (
     FinLedger,
     MakePublisher,
     Running,
-    ServerThread,
     all_delivered,
     ledger_key,
     new_account,
@@ -26,6 +25,7 @@ from tests.outbox.conftest import (
     post_payout,
     posting_keys,
 )
+from tests.servers import ServerThread
 from tests.waiting import wait_for
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime, timedelta
+from typing import TypedDict
 
 import httpx
 
@@ -17,6 +18,13 @@ from tests.railproxy.conftest import MakeProxy, submit_request
 from tests.waiting import wait_for
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+
+
+class Margins(TypedDict):
+    """`judge`'s keyword-only margins."""
+
+    ingest_bound_s: float
+    skew_margin_s: float
 
 
 def _attempt(outcome: Outcome | None = Outcome.UNKNOWN, *, deadline_s: float = 10) -> AttemptRecord:
@@ -51,7 +59,7 @@ def _window(from_s: float, through_s: float) -> tuple[datetime, datetime]:
 def test_unit_absence_needs_the_window_to_cover_the_attempt_with_both_margins() -> None:
     """Deadline 10 s after recording, ingest bound 60, skew 30: through must reach +100 and from
     must precede -30; a hair short on either side proves nothing."""
-    margins = {"ingest_bound_s": 60.0, "skew_margin_s": 30.0}
+    margins: Margins = {"ingest_bound_s": 60.0, "skew_margin_s": 30.0}
     assert judge([_attempt()], *_window(-30, 100), **margins).absent
     assert not judge([_attempt()], *_window(-30, 99.999), **margins).absent
     assert "records begin" in judge([_attempt()], *_window(-29.999, 1000), **margins).reason
@@ -60,7 +68,7 @@ def test_unit_absence_needs_the_window_to_cover_the_attempt_with_both_margins() 
 def test_unit_absence_is_never_claimed_without_attempts_window_or_against_an_answer() -> None:
     """No recorded attempt, no stated window, or an attempt the rail answered: never absent."""
     wide = _window(-1000, 1000)
-    zero = {"ingest_bound_s": 0.0, "skew_margin_s": 0.0}
+    zero: Margins = {"ingest_bound_s": 0.0, "skew_margin_s": 0.0}
     assert not judge([], *wide, **zero).absent
     assert not judge([_attempt()], None, wide[1], **zero).absent
     assert not judge([_attempt()], wide[0], None, **zero).absent
@@ -70,7 +78,7 @@ def test_unit_absence_is_never_claimed_without_attempts_window_or_against_an_ans
 
 def test_unit_zero_margins_are_the_old_rule() -> None:
     """Both margins 0: complete_through >= deadline_at is enough (the negative controls' rule)."""
-    zero = {"ingest_bound_s": 0.0, "skew_margin_s": 0.0}
+    zero: Margins = {"ingest_bound_s": 0.0, "skew_margin_s": 0.0}
     assert judge([_attempt(None)], *_window(0, 10), **zero).absent
     assert not judge([_attempt(None)], *_window(0, 9.999), **zero).absent
 

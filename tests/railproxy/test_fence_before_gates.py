@@ -145,7 +145,8 @@ async def test_claim_step_stamp_is_fenced_and_keeps_the_payout(paydb: PayoutStor
 
 
 async def _circuit_is(health: Callable[[], Awaitable[dict[str, Any]]], state: str) -> bool:
-    return (await health())["circuit_state"] == state
+    reached: bool = (await health())["circuit_state"] == state
+    return reached
 
 
 # ---------------------------------------------------------------- each gate, in the service

@@ -141,13 +141,16 @@ def test_open_goes_half_open_only_after_open_s_and_a_probe_decides(clock: FakeCl
     with pytest.raises(CircuitOpen):
         breaker.check()
     breaker.probe_result(False, "HTTP 503")
-    assert breaker.state is CircuitState.OPEN
+    # A fresh read: mypy kept `breaker.state` narrowed to HALF_OPEN from the assert above.
+    reopened: CircuitState = breaker.state
+    assert reopened is CircuitState.OPEN
     clock.now += 4.9
     assert not breaker.probe_due()  # the interval restarted at the failed probe
     clock.now += 0.1
     breaker.start_probe()
     breaker.probe_result(True, "HTTP 200")
-    assert breaker.state is CircuitState.CLOSED
+    closed: CircuitState = breaker.state
+    assert closed is CircuitState.CLOSED
     assert len(breaker.window) == 0
     breaker.check()
     assert [t.to_state for t in seen] == [

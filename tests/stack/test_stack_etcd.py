@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import httpx
@@ -23,7 +24,7 @@ from tests.jsonlogs import assert_every_line_json, service_logs
 from tests.stack.conftest import acquire_token, assert_all_gone
 
 
-async def _etcd_is_mutual_tls_end_to_end(stack: Stack, lock_env: dict[str, str]) -> None:
+async def _etcd_is_mutual_tls_end_to_end(stack: Stack, lock_env: Mapping[str, str]) -> None:
     """Issue 27 §1: the embedded etcd answers https only; the lock server (which just granted)
     has its own client certificate, the stack's leader check and Prometheus the stack's, and
     the env file's etcdctl variables reach the member, a documented runbook command as written."""

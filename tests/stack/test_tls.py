@@ -148,7 +148,7 @@ async def test_the_embedded_postgresql_speaks_only_verified_tls(tls_stack: Stack
         assert f"sslrootcert={tls_stack.tls_ca_file}" in dsn, variable
     conn = await asyncpg.connect(tls_stack.database_url)
     try:
-        assert conn._transport.get_extra_info("ssl_object") is not None  # type: ignore[attr-defined]
+        assert conn._transport.get_extra_info("ssl_object") is not None
         assert await conn.fetchval("SELECT count(*) FROM pg_stat_activity") > 0
     finally:
         await conn.close()

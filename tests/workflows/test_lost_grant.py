@@ -75,7 +75,8 @@ async def test_a_grant_its_workflow_never_received_is_released_and_the_next_acqu
         )
 
         async def acquire_waiting() -> bool:
-            return lock_info(system, key)["waiters"] == 1
+            waiting: bool = lock_info(system, key)["waiters"] == 1
+            return waiting
 
         await wait_for(acquire_waiting)
         await handle.terminate("drill: the acquire's answer will reach nobody")

@@ -251,7 +251,8 @@ async def test_a_grant_issued_while_temporal_is_down_is_delivered_or_given_back(
         )
 
         async def acquire_waiting() -> bool:
-            return lock_info(system, key)["waiters"] == 1
+            waiting: bool = lock_info(system, key)["waiters"] == 1
+            return waiting
 
         await wait_for(acquire_waiting)
         await temporal.stop(outage.sig)
@@ -301,7 +302,7 @@ async def _check(
     system: System,
     key: str,
     payout_id: str,
-    sessions: tuple[str, str],
+    sessions: tuple[str | None, str | None],
     status: m.PayoutStatus,
     history: WorkflowHistory,
     leases_left: int,
