@@ -2,7 +2,8 @@
 
 Owns: turning SIGTERM/SIGHUP (a CI runner's timeout, a container stop, a closed terminal) into a
 cancellation of the main task, so that its `async with Stack(...)` stops every child it started
-before the process exits. Python's default SIGTERM handling ends the process at once and leaves
+before the process exits; and the one message and exit status (`interrupted`) that every such
+command gives once it has. Python's default SIGTERM handling ends the process at once and leaves
 PostgreSQL, Temporal, the services and the workers running (a chaos run could leave a worker
 SIGSTOPped forever). Must never: exit before the cancelled coroutine's cleanup has finished.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import sys
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -18,6 +20,17 @@ T = TypeVar("T")
 
 #: Signals that stop a long command in an orderly way (SIGINT is asyncio.run's own).
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+#: A command's exit status once a stop signal or Ctrl-C has stopped it and every child it started.
+INTERRUPTED = 130
+
+
+def interrupted(detail: str = "") -> int:
+    """Say on stderr that the command was stopped with every process it started (`detail`: e.g.
+    where its logs are), and return its exit status, `INTERRUPTED`. Call it only once the
+    stoppable coroutine's cleanup has finished."""
+    sys.stderr.write(f"interrupted; every process was stopped{detail}\n")
+    sys.stderr.flush()
+    return INTERRUPTED
 
 
 def run_stoppable(

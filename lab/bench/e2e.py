@@ -69,7 +69,7 @@ from lab.bench.locks import loadavg
 from lab.bench.statements import statements_per_payout
 from lab.experiments.harness import LOCK_TTL_S, isolated_ports
 from lab.experiments.pause import pause_experiment
-from lab.stoppable import run_stoppable
+from lab.stoppable import interrupted, run_stoppable
 from payouts.commands import connect_temporal
 from stack.config import StackConfig
 from stack.pki import trust_stack_ca_in_this_process
@@ -308,10 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = run_stoppable(run(opts, lambda s: print(s, flush=True)), eventloop.run)
     except KeyboardInterrupt:
+        return interrupted()
+    finally:
         tracing.shutdown()
-        print("interrupted; every process was stopped", file=sys.stderr, flush=True)
-        return 130
-    tracing.shutdown()
     print(table(result), flush=True)
     print(json.dumps(result), flush=True)
     return 0

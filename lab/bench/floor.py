@@ -35,7 +35,7 @@ from temporalio.worker import Worker
 
 from lab.bench.floor_workflows import FloorExecute, FloorMerged, FloorRun, FloorToday
 from lab.bench.locks import loadavg
-from lab.stoppable import run_stoppable
+from lab.stoppable import interrupted, run_stoppable
 from stack.embedded.temporal import temporal_binary
 from stack.services import TEMPORAL_SQLITE_PRAGMAS
 
@@ -267,8 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = run_stoppable(run(args.n, args.workers, args.rounds, rps, args.serial))
     except KeyboardInterrupt:
-        print("interrupted; every process was stopped", file=sys.stderr, flush=True)
-        return 130
+        return interrupted()
     print(table(result), flush=True)
     print(json.dumps(result), flush=True)
     return 0

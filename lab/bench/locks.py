@@ -66,7 +66,7 @@ from lab.bench.locks_servers import (
     lock_server,
     sync_pair,
 )
-from lab.stoppable import run_stoppable
+from lab.stoppable import interrupted, run_stoppable
 from stack.pki import StackTLS, issue_stack_tls
 
 
@@ -217,8 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = run_stoppable(run(args.n, args.ab_n), eventloop.run)
     except KeyboardInterrupt:
-        print("interrupted; every process was stopped", file=sys.stderr, flush=True)
-        return 130
+        return interrupted()
     print(table(result), flush=True)
     print(json.dumps(result), flush=True)
     return 0

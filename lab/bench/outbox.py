@@ -36,7 +36,7 @@ from common.logs import configure_logging
 from common.migrate import migrate
 from common.pgutil import create_database, drop_database
 from lab.bench.cpu import process_cpu_s, tree_cpu_s
-from lab.stoppable import run_stoppable
+from lab.stoppable import interrupted, run_stoppable
 from ledger import PayoutStore, WorkContext
 from outbox.delivery import OutboxSettings
 from outbox.publisher import Publisher
@@ -226,8 +226,7 @@ def main(argv: list[str] | None = None) -> int:
             ledger.wait(10)
             pg.stop(mode="fast")
     if result is None:
-        print("interrupted; every process was stopped", file=sys.stderr, flush=True)
-        return 130
+        return interrupted()
     print(f"{'per payout':<26}{'value':>10}")
     print(f"{'outbox rows':<26}{result['events_per_payout']:>10.2f}")
     print(f"{'HTTP write requests':<26}{result['requests_per_payout']:>10.2f}")

@@ -20,7 +20,7 @@ from lab.chaos.faults import ChaosError
 from lab.chaos.options import ChaosOptions
 from lab.chaos.run import run_chaos
 from lab.chaos.schedule import ScheduleError
-from lab.stoppable import run_stoppable
+from lab.stoppable import interrupted, run_stoppable
 from stack.config import MAX_REPLICAS, StackError
 from stack.pki import trust_stack_ca_in_this_process
 
@@ -92,8 +92,7 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
             print(f"error: {exc} (logs under {run_dir})", file=sys.stderr)
             return 2
         except KeyboardInterrupt:
-            print(f"interrupted; every process was stopped (logs under {run_dir})", file=sys.stderr)
-            return 130
+            return interrupted(f" (logs under {run_dir})")
     _print_human(summary)
     if args.json:
         print(json.dumps(summary, sort_keys=True, default=str), flush=True)

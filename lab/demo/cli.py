@@ -12,7 +12,7 @@ from common import tracing
 from common.logs import configure_logging
 from lab.demo.report import render
 from lab.demo.run import DemoOptions, run_demo
-from lab.stoppable import run_stoppable
+from lab.stoppable import interrupted, run_stoppable
 from stack.pki import trust_stack_ca_in_this_process
 
 
@@ -42,8 +42,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             trust_stack_ca_in_this_process()  # its stacks serve https only
             report = run_stoppable(run_demo(options, _progress))
         except KeyboardInterrupt:
-            print("interrupted; every process was stopped", file=sys.stderr)
-            return 130
+            return interrupted()
     print(render(report))
     if args.json:
         print(json.dumps(report, default=str, sort_keys=True))

@@ -11,7 +11,7 @@ from typing import Any
 from lab.experiments.crash import CRASH_STATES, crash_experiment
 from lab.experiments.harness import ExperimentError, default_config
 from lab.experiments.pause import pause_experiment
-from lab.stoppable import run_stoppable
+from lab.stoppable import interrupted, run_stoppable
 from stack.pki import trust_stack_ca_in_this_process
 
 
@@ -64,8 +64,7 @@ def _cmd_pause(args: argparse.Namespace) -> int:
         print(f"error: {exc} (logs under {config.run_dir})", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("interrupted; every process was stopped", file=sys.stderr)
-        return 130
+        return interrupted()
     print(f"evidence written to {evidence}")
     return _report(result, args.json)
 
@@ -82,8 +81,7 @@ def _cmd_crash(args: argparse.Namespace) -> int:
         print(f"error: {exc} (logs under {config.run_dir})", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("interrupted; every process was stopped", file=sys.stderr)
-        return 130
+        return interrupted()
     print(f"evidence written to {evidence}")
     return _report(result, args.json)
 

@@ -17,7 +17,7 @@ from lab.gameday.run import (
     selected,
     table,
 )
-from lab.stoppable import run_stoppable
+from lab.stoppable import interrupted, run_stoppable
 from stack.pki import trust_stack_ca_in_this_process
 
 
@@ -52,8 +52,7 @@ def _cmd_gameday(args: argparse.Namespace) -> int:
             trust_stack_ca_in_this_process()  # its stacks serve https only
             rows = run_stoppable(run_gameday(options, _progress))
         except KeyboardInterrupt:
-            print("interrupted; every process was stopped", file=sys.stderr)
-            return 130
+            return interrupted()
     text = table(rows, short=options.short, only=options.only)
     print(text)
     if not args.no_doc:
