@@ -104,8 +104,6 @@ async def run(n: int, ab_n: int = 0) -> dict[str, Any]:
                     "postgres": lambda: postgres_floor(db),
                 }
                 provider = tracing.tracer_provider("bench-locks", trace_dir=work / "traces")
-                for side in ("untraced", "tls-untraced"):  # the untraced servers' own keys
-                    (work / side).mkdir()
                 shape = work, provider, tls
                 tls_env = {"postgres": {"DATABASE_URL": tls_db}}
                 for kind in ("etcd", "postgres"):
@@ -136,7 +134,6 @@ async def run(n: int, ab_n: int = 0) -> dict[str, Any]:
 async def _ab(work: Path, db: str, prefix: str, tls: StackTLS, n: int) -> dict[str, Any]:
     """An untraced TLS lock server on PostgreSQL for lab.bench.locks_ab."""
     print(f"A/B: the SDK's transport, {n} per side", flush=True)
-    (work / "ab").mkdir()
     env = {"LOCK_BACKEND": "postgres", "DATABASE_URL": db, "OTEL_SDK_DISABLED": "true"}
     env["LOCK_KEY_PREFIX"] = f"{prefix}ab/"
     async with lock_server(env, work / "ab" / "server.log", tls) as server:

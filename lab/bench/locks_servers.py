@@ -40,6 +40,7 @@ async def lock_server(
     """A `python -m lockservice serve` subprocess on a free port (https with `tls`, as every
     local stack serves it: issue 27), and the worker token it accepts; terminated on exit."""
     port = free_port()
+    log.parent.mkdir(parents=True, exist_ok=True)  # its keys and tokens go beside its log
     keys = generate_keypair(log.parent / "keys", "bench-k1")  # every grant is signed
     # The benchmark calls as the worker does: with the worker's bearer credential.
     tokens = issue_tokens(log.parent / "tokens", {"worker": "component"})
